@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Usage: utils/setup_env.sh [--check] [--help]
+#
+# Creates (once) the pinned Python environment the launcher, tools and tests use:
+#   $MAXTEXT_SLURM_VENV (default: <repo>/.venv), Python >= 3.12,
+#   MaxText 0.2.5 + the minimal trainer set (requirements/maxtext.txt, --no-deps)
+#   and the tooling (requirements/tools.txt, constrained by requirements/constraints.txt).
+# A stamp file records the hash of the requirement files; later calls return at once
+# while it matches. First run: ~2-3 min and ~2 GB (network-bound).
+#   --check   exit 0 if the environment is ready, 1 otherwise; installs nothing.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=${MAXTEXT_SLURM_VENV:-$repo/.venv}
+check=0
+case "${1:-}" in
+  -h|--help) sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  --check) check=1 ;;
+  "") ;;
+  *) echo "setup_env.sh: unknown argument '$1' (expected --check or --help)" >&2; exit 2 ;;
+esac
+
+want=$(cat "$repo"/requirements/*.txt | sha256sum | cut -c1-16)
+stamp="$venv/.maxtext-slurm-stamp"
+if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+  exit 0
+fi
+(( check )) && exit 1
+
+py=""
+cands=("${MAXTEXT_SLURM_PYTHON:-}" python3.12 python3.13 python3)
+# pyenv installs that are not the active version: their shims refuse to run, so look behind them.
+for d in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.1[2-9]*/bin; do cands+=("$d/python3"); done
+for cand in "${cands[@]}"; do
+  [[ -n "$cand" ]] || continue
+  command -v "$cand" >/dev/null 2>&1 || continue
+  if "$cand" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' 2>/dev/null; then
+    py=$cand; break
+  fi
+done
+if [[ -z "$py" ]]; then
+  echo "setup_env.sh: no Python >= 3.12 found (MaxText 0.2.5 needs it); install python3.12 or set MAXTEXT_SLURM_PYTHON=/path/to/python3.12" >&2
+  exit 1
+fi
+
+echo "setup_env.sh: creating $venv with $($py --version) (first run takes ~2-3 min)" >&2
+start=$SECONDS
+"$py" -m venv "$venv"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >&2
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r "$repo/requirements/maxtext.txt" >&2
+"$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$repo/requirements/tools.txt" -c "$repo/requirements/constraints.txt" >&2
+echo "$want" > "$stamp"
+echo "setup_env.sh: environment ready in $((SECONDS - start)) s" >&2
