@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Usage: _container.sh COMMAND [ARG...]
+#
+# Container tier: runs COMMAND (e.g. _train.sh, or bash for a shell) inside the training
+# image, or natively when no runtime is used.
+#   CONTAINER_RUNTIME=auto|podman|docker|none (default auto: podman, then docker, each only
+#   if it has CONTAINER_IMAGE locally, then native). CONTAINER_IMAGE defaults to
+#   localhost/maxtext-slurm:latest (built from the Dockerfile). CONTAINER_ARGS adds
+#   runtime flags (split on spaces).
+# In a container: exactly the variables of docs/env-contract.md are passed in (by name, so
+# values never appear in argv), the job workspace and the code are mounted at the same
+# paths, and AMD (/dev/kfd, /dev/dri) or NVIDIA GPUs are added when the node has them.
+# Sets MST_CONTAINER (the runtime used) and MST_PYTHON (the trainer's interpreter).
+set -euo pipefail
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
+(( $# >= 1 )) || { echo "_container.sh: expected COMMAND [ARG...] (see --help)" >&2; exit 2; }
+repo=${MST_REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}
+source "$repo/utils/lib.sh"
+PROG=_container.sh
+
+# The variables that cross into the container: keep in sync with docs/env-contract.md
+# (tests/test_env_contract.py checks both ways).
+CONTRACT_VARS=(
+  MST_REPO MST_VENV MODEL MODEL_TAG JOB_WORKSPACE TRAIN_OVERRIDES TRAIN_ENV_OVERRIDES
+  STAGE_TIMEOUTS RAY ENABLE_COREDUMPS
+  JOB_SCHEDULER JOB_ID JOB_NAME JOB_DIR JOB_LOG JOB_NUM_NODES JOB_NODELIST JOB_NODE_RANK JOB_HOSTNAME
+  JOB_COORDINATOR_ADDR JOB_COORDINATOR_PORT JOB_START_TIME
+  CUDA_VISIBLE_DEVICES ROCR_VISIBLE_DEVICES HIP_VISIBLE_DEVICES
+  MST_CONTAINER MST_PYTHON
+)
+
+image=${CONTAINER_IMAGE:-localhost/maxtext-slurm:latest}
+runtime=${CONTAINER_RUNTIME:-auto}
+has_image() { command -v "$1" >/dev/null 2>&1 && "$1" image inspect "$image" >/dev/null 2>&1; }
+case "$runtime" in
+  auto)
+    if has_image podman; then runtime=podman
+    elif has_image docker; then runtime=docker
+    else runtime=none
+    fi ;;
+  podman|docker)
+    command -v "$runtime" >/dev/null 2>&1 || die "CONTAINER_RUNTIME=$runtime but '$runtime' is not installed; use auto, none, or install it"
+    has_image "$runtime" || die "image '$image' not found by $runtime; build it (podman build -t $image .) or set CONTAINER_IMAGE" ;;
+  none) ;;
+  *) die "CONTAINER_RUNTIME='$runtime' is not one of auto, podman, docker, none" ;;
+esac
+export MST_CONTAINER=$runtime
+
+if [[ "$runtime" == none ]]; then
+  export MST_PYTHON=${MST_PYTHON:-${MST_VENV:+$MST_VENV/bin/python}}
+  : "${MST_PYTHON:=python3}"
+  [[ "$1" != /* && -f "$repo/$1" ]] && set -- "$repo/$1" "${@:2}"
+  exec "$@"
+fi
+
+export MST_PYTHON=python3   # the image's interpreter, which has MaxText installed
+args=(run --rm --network=host --ipc=host --shm-size=16g -w "$repo" -v "$repo:$repo:ro")
+[[ -n "${JOB_WORKSPACE:-}" ]] && args+=(-v "$JOB_WORKSPACE:$JOB_WORKSPACE")
+for v in "${CONTRACT_VARS[@]}"; do [[ -v "$v" ]] && args+=(-e "$v"); done
+if [[ -e /dev/kfd ]]; then
+  args+=(--device /dev/kfd --device /dev/dri --group-add video --security-opt seccomp=unconfined)
+fi
+if [[ -e /dev/nvidiactl ]]; then
+  if [[ "$runtime" == podman ]]; then args+=(--device nvidia.com/gpu=all); else args+=(--gpus all); fi
+fi
+[[ -t 0 ]] && args+=(-it)
+read -r -a extra <<< "${CONTAINER_ARGS:-}"
+[[ "$1" != /* && -f "$repo/$1" ]] && set -- "$repo/$1" "${@:2}"
+echo "_container.sh: $runtime image $image" >&2
+exec "$runtime" "${args[@]}" "${extra[@]}" "$image" "$@"

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Usage: run_local.sh MODEL[:TAG] [-- KEY=VALUE ... _env_NAME=VALUE ...]
+#        run_local.sh            (no model: an interactive shell in the job's environment)
+#
+# Runs the same training as submit.sh on this one machine, without Slurm: same tiers
+# (_container.sh -> _train.sh), same snapshot, log, job directory and JOB SUMMARY.
+# Output goes to the terminal and to $JOB_WORKSPACE/<id>-JAX-<model>[-<tag>].log.
+# Environment: as submit.sh (JOB_WORKSPACE, STAGE_TIMEOUTS, CONTAINER_RUNTIME, ...).
+# The first run creates the Python environment (~2-3 min); later runs reuse it.
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$repo/utils/lib.sh"
+source "$repo/utils/launch_lib.sh"
+PROG=run_local.sh
+
+export JOB_SCHEDULER=local JOB_NUM_NODES=1 JOB_NODE_RANK=0
+export JOB_HOSTNAME; JOB_HOSTNAME=$(hostname)
+export JOB_NODELIST=$JOB_HOSTNAME JOB_COORDINATOR_ADDR=127.0.0.1
+
+case "${1:-}" in
+  -h|--help) sed -n '2,9p' "$repo/run_local.sh" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  "")
+    "$repo/utils/setup_env.sh"
+    export MST_REPO=$repo MST_VENV=${MAXTEXT_SLURM_VENV:-$repo/.venv} JOB_ID=local-shell
+    exec "$repo/_container.sh" _train.sh --shell ;;
+  -*) die "first argument must be MODEL[:TAG] or nothing (see run_local.sh --help)" ;;
+esac
+model_arg=$1; shift
+command_text="run_local.sh $model_arg$(printf ' %q' "$@")"
+if (( $# )); then
+  [[ "$1" == -- ]] || die "unexpected '$1': overrides go after --, e.g. run_local.sh $model_arg -- steps=10"
+  shift
+fi
+split_overrides "$@"
+prepare_launch "$model_arg" "$repo"
+
+export JOB_ID; JOB_ID="local-$(date +%Y%m%d-%H%M%S)-$$"
+export JOB_NAME="$JOB_ID-$MODEL_NAME"
+export JOB_DIR="$JOB_WORKSPACE/$JOB_NAME" JOB_LOG="$JOB_WORKSPACE/$JOB_NAME.log"
+export JOB_COORDINATOR_PORT; JOB_COORDINATOR_PORT=$(free_port $((61440 + $$ % 4096)))
+export JOB_START_TIME; JOB_START_TIME=$(date +%s)
+export MST_REPO; MST_REPO=$("$repo/utils/snapshot.sh" "$repo" "$JOB_WORKSPACE/.snapshots" "$command_text")
+export TRAIN_OVERRIDES TRAIN_ENV_OVERRIDES
+mkdir -p "$JOB_DIR"
+ln -sfn "$MST_REPO" "$JOB_DIR/artifact"
+ln -sfn "$JOB_LOG" "$JOB_DIR/log"
+declare -A limit=()
+while read -r name secs; do limit[$name]=$secs; done < <(stage_timeouts "${STAGE_TIMEOUTS:-}")
+
+job() {
+  local stage="" rc=0
+  trap 'trap "" INT TERM HUP; sleep 0.5; "$MST_REPO/utils/job_summary.sh" cancelled "$stage"; exit 130' INT TERM HUP
+  "$MST_REPO/utils/job_header.sh"
+  for stage in preflight train; do
+    if [[ "$stage" == preflight ]]; then
+      "$MST_REPO/utils/run_stage.sh" preflight "${limit[preflight]}" "$MST_REPO/utils/preflight.sh" || rc=$?
+    else
+      "$MST_REPO/utils/run_stage.sh" train "${limit[train]}" "$MST_REPO/_container.sh" _train.sh || rc=$?
+    fi
+    if (( rc != 0 )); then
+      "$MST_REPO/utils/job_summary.sh" failed "$stage"
+      return "$rc"
+    fi
+  done
+  "$MST_REPO/utils/job_summary.sh" completed train
+}
+
+echo "run_local.sh: job $JOB_ID, log $JOB_LOG"
+rc=0
+job 2>&1 | tee -i -a "$JOB_LOG" || rc=$?
+exit "$rc"

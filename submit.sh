@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Usage: submit.sh MODEL[:TAG] [-N NODES] [SBATCH_FLAG ...] [-- KEY=VALUE ... _env_NAME=VALUE ...]
+#
+# Submits MaxText training of configs/MODEL.yml to Slurm from a login node.
+#   MODEL     a config name: exact, else a unique prefix, else a unique substring
+#   TAG       added to the job name, so parallel experiments of one model stay apart
+#   -N NODES  number of nodes (default 1); other flags go to sbatch unchanged
+#   after --  KEY=VALUE is a MaxText override; _env_NAME=VALUE sets NAME in the trainer's
+#             environment (wins over the launcher defaults and configs/MODEL.env.sh)
+# Environment: JOB_WORKSPACE (default <repo>/outputs), STAGE_TIMEOUTS ("preflight:600,train:86400"),
+#   RAY=0|1, CONTAINER_RUNTIME=auto|podman|docker|none, CONTAINER_IMAGE, ENABLE_COREDUMPS=0|1.
+# Makes a read-only snapshot of this repository (code, command, git state), submits
+# _job.sbatch from it and prints the job id, the log and the job directory:
+#   $JOB_WORKSPACE/<jobid>-JAX-<model>[-<tag>].log and $JOB_WORKSPACE/<jobid>-JAX-<model>[-<tag>]/
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$repo/utils/lib.sh"
+source "$repo/utils/launch_lib.sh"
+PROG=submit.sh
+usage() { sed -n '2,16p' "$repo/submit.sh" | sed 's/^# \{0,1\}//'; }
+
+case "${1:-}" in
+  -h|--help) usage; exit 0 ;;
+  ""|-*) die "first argument must be MODEL[:TAG] (see submit.sh --help; models: $(model_names "$repo/configs"))" ;;
+esac
+model_arg=$1; shift
+command_text="submit.sh $model_arg$(printf ' %q' "$@")"
+
+nodes=1 sbatch_flags=()
+while (( $# )); do
+  case "$1" in
+    --) shift; break ;;
+    -N|--nodes) (( $# >= 2 )) || die "$1 needs a node count"; nodes=$2; shift 2 ;;
+    -N*) nodes=${1#-N}; shift ;;
+    --nodes=*) nodes=${1#--nodes=}; shift ;;
+    *) sbatch_flags+=("$1"); shift ;;
+  esac
+done
+[[ "$nodes" =~ ^[1-9][0-9]*$ ]] || die "bad node count '$nodes': -N takes a positive whole number, e.g. -N 8"
+split_overrides "$@"
+prepare_launch "$model_arg" "$repo"
+command -v sbatch >/dev/null 2>&1 || die "sbatch not found: run on a Slurm login node (or start utils/local_cluster.sh and eval its env)"
+
+snapshot=$("$repo/utils/snapshot.sh" "$repo" "$JOB_WORKSPACE/.snapshots" "$command_text")
+export MST_REPO=$snapshot TRAIN_OVERRIDES TRAIN_ENV_OVERRIDES
+log_pattern="$JOB_WORKSPACE/%j-$MODEL_NAME.log"
+if ! out=$(sbatch --parsable --job-name="$MODEL_NAME" --nodes="$nodes" --output="$log_pattern" \
+             "${sbatch_flags[@]}" "$snapshot/_job.sbatch" 2>&1); then
+  chmod -R u+w "$snapshot" && rm -rf "$snapshot"
+  die "sbatch refused the job: $(tr '\n' ' ' <<< "$out")"
+fi
+job_id=${out%%;*}
+job_id=${job_id##*$'\n'}
+name="$job_id-$MODEL_NAME"
+mkdir -p "$JOB_WORKSPACE/$name"
+ln -sfn "$snapshot" "$JOB_WORKSPACE/$name/artifact"
+ln -sfn "$JOB_WORKSPACE/$name.log" "$JOB_WORKSPACE/$name/log"
+cat <<EOM
+Submitted job $job_id ($MODEL_NAME) on $nodes node(s)
+  log:     $JOB_WORKSPACE/$name.log
+  job dir: $JOB_WORKSPACE/$name
+  follow:  tail -F $(printf '%q' "$JOB_WORKSPACE/$name.log")
+EOM

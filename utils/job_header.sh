@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Usage: utils/job_header.sh
+#
+# Prints the block that opens every job log: job, model, nodes, coordinator, stage time
+# limits (with the defaults), container, code snapshot, overrides (secrets redacted), paths.
+# Reads the generic JOB_* variables and the launch variables of docs/env-contract.md.
+set -euo pipefail
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$here/lib.sh"
+source "$here/launch_lib.sh"
+timeouts=$(stage_timeouts "${STAGE_TIMEOUTS:-}" | awk '{ printf "%s%s:%s", sep, $1, $2; sep = "," }')
+cat <<HEADER
+==================== JOB ====================
+job: ${JOB_ID:-?} ${JOB_NAME:-?}
+scheduler: ${JOB_SCHEDULER:-?}
+model: ${MODEL:-?}${MODEL_TAG:+ (tag $MODEL_TAG)}
+nodes: ${JOB_NUM_NODES:-?} (${JOB_NODELIST:-?})
+coordinator: ${JOB_COORDINATOR_ADDR:-?}:${JOB_COORDINATOR_PORT:-?}
+stage_timeouts: $timeouts (defaults $STAGE_TIMEOUT_DEFAULTS; set STAGE_TIMEOUTS)
+container: ${CONTAINER_RUNTIME:-auto} ${CONTAINER_IMAGE:-localhost/maxtext-slurm:latest}
+ray: ${RAY:-0}
+code: ${MST_REPO:-?}
+overrides: $(tr '\n' ' ' <<< "${TRAIN_OVERRIDES:-}" | redact_secrets)
+env_overrides: $(tr '\n' ' ' <<< "${TRAIN_ENV_OVERRIDES:-}" | redact_secrets)
+job_dir: ${JOB_DIR:-?}
+log: ${JOB_LOG:-?}
+started: $(date -u +%Y-%m-%dT%H:%M:%SZ)
+=============================================
+HEADER

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Usage: utils/job_summary.sh STATUS STAGE
+#
+# Prints the JOB SUMMARY block that ends every job log and saves it as $JOB_DIR/summary.txt.
+# STATUS is what the caller saw (completed|failed|cancelled|timeout); a stage that hit its
+# time limit turns it into stage_timeout. STAGE is the last stage that ran. Per-node outcomes
+# come from $JOB_DIR/.stages/STAGE/<host> (written by run_stage.sh); the first error line is
+# the first error-looking line of the first failing node in $JOB_LOG.
+# Reads JOB_ID JOB_NAME JOB_DIR JOB_LOG JOB_NODELIST JOB_START_TIME (epoch seconds).
+set -uo pipefail
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
+status=${1:?usage: job_summary.sh STATUS STAGE} stage=${2:?usage: job_summary.sh STATUS STAGE}
+rec_dir="$JOB_DIR/.stages/$stage"
+read -r -a nodes <<< "${JOB_NODELIST:-}"
+
+failed=() stopped=() missing=() culprit="" culprit_end=""
+for n in "${nodes[@]}"; do
+  f="$rec_dir/$n"
+  if [[ ! -f "$f" ]]; then missing+=("$n"); continue; fi
+  rc=$(sed -n 's/.*rc=\([0-9]*\).*/\1/p' "$f"); end=$(sed -n 's/.*end=\([0-9.]*\).*/\1/p' "$f")
+  reason=$(sed -n 's/.*reason=\([a-z]*\).*/\1/p' "$f")
+  case "$reason" in
+    stopped) stopped+=("$n") ;;
+    *)
+      [[ "$rc" == 0 ]] && continue
+      [[ "$reason" == timeout ]] && status=stage_timeout
+      failed+=("$n (exit $rc${reason/#exit/})")
+      if [[ -z "$culprit" ]] || awk -v a="$end" -v b="$culprit_end" 'BEGIN { exit !(a < b) }'; then
+        culprit=$n culprit_end=$end
+      fi ;;
+  esac
+done
+[[ "$status" == completed && ${#failed[@]} -gt 0 ]] && status=failed
+
+error_re='(Error|Exception|error:|FATAL|Fatal|Aborted|Segmentation fault|Killed|core dumped|exceeded its)'
+first_error=""
+if [[ -f "${JOB_LOG:-}" && "$status" != completed ]]; then
+  prefix="${culprit:+$culprit: }"
+  first_error=$(grep -a -m1 -E "^${prefix}.*${error_re}" "$JOB_LOG" | grep -av '^[^ ]*: *Traceback' | head -n1 | cut -c1-400)
+fi
+
+now=$(date +%s); wall=$(( now - ${JOB_START_TIME:-$now} ))
+{
+  echo "==================== JOB SUMMARY ===================="
+  echo "status: $status"
+  echo "job: ${JOB_ID:-?} ${JOB_NAME:-?}"
+  echo "nodes: ${#nodes[@]} (${nodes[*]})"
+  echo "stage: $stage"
+  printf 'wall_time: %02d:%02d:%02d (%d s)\n' $((wall / 3600)) $((wall % 3600 / 60)) $((wall % 60)) "$wall"
+  echo "failed_nodes: ${failed[*]:-none}"
+  [[ -n "$culprit" ]] && echo "first_failure: $culprit"
+  (( ${#stopped[@]} )) && echo "stopped_nodes: ${stopped[*]}"
+  (( ${#missing[@]} )) && echo "no_exit_record: ${missing[*]}"
+  [[ -n "$first_error" ]] && echo "first_error: $first_error"
+  echo "job_dir: $JOB_DIR"
+  echo "log: ${JOB_LOG:-?}"
+  echo "====================================================="
+} | tee "$JOB_DIR/summary.txt"

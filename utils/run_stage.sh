@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Usage: utils/run_stage.sh STAGE TIMEOUT_SECONDS COMMAND [ARG...]
+#
+# Runs one stage of a job on this node: COMMAND under a time limit, every output line
+# prefixed with "<host>: " (so a merged multi-node log stays attributable), and the outcome
+# recorded in $JOB_DIR/.stages/STAGE/<host> as "rc=N end=EPOCH reason=exit|timeout|stopped".
+# SIGTERM/SIGINT/SIGHUP stop COMMAND (TERM, then KILL after 5 s) and record reason=stopped.
+# Needs JOB_DIR; the host name is JOB_HOSTNAME or $(hostname). Exits with COMMAND's status.
+set -uo pipefail
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
+(( $# >= 3 )) || { echo "run_stage.sh: expected STAGE TIMEOUT_SECONDS COMMAND... (see --help)" >&2; exit 2; }
+[[ "$2" =~ ^[0-9]+$ && "$2" -gt 0 ]] || { echo "run_stage.sh: timeout '$2' must be a positive number of seconds" >&2; exit 2; }
+: "${JOB_DIR:?run_stage.sh: JOB_DIR is not set}"
+
+stage=$1 limit=$2
+shift 2
+host=${JOB_HOSTNAME:-$(hostname)}
+rec_dir="$JOB_DIR/.stages/$stage"
+mkdir -p "$rec_dir"
+
+record() { printf 'rc=%s end=%s reason=%s\n' "$1" "$(date +%s.%N | cut -c1-14)" "$2" > "$rec_dir/$host"; }
+
+exec 3> >(awk -v h="$host" '{ print h ": " $0; fflush() }')
+prefixer=$!
+
+child=""
+stop() {
+  trap '' TERM INT HUP
+  if [[ -n "$child" ]]; then
+    kill -TERM "$child" 2>/dev/null
+    for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$child" 2>/dev/null || break; sleep 0.5; done
+    kill -KILL "$child" 2>/dev/null
+  fi
+  record 143 stopped
+  exec 3>&-
+  exit 143
+}
+trap stop TERM INT HUP
+
+timeout --kill-after=10 "$limit" "$@" >&3 2>&1 &
+child=$!
+wait "$child"
+rc=$?
+case $rc in
+  124) reason=timeout; echo "run_stage.sh: stage '$stage' exceeded its ${limit} s limit on $host" >&3 ;;
+  *) reason="exit" ;;
+esac
+record "$rc" "$reason"
+exec 3>&-
+wait "$prefixer" 2>/dev/null
+exit "$rc"
