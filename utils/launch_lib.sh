@@ -4,7 +4,7 @@
 #                             (STAGE_TIMEOUTS syntax "preflight:600,train:86400"); dies on bad input
 #   prepare_launch MODEL[:TAG] REPO
 #                             resolve and check everything a launch needs before any side effect;
-#                             exports MODEL MODEL_TAG MODEL_NAME JOB_WORKSPACE MST_VENV and dies
+#                             exports MODEL MODEL_TAG JOB_WORKSPACE MST_VENV, sets MODEL_NAME; dies
 #                             with a one-line reason on bad input
 
 STAGE_TIMEOUT_DEFAULTS="preflight:600,train:86400"
@@ -54,5 +54,5 @@ prepare_launch() {
   "$repo/utils/setup_env.sh" || die "could not set up the Python environment (see the messages above)"
   MST_VENV=${MAXTEXT_SLURM_VENV:-$repo/.venv}
   "$MST_VENV/bin/python" "$repo/utils/check_config.py" "$repo/configs/$MODEL.yml" || exit 1
-  export MODEL MODEL_TAG MODEL_NAME JOB_WORKSPACE MST_VENV
+  export MODEL MODEL_TAG JOB_WORKSPACE MST_VENV
 }

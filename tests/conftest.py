@@ -1,0 +1,72 @@
+"""Shared fixtures: the pinned Python environment, the local Slurm cluster, scratch repos."""
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+VENV = Path(os.environ.get("MAXTEXT_SLURM_VENV", REPO / ".venv"))
+
+
+def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 600, **kw) -> subprocess.CompletedProcess:
+    """Run a command, capture text output, never raise on a non-zero exit."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, check=False, **kw)
+
+
+@pytest.fixture(scope="session")
+def venv() -> Path:
+    res = run([str(REPO / "utils/setup_env.sh")], timeout=1800)
+    assert res.returncode == 0, res.stderr
+    return VENV
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[dict[str, str]]:
+    """The local multi-node Slurm cluster (2 nodes), started here if it is not up yet.
+
+    Left running when it was already up before the session (another suite may use it);
+    stopped at the end otherwise.
+    """
+    tool = str(REPO / "utils/local_cluster.sh")
+    was_up = run([tool, "status"]).returncode == 0
+    res = run([tool, "up", "2"], timeout=120)
+    assert res.returncode == 0, f"local cluster did not come up: {res.stdout}{res.stderr}"
+    env: dict[str, str] = {}
+    for line in run([tool, "env"]).stdout.splitlines():
+        if line.startswith("export ") and "=" in line:
+            key, _, value = line[len("export ") :].partition("=")
+            env[key] = value.strip("'\"")
+    assert "SLURM_CONF" in env
+    yield env
+    if not was_up:
+        run([tool, "down"], timeout=120)
+
+
+@pytest.fixture()
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    return ws
+
+
+@pytest.fixture()
+def scratch_repo(tmp_path: Path, venv: Path) -> Path:
+    """A throw-away copy of the launcher (code only) whose configs/ a test may change."""
+    dest = tmp_path / "repo"
+    shutil.copytree(
+        REPO,
+        dest,
+        ignore=shutil.ignore_patterns(".git", ".venv", "outputs", ".local_cluster", "__pycache__", ".*_cache"),
+        symlinks=True,
+    )
+    return dest
+
+
+def launcher_env(workspace: Path, **extra: str) -> dict[str, str]:
+    """Environment for running the launchers in tests: shared venv, given workspace."""
+    return {"MAXTEXT_SLURM_VENV": str(VENV), "JOB_WORKSPACE": str(workspace), **extra}

@@ -1,0 +1,96 @@
+"""The env contract document matches the code; the tiers below _job.sbatch know nothing of Slurm;
+the environment precedence is launcher defaults < configs/MODEL.env.sh < _env_ overrides."""
+
+import re
+from pathlib import Path
+
+from conftest import REPO, run
+
+DOC = REPO / "docs" / "env-contract.md"
+
+
+def documented() -> tuple[set[str], set[str]]:
+    """(variables passed into containers, host-only variables) from the contract's tables."""
+    text = DOC.read_text().split("## Set by the training tier")[0]
+    passed, host_only = set(), set()
+    for m in re.finditer(r"^\| `([A-Z_][A-Z0-9_]*)`( \*\(host only\)\*)? \|", text, re.M):
+        (host_only if m.group(2) else passed).add(m.group(1))
+    return passed, host_only
+
+
+def container_vars() -> set[str]:
+    src = (REPO / "_container.sh").read_text()
+    block = re.search(r"CONTRACT_VARS=\((.*?)\)", src, re.S)
+    assert block
+    return set(block.group(1).split())
+
+
+def test_container_list_matches_document():
+    passed, _ = documented()
+    assert container_vars() == passed
+
+
+def test_every_exported_job_variable_is_documented():
+    passed, host_only = documented()
+    names = set()
+    for f in ("_job.sbatch", "run_local.sh", "submit.sh", "utils/launch_lib.sh", "_container.sh"):
+        src = (REPO / f).read_text()
+        for m in re.finditer(r"export ((?:[A-Z_][A-Z0-9_]*(?:=\S*)?\s*)+)", src):
+            names.update(re.findall(r"([A-Z_][A-Z0-9_]*)(?:=|\s|$)", m.group(1)))
+    names -= {"PATH"}
+    undocumented = {n for n in names if n.startswith(("JOB_", "MST_", "MODEL", "TRAIN_"))} - passed - host_only
+    assert not undocumented
+
+
+def test_only_job_sbatch_reads_slurm_variables():
+    offenders = []
+    for path in REPO.rglob("*"):
+        rel = path.relative_to(REPO)
+        if not path.is_file() or rel.parts[0] in {".git", ".venv", "outputs", "docs", "tests", ".local_cluster"}:
+            continue
+        if rel.name in {"_job.sbatch", "local_cluster.sh"} or rel.suffix in {".md", ".txt"}:
+            continue
+        text = path.read_text(errors="replace")
+        if re.search(r"\$\{?SLURM_|environ(\.get)?\(?\[?['\"]SLURM_", text):
+            offenders.append(str(rel))
+    assert not offenders, f"Slurm variables read outside _job.sbatch: {offenders}"
+
+
+def test_env_precedence(scratch_repo: Path):
+    (scratch_repo / "configs" / "probe.yml").write_text('base_config: "base.yml"\n')
+    (scratch_repo / "configs" / "probe.env.sh").write_text(
+        "# probe model env\nexport XLA_PYTHON_CLIENT_MEM_FRACTION=0.5\nexport PROBE_MODEL_ONLY=model\n"
+    )
+    train = str(scratch_repo / "_train.sh")
+
+    def composed(**env: str) -> dict[str, str]:
+        res = run([train, "--print-env"], env={"MST_REPO": str(scratch_repo), **env})
+        assert res.returncode == 0, res.stderr
+        return dict(line.split("=", 1) for line in res.stdout.splitlines())
+
+    # launcher default only
+    assert composed(MODEL="tiny")["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.93"
+    # the model's env file beats the launcher default
+    got = composed(MODEL="probe")
+    assert got["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.5" and got["PROBE_MODEL_ONLY"] == "model"
+    # _env_ overrides beat both; a secret-looking value is redacted when printed
+    got = composed(MODEL="probe", TRAIN_ENV_OVERRIDES="XLA_PYTHON_CLIENT_MEM_FRACTION=0.7\nHF_TOKEN=hunter2\n")
+    assert got["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.7"
+    assert got["HF_TOKEN"] == "<redacted>"
+    # the generic job variables become MaxText's multi-process variables
+    got = composed(MODEL="tiny", JOB_COORDINATOR_ADDR="10.1.2.3", JOB_COORDINATOR_PORT="61500",
+                   JOB_NUM_NODES="4", JOB_NODE_RANK="3")
+    assert (got["JAX_COORDINATOR_IP"], got["JAX_COORDINATOR_PORT"], got["NNODES"], got["NODE_RANK"]) == (
+        "10.1.2.3", "61500", "4", "3")
+    assert got["JAX_COORDINATOR_BIND_ADDRESS"] == "10.1.2.3:61500"
+
+
+def test_trainer_command(scratch_repo: Path):
+    res = run([str(scratch_repo / "_train.sh"), "--print-cmd"], env={
+        "MST_REPO": str(scratch_repo), "MODEL": "tiny", "JOB_DIR": "/jobs/7-JAX-tiny", "JOB_NAME": "7-JAX-tiny",
+        "JOB_WORKSPACE": "/jobs", "MST_PYTHON": "/venv/bin/python", "TRAIN_OVERRIDES": "steps=3\nper_device_batch_size=2\n"})
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == [
+        "/venv/bin/python", "-m", "maxtext.trainers.pre_train.train", f"{scratch_repo}/configs/tiny.yml",
+        "run_name=7-JAX-tiny", "base_output_directory=/jobs/7-JAX-tiny", "jax_cache_dir=/jobs/.jax_cache",
+        "steps=3", "per_device_batch_size=2"]
