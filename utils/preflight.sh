@@ -31,7 +31,7 @@ for envf in /proc/[0-9]*/environ; do
   echo "preflight: stopping leftover pid $pid of finished job $other: $(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | cut -c1-120)"
   kill -KILL "$pid" 2>/dev/null || true
 done
-scratch="${TMPDIR:-/tmp}/maxtext-slurm-$user"
+scratch="${TMPDIR:-/tmp}/maxtext-slurm-$user/${JOB_SCHEDULER:-unknown}"
 if [[ -d "$scratch" ]]; then
   for d in "$scratch"/*; do
     [[ -d "$d" && -O "$d" && "$active" != *" ${d##*/} "* ]] || continue

@@ -1,0 +1,67 @@
+"""Helpers for tests that drive real jobs: submit, wait, read the JOB SUMMARY."""
+
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from conftest import REPO, launcher_env, run
+
+
+def wait_for(pred: Callable[[], object], timeout: float, what: str, period: float = 0.25) -> object:
+    """Poll pred() until it returns something truthy; fail the test after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(period)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def submit(cluster: dict[str, str], workspace: Path, *args: str, **env: str) -> tuple[str, Path]:
+    """submit.sh ARGS on the local cluster; returns (job id, log path)."""
+    res = run([str(REPO / "submit.sh"), *args], env={**cluster, **launcher_env(workspace), **env})
+    assert res.returncode == 0, res.stderr
+    m = re.search(r"Submitted job (\d+) \((\S+)\)", res.stdout)
+    assert m, res.stdout
+    return m.group(1), workspace / f"{m.group(1)}-{m.group(2)}.log"
+
+
+def job_state(cluster: dict[str, str], job_id: str) -> str:
+    out = run(["scontrol", "show", "job", "-o", job_id], env=cluster).stdout
+    m = re.search(r"JobState=(\S+)", out)
+    return m.group(1) if m else "UNKNOWN"
+
+
+def wait_job_end(cluster: dict[str, str], job_id: str, timeout: float) -> str:
+    def ended() -> str:
+        state = job_state(cluster, job_id)
+        return "" if state in {"PENDING", "RUNNING", "COMPLETING", "CONFIGURING"} else state
+    return str(wait_for(ended, timeout, f"job {job_id} to end"))
+
+
+def summary(log: Path) -> dict[str, str]:
+    """The JOB SUMMARY block at the end of a log, as a dict."""
+    text = log.read_text(errors="replace")
+    assert "==== JOB SUMMARY ====" in text, text[-3000:]
+    block = text.rsplit("==== JOB SUMMARY ====", 1)[1].split("\n=====", 1)[0]
+    return dict(line.split(": ", 1) for line in block.strip().splitlines() if ": " in line)
+
+
+def log_has(log: Path, pattern: str) -> bool:
+    return log.exists() and re.search(pattern, log.read_text(errors="replace"), re.M) is not None
+
+
+def trainer_pid(job_id: str, rank: int) -> int | None:
+    """The MaxText process of one rank of one job (found by its environment)."""
+    out = subprocess.run(["pgrep", "-f", "maxtext.trainers.pre_train.train"], capture_output=True, text=True).stdout
+    for pid in out.split():
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"JOB_ID={job_id}".encode() in env and f"NODE_RANK={rank}".encode() in env:
+            return int(pid)
+    return None
