@@ -36,6 +36,7 @@ prepare_launch() {
     MODEL_TAG=$(safe_name "$tag")
     [[ "$MODEL_TAG" == "$tag" ]] || echo "${PROG:-$0}: tag '$tag' written as '$MODEL_TAG' (letters, digits, . _ - only)" >&2
   fi
+  # shellcheck disable=SC2034  # used by the scripts that source this file
   MODEL_NAME="JAX-$MODEL${MODEL_TAG:+-$MODEL_TAG}"
 
   [[ "${RAY:-0}" =~ ^[01]$ ]] || die "RAY='${RAY}' must be 0 or 1"

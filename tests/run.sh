@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Usage: tests/run.sh [PYTEST_ARGS...]
+#
+# Sets everything up on a fresh machine and runs the whole suite:
+#   1. system packages (Debian): Slurm (slurmctld, slurmd, client), munge, Prometheus,
+#      ShellCheck, iproute2, procps — installed with apt-get when missing (needs root);
+#   2. the pinned Python environment (utils/setup_env.sh; ~2-3 min the first time);
+#   3. pytest over tests/ (the tests start the local Slurm cluster themselves).
+# Extra arguments go to pytest, e.g. tests/run.sh -k slurm -x
+set -euo pipefail
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+start=$SECONDS
+
+need=()
+for pair in slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge prometheus:prometheus \
+            promtool:prometheus shellcheck:shellcheck ip:iproute2 pgrep:procps; do
+  command -v "${pair%%:*}" >/dev/null 2>&1 || [[ -x "/usr/sbin/${pair%%:*}" ]] || need+=("${pair#*:}")
+done
+if (( ${#need[@]} )); then
+  mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "tests/run.sh: missing system packages: ${need[*]}; install them (sudo apt-get install ${need[*]}) and rerun" >&2
+    exit 1
+  fi
+  echo "tests/run.sh: installing ${need[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
+fi
+export PATH="$PATH:/usr/sbin:/sbin"
+
+"$repo/utils/setup_env.sh"
+cd "$repo"
+rc=0
+"$repo/.venv/bin/python" -m pytest "$@" || rc=$?
+echo "tests/run.sh: finished in $((SECONDS - start)) s (exit $rc)" >&2
+exit "$rc"
