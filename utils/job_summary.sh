@@ -32,11 +32,16 @@ for n in "${nodes[@]}"; do
 done
 [[ "$status" == completed && ${#failed[@]} -gt 0 ]] && status=failed
 
+# First error of the first failing node: an exception line (not indented, e.g. "ValueError: ..."),
+# else any other error-looking line that is not source code quoted in a traceback.
+exc_re='[A-Za-z_.]*(Error|Exception|Exit|Interrupt)(: |$)'
 error_re='(Error|Exception|error:|FATAL|Fatal|Aborted|Segmentation fault|Killed|core dumped|exceeded its)'
 first_error=""
 if [[ -f "${JOB_LOG:-}" && "$status" != completed ]]; then
   prefix="${culprit:+$culprit: }"
-  first_error=$(grep -a -m1 -E "^${prefix}.*${error_re}" "$JOB_LOG" | grep -av '^[^ ]*: *Traceback' | head -n1 | cut -c1-400)
+  first_error=$(grep -a -m1 -E "^${prefix:-[^ ]*: }${exc_re}" "$JOB_LOG" | cut -c1-400)
+  [[ -n "$first_error" ]] ||
+    first_error=$(grep -a -E "^${prefix:-[^ ]*: }[^ ].*${error_re}" "$JOB_LOG" | grep -av -m1 'Traceback' | cut -c1-400)
 fi
 
 now=$(date +%s); wall=$(( now - ${JOB_START_TIME:-$now} ))

@@ -1,0 +1,82 @@
+"""run_local.sh: the same tiers on one machine — training, a config error, a crash with core
+dumps enabled, and the interactive shell in the job's environment."""
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from conftest import REPO, launcher_env, run
+from jobs import log_has, summary, wait_for
+
+HOST = socket.gethostname()
+
+
+def only_log(workspace: Path) -> Path:
+    logs = list(workspace.glob("local-*-JAX-*.log"))
+    assert len(logs) == 1, logs
+    return logs[0]
+
+
+def test_trains_and_summarises(workspace, venv):
+    res = run([str(REPO / "run_local.sh"), "tiny", "--", "steps=5"], env=launcher_env(workspace), timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:]
+    log = only_log(workspace)
+    assert res.stdout.splitlines()[0] == f"run_local.sh: job {log.name.split('-JAX-')[0]}, log {log}"
+    assert log_has(log, rf"^{HOST}: .*completed step: 4,")
+    s = summary(log)
+    assert s["status"] == "completed" and s["nodes"] == f"1 ({HOST})"
+    job_dir = log.with_suffix("")
+    assert (job_dir / "artifact" / ".submit" / "command.txt").read_text().strip() == "run_local.sh tiny -- steps=5"
+    assert (job_dir / "summary.txt").read_text().startswith("==================== JOB SUMMARY")
+
+
+def test_config_error_is_reported(workspace, venv):
+    res = run([str(REPO / "run_local.sh"), "tiny", "--", "per_device_batch_sizee=1"],
+              env=launcher_env(workspace), timeout=300)
+    assert res.returncode != 0
+    s = summary(only_log(workspace))
+    assert s["status"] == "failed" and s["failed_nodes"] == f"{HOST} (exit 1)"
+    assert "per_device_batch_sizee" in s["first_error"], s
+
+
+def test_crash_leaves_a_core_dump_in_the_job_dir(workspace, venv):
+    if Path("/proc/sys/kernel/core_pattern").read_text().strip().startswith(("/", "|")):
+        raise AssertionError("kernel.core_pattern sends cores elsewhere on this machine; the test needs a relative pattern")
+    proc = subprocess.Popen([str(REPO / "run_local.sh"), "tiny", "--", "steps=100000"],
+                            env={**os.environ, **launcher_env(workspace), "ENABLE_COREDUMPS": "1"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        log = wait_for(lambda: list(workspace.glob("local-*.log")), 60, "the log")[0]
+        wait_for(lambda: log_has(log, "core dumps enabled"), 60, "the trainer to start")
+        job_id = log.name.split("-JAX-")[0]
+
+        def trainer() -> int | None:
+            for pid in subprocess.run(["pgrep", "-f", "maxtext.trainers"], capture_output=True, text=True).stdout.split():
+                try:
+                    if f"JOB_ID={job_id}".encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                        return int(pid)
+                except OSError:
+                    pass
+            return None
+        pid = wait_for(trainer, 30, "the trainer process")
+        time.sleep(1)
+        os.kill(pid, signal.SIGSEGV)
+        assert proc.wait(timeout=120) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    s = summary(log)
+    assert s["status"] == "failed" and s["failed_nodes"] == f"{HOST} (exit 139)", s
+    cores = list((log.with_suffix("") / "cores" / HOST).glob("core*"))
+    assert cores and cores[0].stat().st_size > 0
+
+
+def test_shell_has_the_job_environment(workspace, venv):
+    script = 'echo "PY=$MST_PYTHON FRAC=$XLA_PYTHON_CLIENT_MEM_FRACTION RT=$MST_CONTAINER"; exit 0\n'
+    res = run([str(REPO / "run_local.sh")], env={**launcher_env(workspace), "CONTAINER_RUNTIME": "none"},
+              input=script, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert f"PY={Path(launcher_env(workspace)['MAXTEXT_SLURM_VENV'])}/bin/python FRAC=0.93 RT=none" in res.stdout
