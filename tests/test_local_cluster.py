@@ -52,7 +52,7 @@ def ensure_local_cluster(nodes: int = 2) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def cluster_env() -> Iterator[dict[str, str]]:
-    was_up = local_cluster("status").returncode == 0
+    was_up = local_cluster("status").stdout.startswith("local cluster: up")
     yield ensure_local_cluster(2)
     if not was_up:
         local_cluster("down")

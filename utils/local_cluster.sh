@@ -1,0 +1,239 @@
+#!/usr/bin/env bash
+# Usage: utils/local_cluster.sh up [NODES] | down | status | env | --help
+#
+# A real multi-node Slurm cluster on this one machine: a munged, a slurmctld and NODES slurmd
+# daemons (n1..nN, default 2, at most 16), each slurmd in its own UTS and mount namespace, so
+# `hostname` in a job step on n2 prints n2 and n1..nN resolve (a private /etc/hosts view).
+# Everything (munge key and socket, slurm.conf, state, spool, logs, pid files) lives in
+# ${LOCAL_CLUSTER_DIR:-<repo>/.local_cluster} (at most 64 characters; munged wants its parents
+# a+x). Nothing under /etc is changed; ports are free ones from 16817 up (not Slurm's defaults).
+#   up [NODES]  start it and wait until every node is idle; if it is already up with NODES
+#               nodes just print the status (with another count: exit 1, run down first)
+#   down        cancel its jobs, stop the daemons it started (pid files); safe when not up
+#   status      print the node states; exit 0 if up and every node is idle/alloc/mix/comp
+#   env         print the settings for clients: eval "$(utils/local_cluster.sh env)"
+# Needs Debian's slurmctld, slurmd, slurm-client and munge. Runs as root; as another user the
+# daemons run as that user (needs unprivileged user namespaces for the per-node hostnames).
+set -euo pipefail
+
+PROG=local_cluster.sh
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=utils/lib.sh
+source "$repo/utils/lib.sh"
+dir=$(realpath -m "${LOCAL_CLUSTER_DIR:-$repo/.local_cluster}")
+conf=$dir/slurm.conf
+export SLURM_CONF=$conf
+PATH=$PATH:/usr/sbin:/sbin # munged, slurmctld, slurmd (not on a non-root user's PATH)
+UP_TIMEOUT=30   # seconds for all nodes to become idle
+STOP_TIMEOUT=20 # seconds for the daemons to exit after SIGTERM (then SIGKILL)
+
+usage_error() {
+  printf '%s: %s\n' "$PROG" "$*" >&2
+  exit 2
+}
+
+# alive PID: the process exists and is not a zombie (an exited daemon stays a zombie until
+# init reaps it, which some container inits do only every few seconds).
+alive() {
+  local state
+  state=$(grep -m1 '^State:' "/proc/$1/status" 2>/dev/null) && [[ "$state" != *Z* ]]
+}
+
+# live_pid FILE NAME: print the pid in FILE if that process is alive and is program NAME.
+live_pid() {
+  local pid
+  pid=$(cat "$1" 2>/dev/null) || return 1
+  [[ "$pid" =~ ^[0-9]+$ && "$(cat "/proc/$pid/comm" 2>/dev/null)" == "$2" ]] && alive "$pid" || return 1
+  printf '%s\n' "$pid"
+}
+
+ctld_up() { live_pid "$dir/run/slurmctld.pid" slurmctld >/dev/null; }
+
+# Serialise up/down between concurrent callers (test sessions sharing one cluster).
+take_lock() {
+  exec 9>>"$dir/lock"
+  flock -w 120 9 || die "another up/down on $dir did not finish in 120 s"
+}
+
+# stop_pids PID...: SIGTERM, wait up to STOP_TIMEOUT s for them to exit, then SIGKILL.
+stop_pids() {
+  local end=$((SECONDS + STOP_TIMEOUT)) pid left=("$@")
+  ((${#left[@]})) || return 0
+  kill -TERM "${left[@]}" 2>/dev/null || true
+  while ((${#left[@]})) && ((SECONDS < end)); do
+    sleep 0.1
+    for pid in "${!left[@]}"; do alive "${left[pid]}" || unset 'left[pid]'; done
+  done
+  ((${#left[@]} == 0)) || kill -KILL "${left[@]}" 2>/dev/null || true
+}
+
+stop_all() {
+  local f pid slurm=() munge=() jobs end
+  if ctld_up; then
+    jobs=$(squeue -h -o %i 2>/dev/null || true)
+    if [[ -n "$jobs" ]]; then
+      # shellcheck disable=SC2086 # one job id per word
+      scancel $jobs 2>/dev/null || true
+      end=$((SECONDS + STOP_TIMEOUT))
+      while [[ -n "$(squeue -h -o %i 2>/dev/null)" ]] && ((SECONDS < end)); do sleep 0.2; done
+    fi
+  fi
+  for f in "$dir"/run/slurmd-*.pid; do
+    pid=$(live_pid "$f" slurmd) && slurm+=("$pid")
+  done
+  pid=$(live_pid "$dir/run/slurmctld.pid" slurmctld) && slurm+=("$pid")
+  stop_pids "${slurm[@]}"
+  pid=$(live_pid "$dir/run/munged.pid" munged) && munge+=("$pid")
+  stop_pids "${munge[@]}"
+  rm -f "$dir"/run/*.pid "$dir/run/nodes"
+}
+
+status() {
+  local lines bad
+  if ! ctld_up; then
+    echo "local cluster: down ($dir)"
+    return 1
+  fi
+  lines=$(sinfo -h -N -o '%N %t' 2>&1) || { echo "local cluster: slurmctld not answering: $lines"; return 1; }
+  echo "local cluster: up, $(wc -l <<<"$lines") nodes, SLURM_CONF=$conf"
+  echo "$lines"
+  bad=$(awk '$2 !~ /^(idle|alloc|mix|comp)$/' <<<"$lines")
+  [[ -z "$bad" ]]
+}
+
+write_conf() { # NODES
+  local n=$1 i port
+  port=$(free_port 16817) || die "no free port from 16817 for slurmctld"
+  {
+    cat <<EOF
+# Written by utils/local_cluster.sh up $n; rewritten on every fresh up.
+ClusterName=local
+SlurmctldHost=$(hostname -s)(127.0.0.1)
+SlurmctldPort=$port
+SlurmUser=$(id -un)
+SlurmdUser=$(id -un)
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$dir/munge/munge.sock
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool/%n
+SlurmctldPidFile=$dir/run/slurmctld.pid
+SlurmdPidFile=$dir/run/slurmd-%n.pid
+SlurmctldLogFile=$dir/log/slurmctld.log
+SlurmdLogFile=$dir/log/slurmd-%n.log
+JobCompType=jobcomp/filetxt
+JobCompLoc=$dir/log/jobcomp.txt
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerParameters=batch_sched_delay=0
+SlurmdParameters=config_overrides
+MpiDefault=none
+MailProg=/bin/true
+ReturnToService=2
+KillWait=10
+MessageTimeout=5
+InactiveLimit=0
+EOF
+    for ((i = 1; i <= n; i++)); do
+      port=$(free_port $((port + 1))) || die "no free port for slurmd n$i"
+      echo "NodeName=n$i NodeAddr=127.0.0.1 Port=$port CPUs=2 RealMemory=4000 State=UNKNOWN"
+    done
+    echo "PartitionName=debug Nodes=n[1-$n] Default=YES MaxTime=INFINITE State=UP"
+  } >"$conf"
+}
+
+# fail MSG LOG: stop what was started, keep the logs, one line on stderr (with LOG's last line).
+fail() {
+  stop_all
+  die "$1 ($(tail -n 1 "$2" 2>/dev/null)); see $2 (cluster stopped)"
+}
+
+up() {
+  local n=$1 have i end log states
+  mkdir -p "$dir"
+  take_lock
+  if ctld_up; then
+    have=$(cat "$dir/run/nodes" 2>/dev/null || echo unknown)
+    [[ "$have" == "$n" ]] || die "already up with $have nodes, not $n: run '$0 down' first"
+    status
+    return
+  fi
+  stop_all # leftovers of a half-dead cluster
+  rm -rf "$dir/state" "$dir/spool" "$dir/run" "$dir/log"
+  mkdir -p "$dir/state" "$dir/spool" "$dir/run" "$dir/log" "$dir/munge"
+  chmod 0755 "$dir/munge" # munged rejects a group/other-writable socket dir; clients need a+x
+  if [[ ! -s "$dir/munge/munge.key" ]]; then
+    (umask 077 && head -c 1024 /dev/urandom >"$dir/munge/munge.key")
+  fi
+  write_conf "$n"
+  echo "$n" >"$dir/run/nodes"
+
+  munged --socket="$dir/munge/munge.sock" --key-file="$dir/munge/munge.key" \
+    --pid-file="$dir/run/munged.pid" --seed-file="$dir/munge/munged.seed" \
+    --log-file="$dir/log/munged.log" 9>&- 2>>"$dir/log/munged.log" ||
+    fail "munged did not start" "$dir/log/munged.log"
+  slurmctld -f "$conf" 9>&- 2>>"$dir/log/slurmctld.log" ||
+    fail "slurmctld did not start" "$dir/log/slurmctld.log"
+  # Each node: own hostname (UTS namespace) and, in a private mount namespace, its own view of
+  # /etc/hosts that also resolves n1..nN (JAX and friends connect to "n1"); the host's is untouched.
+  { cat /etc/hosts; printf '127.0.0.1'; printf ' n%s' $(seq "$n"); echo; } >"$dir/hosts"
+  local ns=(--uts --mount)
+  (($(id -u) == 0)) || ns=(--user --map-current-user --keep-caps --uts --mount)
+  for ((i = 1; i <= n; i++)); do
+    log=$dir/log/slurmd-n$i.log
+    # shellcheck disable=SC2016 # $1.. expand in the inner sh
+    unshare "${ns[@]}" sh -c 'hostname "$1" && mount --bind "$3" /etc/hosts && exec slurmd -f "$2" -N "$1"' \
+      sh "n$i" "$conf" "$dir/hosts" 9>&- 2>>"$log" || fail "slurmd n$i did not start" "$log"
+  done
+
+  end=$((SECONDS + UP_TIMEOUT))
+  while :; do
+    states=$(sinfo -h -N -o %t 2>/dev/null || true)
+    [[ "$(grep -cx idle <<<"$states")" == "$n" ]] && break
+    if ((SECONDS >= end)); then
+      log=$dir/log/slurmctld.log
+      for ((i = n; i >= 1; i--)); do # point at the first dead slurmd, if any
+        live_pid "$dir/run/slurmd-n$i.pid" slurmd >/dev/null || log=$dir/log/slurmd-n$i.log
+      done
+      ctld_up || log=$dir/log/slurmctld.log
+      fail "nodes not idle after ${UP_TIMEOUT} s (states: ${states//$'\n'/ })" "$log"
+    fi
+    sleep 0.1
+  done
+  status
+}
+
+case "${1:-}" in
+  -h | --help | help) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
+  up)
+    (($# <= 2)) || usage_error "up takes at most one argument, NODES (got $(($# - 1)))"
+    n=${2:-2}
+    if [[ ! "$n" =~ ^[1-9][0-9]?$ ]] || ((n > 16)); then
+      usage_error "NODES must be an integer from 1 to 16, got '$n'"
+    fi
+    [[ "$dir" != *[[:space:]]* ]] || usage_error "LOCAL_CLUSTER_DIR must not contain spaces, got '$dir'"
+    # Unix socket paths (munge, slurmstepd) under it must fit in 108 bytes.
+    ((${#dir} <= 64)) || usage_error "LOCAL_CLUSTER_DIR must be at most 64 characters, got ${#dir}: '$dir'"
+    up "$n"
+    ;;
+  down | status | env)
+    (($# == 1)) || usage_error "$1 takes no arguments (got '${*:2}')"
+    case "$1" in
+      down)
+        if [[ -d "$dir" ]]; then
+          take_lock
+          stop_all
+        fi
+        echo "local cluster: down ($dir)"
+        ;;
+      status) status ;;
+      env) printf 'export SLURM_CONF=%q\n' "$conf" ;;
+    esac
+    ;;
+  "") usage_error "missing subcommand: expected up [NODES], down, status, env or --help" ;;
+  *) usage_error "unknown subcommand '$1': expected up [NODES], down, status, env or --help" ;;
+esac
