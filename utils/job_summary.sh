@@ -24,7 +24,7 @@ for n in "${nodes[@]}"; do
     *)
       [[ "$rc" == 0 ]] && continue
       [[ "$reason" == timeout ]] && status=stage_timeout
-      failed+=("$n (exit $rc${reason/#exit/})")
+      if [[ "$reason" == timeout ]]; then failed+=("$n (timeout, exit $rc)"); else failed+=("$n (exit $rc)"); fi
       if [[ -z "$culprit" ]] || awk -v a="$end" -v b="$culprit_end" 'BEGIN { exit !(a < b) }'; then
         culprit=$n culprit_end=$end
       fi ;;
@@ -35,13 +35,18 @@ done
 # First error of the first failing node: an exception line (not indented, e.g. "ValueError: ..."),
 # else any other error-looking line that is not source code quoted in a traceback.
 exc_re='[A-Za-z_.]*(Error|Exception|Exit|Interrupt)(: |$)'
-error_re='(Error|Exception|error:|FATAL|Fatal|Aborted|Segmentation fault|Killed|core dumped|exceeded its)'
+error_re='(Error|Exception|error:|FAILED|FATAL|Fatal|Aborted|Segmentation fault|Killed|core dumped|exceeded its)'
+info_re='[IW][0-9]{4} [0-9:.]+ '   # absl INFO/WARNING lines are not errors
 first_error=""
-if [[ -f "${JOB_LOG:-}" && "$status" != completed ]]; then
+if [[ -f "${JOB_LOG:-}" && "$status" =~ ^(failed|stage_timeout)$ ]]; then
   prefix="${culprit:+$culprit: }"
   first_error=$(grep -a -m1 -E "^${prefix:-[^ ]*: }${exc_re}" "$JOB_LOG" | cut -c1-400)
   [[ -n "$first_error" ]] ||
-    first_error=$(grep -a -E "^${prefix:-[^ ]*: }[^ ].*${error_re}" "$JOB_LOG" | grep -av -m1 'Traceback' | cut -c1-400)
+    first_error=$(grep -a -E "^${prefix:-[^ ]*: }[^ ].*${error_re}" "$JOB_LOG" | grep -avE -m1 "Traceback|^[^ ]*: ${info_re}" | cut -c1-400)
+  if [[ -z "$first_error" && -n "$culprit" ]]; then
+    rc=$(sed -n 's/.*rc=\([0-9]*\).*/\1/p' "$rec_dir/$culprit")
+    (( rc > 128 )) && first_error="$culprit: killed by signal $((rc - 128)) ($(kill -l $((rc - 128)) 2>/dev/null || echo '?'))$([[ $rc == 137 ]] && echo ", e.g. the kernel OOM killer or kill -9")"
+  fi
 fi
 
 now=$(date +%s); wall=$(( now - ${JOB_START_TIME:-$now} ))

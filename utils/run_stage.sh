@@ -4,7 +4,9 @@
 # Runs one stage of a job on this node: COMMAND under a time limit, every output line
 # prefixed with "<host>: " (so a merged multi-node log stays attributable), and the outcome
 # recorded in $JOB_DIR/.stages/STAGE/<host> as "rc=N end=EPOCH reason=exit|timeout|stopped".
-# SIGTERM/SIGINT/SIGHUP stop COMMAND (TERM, then KILL after 5 s) and record reason=stopped.
+# SIGTERM/SIGINT/SIGHUP stop COMMAND's whole process group (TERM, then KILL after
+# STAGE_STOP_GRACE seconds, default 5) and record reason=stopped. A record that already exists
+# is kept (a more precise writer, e.g. the Ray actor, got there first).
 # Needs JOB_DIR; the host name is JOB_HOSTNAME or $(hostname). Exits with COMMAND's status.
 set -uo pipefail
 [[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
@@ -18,7 +20,7 @@ host=${JOB_HOSTNAME:-$(hostname)}
 rec_dir="$JOB_DIR/.stages/$stage"
 mkdir -p "$rec_dir"
 
-record() { printf 'rc=%s end=%s reason=%s\n' "$1" "$(date +%s.%N | cut -c1-14)" "$2" > "$rec_dir/$host"; }
+record() { (set -C; printf 'rc=%s end=%s reason=%s\n' "$1" "$(date +%s.%N | cut -c1-14)" "$2" > "$rec_dir/$host") 2>/dev/null || true; }
 
 exec 3> >(awk -v h="$host" '{ print h ": " $0; fflush() }')
 prefixer=$!
@@ -27,9 +29,10 @@ child=""
 stop() {
   trap '' TERM INT HUP
   if [[ -n "$child" ]]; then
-    kill -TERM "$child" 2>/dev/null
-    for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$child" 2>/dev/null || break; sleep 0.5; done
-    kill -KILL "$child" 2>/dev/null
+    # timeout(1) leads its own process group: signal the group, so no trainer is orphaned
+    kill -TERM -- "-$child" 2>/dev/null
+    for _ in $(seq $(( ${STAGE_STOP_GRACE:-5} * 4 ))); do kill -0 -- "-$child" 2>/dev/null || break; sleep 0.25; done
+    kill -KILL -- "-$child" 2>/dev/null
   fi
   record 143 stopped
   exec 3>&-
@@ -37,14 +40,18 @@ stop() {
 }
 trap stop TERM INT HUP
 
+started=$SECONDS
 timeout --kill-after=10 "$limit" "$@" >&3 2>&1 &
 child=$!
 wait "$child"
 rc=$?
-case $rc in
-  124) reason=timeout; echo "run_stage.sh: stage '$stage' exceeded its ${limit} s limit on $host" >&3 ;;
-  *) reason="exit" ;;
-esac
+reason="exit"
+# 124: stopped by TERM at the limit; 137: it ignored TERM and was killed 10 s later
+if (( rc == 124 || (rc == 137 && SECONDS - started >= limit) )); then
+  reason=timeout
+  echo "run_stage.sh: stage '$stage' exceeded its ${limit} s limit on $host" >&3
+  kill -KILL -- "-$child" 2>/dev/null
+fi
 record "$rc" "$reason"
 exec 3>&-
 wait "$prefixer" 2>/dev/null
