@@ -83,6 +83,8 @@ if [[ "${ENABLE_COREDUMPS:-0}" == 1 ]]; then
     *) echo "_train.sh: core dumps enabled: $core_dir" >&2 ;;
   esac
 fi
+stray=$(compgen -v | grep -E '^M_[A-Z0-9_]+$' | paste -sd' ' || true)
+[[ -z "$stray" ]] || echo "_train.sh: warning: MaxText reads M_<KEY> variables as config overrides; set in this environment: $stray" >&2
 echo "_train.sh: rank $NODE_RANK/$NNODES, coordinator $JAX_COORDINATOR_IP:$JAX_COORDINATOR_PORT, env set: $(for v in "${set_vars[@]}"; do printf '%s=%s ' "$v" "${!v}"; done | redact_secrets)" >&2
 echo "_train.sh: $(printf '%q ' "${cmd[@]}" | redact_secrets)" >&2
 exec "${cmd[@]}"
