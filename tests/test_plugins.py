@@ -1,0 +1,557 @@
+"""Tests of the metrics plugins (utils/*_metrics_plugin.sh, utils/tb_bridge.py) and of docs/metrics.md.
+
+This machine has no GPU, no InfiniBand HCA and no NVIDIA driver: the trees under tests/fixtures stand in for
+that hardware (file names, layout, symlinks and contents copied in shape from real nodes). /proc is also
+tested for real, since this machine has one.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+UTILS = REPO / "utils"
+FIX = REPO / "tests" / "fixtures"
+sys.path.insert(0, str(UTILS))
+
+import metrics_exporter as mx  # noqa: E402
+import tb_bridge  # noqa: E402
+
+MAXTEXT_TAGS = [  # what MaxText 0.2.5 writes (shared notes: environment-facts.md)
+    "learning/loss", "learning/lm_loss", "learning/perplexity", "learning/total_weights", "learning/grad_norm",
+    "learning/raw_grad_norm", "learning/param_norm", "learning/current_learning_rate", "learning/z_loss",
+    "learning/moe_lb_loss", "learning/mtp_loss", "learning/indexer_loss", "perf/step_time_seconds",
+    "perf/per_device_tflops", "perf/per_device_tflops_per_sec", "perf/per_device_tokens",
+    "perf/per_device_tokens_per_sec",
+]
+
+
+def run_plugin(name: str, env: dict[str, str] | None = None, args: tuple[str, ...] = (),
+               timeout: float = 30) -> subprocess.CompletedProcess:
+    base = {"PATH": os.environ["PATH"], "LC_ALL": "C", "HOME": os.environ.get("HOME", "/tmp")}
+    base.update(env or {})
+    return subprocess.run(["bash", str(UTILS / f"{name}_metrics_plugin.sh"), *args], env=base,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def samples(text: str) -> dict[tuple[str, frozenset], float]:
+    """(name, labels) -> value; fails on any line the exporter would reject."""
+    parsed = mx.parse_exposition(text)
+    assert parsed.rejected == 0, text
+    out = {}
+    for fam in parsed.families.values():
+        assert fam.type != "untyped", f"{fam.name} has no TYPE"
+        assert fam.help, f"{fam.name} has no HELP"
+        for s in fam.samples:
+            key = (s.name, frozenset(s.labels))
+            assert key not in out, f"duplicate series {key}"
+            out[key] = s.value
+    return out
+
+
+def val(got: dict, name: str, **labels: str) -> float:
+    return got[(name, frozenset(labels.items()))]
+
+
+def names(got: dict) -> set[str]:
+    return {name for name, _ in got}
+
+
+def machine_has_gpu() -> bool:
+    amd = any(Path(c, "device/vendor").is_file() and Path(c, "device/vendor").read_text().strip() == "0x1002"
+              for c in Path("/sys/class/drm").glob("card*"))
+    return amd or any(Path("/proc/driver/nvidia/gpus").glob("*"))
+
+
+# ---- host plugin ---------------------------------------------------------------------------------------
+
+def host_fixture_env() -> dict[str, str]:
+    return {"METRICS_PROCFS_ROOT": str(FIX / "host/proc"), "METRICS_SYSFS_ROOT": str(FIX / "host/sys")}
+
+
+def test_host_plugin_on_fixture():
+    """The fixture stands in for a GPU node's /proc and its two mlx5 HCAs (one InfiniBand, one RoCE port that
+    is down); this machine has no InfiniBand."""
+    r = run_plugin("host", host_fixture_env())
+    assert r.returncode == 0, r.stderr
+    got = samples(r.stdout)
+    assert val(got, "hw_net_receive_bytes_total", device="eno12399np0") == 885522934413
+    assert val(got, "hw_net_transmit_drops_total", device="ib0") == 3
+    assert val(got, "hw_net_receive_drops_total", device="eno12399np0") == 1245
+    assert not any(dict(lbl).get("device") == "lo" for _, lbl in got)
+    assert val(got, "hw_tcp_retransmits_total") == 48211
+    assert val(got, "hw_tcp_estab_resets_total") == 2087
+    assert val(got, "hw_tcp_out_resets_total") == 9133
+    assert val(got, "hw_tcp_timeouts_total") == 6621
+    assert val(got, "hw_tcp_current_established") == 148
+    assert val(got, "hw_procs_running") == 53
+    assert val(got, "hw_procs_blocked") == 2
+    assert val(got, "hw_context_switches_total") == 61204433098
+    assert val(got, "hw_cpu_seconds_total", mode="iowait") == pytest.approx(2011.33)
+    assert val(got, "hw_oom_kills_total") == 3
+    assert val(got, "hw_memory_dirty_bytes") == 7332 * 1024
+    assert val(got, "hw_memory_available_bytes") == 1942012208 * 1024
+    assert val(got, "hw_cpu_pressure_some_pct") == 3.15
+    assert val(got, "hw_io_pressure_full_pct") == 10.94
+    assert val(got, "hw_io_pressure_full_seconds_total") == pytest.approx(2930.113204)
+    assert val(got, "hw_load1") == 52.31
+    ib0 = {"device": "mlx5_0", "port": "1"}
+    assert val(got, "hw_ib_port_transmit_bytes_total", **ib0) == 1830021133904 * 4
+    assert val(got, "hw_ib_port_receive_bytes_total", **ib0) == 1829930021187 * 4
+    assert val(got, "hw_ib_port_errors_total", counter="symbol_error", **ib0) == 12
+    assert val(got, "hw_ib_port_errors_total", counter="link_downed", **ib0) == 1
+    assert val(got, "hw_ib_port_transport_errors_total", counter="local_ack_timeout_err", **ib0) == 41
+    assert val(got, "hw_ib_port_transport_errors_total", counter="out_of_sequence", **ib0) == 122
+    assert val(got, "hw_ib_port_state", **ib0) == 4
+    assert val(got, "hw_ib_port_rate_gbps", **ib0) == 400
+    roce = {"device": "mlx5_1", "port": "1"}
+    assert val(got, "hw_ib_port_congestion_events_total", counter="np_cnp_sent", **roce) == 9120
+    assert val(got, "hw_ib_port_transport_errors_total", counter="roce_adp_retrans", **roce) == 31
+    assert val(got, "hw_ib_port_state", **roce) == 1
+    assert not any(dict(lbl).get("counter") == "lifespan" for _, lbl in got)  # a setting, not a counter
+
+
+def test_host_plugin_on_real_proc():
+    """This machine's own /proc (and /sys, which has no InfiniBand)."""
+    before = int(re.search(r"^ctxt (\d+)", Path("/proc/stat").read_text(), re.M).group(1))
+    r = run_plugin("host")
+    assert r.returncode == 0, r.stderr
+    got = samples(r.stdout)
+    after = int(re.search(r"^ctxt (\d+)", Path("/proc/stat").read_text(), re.M).group(1))
+    assert before <= val(got, "hw_context_switches_total") <= after
+    assert val(got, "hw_procs_running") >= 1
+    assert 0 < val(got, "hw_memory_available_bytes") <= val(got, "hw_memory_total_bytes")
+    assert val(got, "hw_tcp_retransmits_total") >= 0
+    assert val(got, "hw_cpu_seconds_total", mode="idle") > 0
+    assert "hw_load1" in names(got)
+    nics = {line.split(":")[0].strip() for line in Path("/proc/net/dev").read_text().splitlines()[2:]} - {"lo"}
+    assert {dict(lbl)["device"] for n, lbl in got if n == "hw_net_receive_bytes_total"} == nics
+    if Path("/proc/pressure/cpu").exists():
+        assert "hw_cpu_pressure_some_pct" in names(got)
+        assert "hw_io_pressure_some_seconds_total" in names(got)
+    if "oom_kill " in Path("/proc/vmstat").read_text():
+        assert "hw_oom_kills_total" in names(got)
+
+
+def test_host_plugin_tolerates_missing_files(tmp_path):
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/loadavg").write_text("0.50 0.40 0.30 2/300 1234\n")
+    r = run_plugin("host", {"METRICS_PROCFS_ROOT": str(tmp_path / "proc"), "METRICS_SYSFS_ROOT": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert names(samples(r.stdout)) == {"hw_load1", "hw_load5", "hw_load15"}
+
+
+# ---- GPU plugin ----------------------------------------------------------------------------------------
+
+def nvidia_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    state = tmp_path / "state"
+    state.mkdir(exist_ok=True)
+    env = {"METRICS_SYSFS_ROOT": str(FIX / "nvidia_h100/sys"), "METRICS_PROCFS_ROOT": str(FIX / "nvidia_h100/proc"),
+           "NVIDIA_SMI": str(FIX / "nvidia_h100/bin/nvidia-smi"), "METRICS_STATE_DIR": str(state),
+           "FAKE_NVIDIA_SMI_LOG": str(tmp_path / "smi.log")}
+    env.update(extra)
+    return env
+
+
+def amd_env() -> dict[str, str]:
+    return {"METRICS_SYSFS_ROOT": str(FIX / "amd_mi300x/sys"), "METRICS_PROCFS_ROOT": str(FIX / "no_gpu/proc")}
+
+
+def test_gpu_plugin_amd_fixture():
+    """Two MI300X cards (one as recent kernels expose it: no edge sensor, power1_input; one with edge,
+    power1_average and deferred RAS counts) behind an ASPEED BMC VGA card: this machine has no AMD GPU."""
+    r = run_plugin("gpu", amd_env())
+    assert r.returncode == 0, r.stderr
+    got = samples(r.stdout)
+    g0, g1 = {"gpu": "0", "vendor": "amd"}, {"gpu": "1", "vendor": "amd"}
+    assert {dict(lbl)["gpu"] for _, lbl in got} == {"0", "1"}  # the BMC's card0 is not a GPU
+    assert val(got, "hw_gpu_temperature_celsius", sensor="junction", **g0) == 71
+    assert val(got, "hw_gpu_temperature_celsius", sensor="mem", **g0) == 58
+    assert ("hw_gpu_temperature_celsius", frozenset({**g0, "sensor": "edge"}.items())) not in got
+    assert val(got, "hw_gpu_temperature_celsius", sensor="edge", **g1) == 49
+    assert val(got, "hw_gpu_power_watts", **g0) == 682  # power1_input
+    assert val(got, "hw_gpu_power_watts", **g1) == 540  # power1_average
+    assert val(got, "hw_gpu_power_limit_watts", **g0) == 750
+    assert val(got, "hw_gpu_utilization_pct", **g1) == 97
+    assert val(got, "hw_gpu_memory_utilization_pct", **g0) == 38
+    assert val(got, "hw_gpu_clock_mhz", type="core", **g0) == 1420
+    assert val(got, "hw_gpu_clock_mhz", type="memory", **g0) == 1300
+    assert val(got, "hw_gpu_vram_used_bytes", **g0) == 180388626432
+    assert val(got, "hw_gpu_vram_total_bytes", **g0) == 206141652992
+    assert val(got, "hw_gpu_ras_errors_total", kind="ce", block="umc", **g0) == 3
+    assert val(got, "hw_gpu_ras_errors_total", kind="ce", block="xgmi_wafl", **g0) == 1
+    assert val(got, "hw_gpu_ras_errors_total", kind="ue", block="umc", **g1) == 1
+    assert val(got, "hw_gpu_ras_errors_total", kind="de", block="umc", **g1) == 2
+    assert val(got, "hw_gpu_pcie_aer_errors_total", severity="correctable", **g0) == 3
+    assert val(got, "hw_gpu_pcie_aer_errors_total", severity="nonfatal", **g1) == 1
+    assert val(got, "hw_gpu_pcie_link_width", **g0) == 16
+    assert val(got, "hw_gpu_pcie_link_speed_gts", **g0) == 32.0
+
+
+def test_gpu_plugin_nvidia_fixture(tmp_path):
+    """8 x H100 80GB HBM3: nvidia-smi is a stand-in printing a recorded answer; this machine has no NVIDIA GPU."""
+    r = run_plugin("gpu", nvidia_env(tmp_path))
+    assert r.returncode == 0, r.stderr
+    calls = (tmp_path / "smi.log").read_text().splitlines()
+    assert len(calls) == 1 and "--format=csv,noheader,nounits" in calls[0]  # one call per poll
+    got = samples(r.stdout)
+    g = {i: {"gpu": str(i), "vendor": "nvidia"} for i in range(8)}
+    assert {dict(lbl)["gpu"] for _, lbl in got} == {str(i) for i in range(8)}
+    assert val(got, "hw_gpu_temperature_celsius", sensor="gpu", **g[0]) == 56
+    assert val(got, "hw_gpu_temperature_celsius", sensor="mem", **g[0]) == 64
+    assert ("hw_gpu_temperature_celsius", frozenset({**g[5], "sensor": "mem"}.items())) not in got  # [N/A]
+    assert val(got, "hw_gpu_power_watts", **g[2]) == 698.95
+    assert val(got, "hw_gpu_power_limit_watts", **g[2]) == 700
+    assert val(got, "hw_gpu_throttle_reasons", **g[2]) == 4  # SW power cap
+    assert val(got, "hw_gpu_throttle_reasons", **g[0]) == 0
+    assert val(got, "hw_gpu_clock_mhz", type="core", **g[2]) == 1755
+    assert val(got, "hw_gpu_clock_mhz", type="memory", **g[2]) == 2619
+    assert val(got, "hw_gpu_vram_used_bytes", **g[4]) == 74111 * 1048576
+    assert val(got, "hw_gpu_vram_total_bytes", **g[4]) == 81559 * 1048576
+    assert val(got, "hw_gpu_utilization_pct", **g[1]) == 100
+    assert val(got, "hw_gpu_ras_errors_total", kind="ce", block="total", **g[4]) == 2
+    assert val(got, "hw_gpu_ras_errors_total", kind="ue", block="total", **g[4]) == 0
+    assert val(got, "hw_gpu_pcie_aer_errors_total", severity="correctable", **g[3]) == 1  # sysfs via pci.bus_id
+    assert val(got, "hw_gpu_pcie_link_speed_gts", **g[7]) == 32.0
+
+
+def test_gpu_metric_names_are_the_same_for_both_vendors(tmp_path):
+    """Both GPU fixtures (stand-ins for MI300X and H100 nodes) give one set of names and label names."""
+    amd = samples(run_plugin("gpu", amd_env()).stdout)
+    nv = samples(run_plugin("gpu", nvidia_env(tmp_path)).stdout)
+    assert names(nv) - names(amd) == {"hw_gpu_throttle_reasons"}  # no AMD sysfs equivalent
+    assert names(amd) - names(nv) == set()
+    for name in names(amd):
+        keys = {frozenset(k for k, _ in lbl) for n, lbl in {**amd, **nv} if n == name}
+        assert len(keys) == 1, f"{name} has different label names per vendor: {keys}"
+
+
+def test_gpu_plugin_learns_renamed_nvidia_field(tmp_path):
+    """A driver that only knows clocks_event_reasons.* (the fake nvidia-smi stands in for it, no NVIDIA GPU
+    here): one retry, then the working name is remembered in the state dir."""
+    env = nvidia_env(tmp_path, FAKE_NVIDIA_SMI_NEW_DRIVER="1")
+    r = run_plugin("gpu", env)
+    assert r.returncode == 0, r.stderr
+    assert val(samples(r.stdout), "hw_gpu_throttle_reasons", gpu="2", vendor="nvidia") == 4
+    assert len((tmp_path / "smi.log").read_text().splitlines()) == 2
+    assert (tmp_path / "state/nvidia_throttle_field").read_text().strip() == "clocks_event_reasons.active"
+    (tmp_path / "smi.log").unlink()
+    r = run_plugin("gpu", env)
+    assert r.returncode == 0 and len((tmp_path / "smi.log").read_text().splitlines()) == 1
+
+
+def test_gpu_plugin_nvidia_smi_failure(tmp_path):
+    """The fake nvidia-smi (no NVIDIA GPU here) fails like a GPU that fell off the bus: a counted failure."""
+    r = run_plugin("gpu", nvidia_env(tmp_path, FAKE_NVIDIA_SMI_FAIL="1"))
+    assert r.returncode == 1
+    assert "Unable to determine the device handle" in r.stderr
+    assert samples(r.stdout) == {}
+
+
+def test_gpu_plugin_never_again_without_gpu():
+    """Only the BMC's VGA card and no NVIDIA driver: exit with the never-again code."""
+    r = run_plugin("gpu", {"METRICS_SYSFS_ROOT": str(FIX / "no_gpu/sys"),
+                           "METRICS_PROCFS_ROOT": str(FIX / "no_gpu/proc")})
+    assert r.returncode == mx.NEVER_AGAIN_EXIT
+    assert r.stdout == ""
+    if not machine_has_gpu():
+        assert run_plugin("gpu").returncode == mx.NEVER_AGAIN_EXIT  # the real /sys and /proc
+
+
+@pytest.mark.parametrize("name", ["gpu", "host", "tb"])
+def test_plugin_help(name):
+    r = run_plugin(name, args=("--help",))
+    assert r.returncode == 0
+    assert "Usage:" in r.stdout and "docs/plugins.md" in r.stdout
+
+
+# ---- TensorBoard plugin and bridge ---------------------------------------------------------------------
+
+class TB:
+    """Runs tb_metrics_plugin.sh like the exporter does, against one job dir and state dir."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.job = tmp_path / "job"
+        self.state = tmp_path / "state"
+        self.job.mkdir()
+        self.state.mkdir()
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {"JOB_DIR": str(self.job), "METRICS_STATE_DIR": str(self.state), "JOB_NODE_RANK": "0",
+               "METRICS_PYTHON": sys.executable, "METRICS_TIMEOUT": "10", "METRICS_EXPORTER_PID": str(os.getpid())}
+        env.update(extra)
+        return env
+
+    def poll(self) -> dict[tuple[str, frozenset], list[tuple[float, int]]]:
+        """One run; (name, labels) -> [(value, timestamp ms), ...] in output order."""
+        r = run_plugin("tb", self.env())
+        assert r.returncode == 0, r.stderr
+        parsed = mx.parse_exposition(r.stdout)
+        assert parsed.rejected == 0, r.stdout
+        out: dict[tuple[str, frozenset], list[tuple[float, int]]] = {}
+        for fam in parsed.families.values():
+            assert fam.type == "gauge"
+            for s in fam.samples:
+                assert s.ts_ms is not None
+                out.setdefault((s.name, frozenset(s.labels)), []).append((s.value, s.ts_ms))
+        return out
+
+    def pid(self) -> int:
+        return int((self.state / "bridge.pid").read_text())
+
+    def stop(self) -> None:
+        try:
+            pid = self.pid()
+        except (OSError, ValueError):
+            return
+        try:
+            if "tb_bridge.py" in Path(f"/proc/{pid}/cmdline").read_text():
+                os.kill(pid, signal.SIGTERM)
+        except (OSError, ProcessLookupError):
+            pass
+
+
+@pytest.fixture
+def tb(tmp_path):
+    t = TB(tmp_path)
+    yield t
+    t.stop()
+
+
+def run_label(name: str) -> frozenset:
+    return frozenset({("run", name)})
+
+
+def settle(writer: object, logdir: Path, scalars: int) -> None:
+    """Flush until the event files in `logdir` hold `scalars` scalar values: tensorboardX's SummaryWriter writes
+    from a background thread, and its flush() does not wait for that queue (tensorboard's own reader counts)."""
+    from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+
+    deadline = time.monotonic() + 10
+    while True:
+        writer.flush()
+        n = sum(len(e.summary.value) for p in logdir.glob("events.out.tfevents.*")
+                for e in LegacyEventFileLoader(str(p)).Load())
+        if n >= scalars or time.monotonic() > deadline:
+            assert n == scalars
+            return
+        time.sleep(0.02)
+
+
+def test_tb_plugin_reads_only_new_events(tb):
+    """Events written by tensorboardX's SummaryWriter, the writer MaxText uses."""
+    from tensorboardX import SummaryWriter
+
+    logdir = tb.job / "out/run1/tensorboard/run1"
+    w = SummaryWriter(str(logdir))
+    t0 = 1763779480.123
+    for step in range(3):
+        w.add_scalar("learning/loss", 6.5 - step, step, walltime=t0 + step)
+        w.add_scalar("perf/step_time_seconds", 0.25, step, walltime=t0 + step + 0.001)
+    settle(w, logdir, 6)
+    got = tb.poll()
+    run1 = run_label("run1")
+    assert got[("tb_learning_loss", run1)] == [(6.5, 1763779480123), (5.5, 1763779481123), (4.5, 1763779482123)]
+    assert got[("tb_perf_step_time_seconds", run1)] == [(0.25, 1763779480124), (0.25, 1763779481124),
+                                                        (0.25, 1763779482124)]
+    assert got[("tb_step", run1)] == [(0, 1763779480123), (1, 1763779481123), (2, 1763779482123)]
+    pid = tb.pid()
+
+    assert tb.poll() == {}  # nothing appended
+    w.add_scalar("learning/loss", 3.25, 3, walltime=t0 + 3)
+    w.add_scalar("learning/moe_lb_loss", 0.01, 3, walltime=t0 + 3)
+    settle(w, logdir, 8)
+    got = tb.poll()
+    assert got == {("tb_learning_loss", run1): [(3.25, 1763779483123)],
+                   ("tb_learning_moe_lb_loss", run1): [(pytest.approx(0.01), 1763779483123)],
+                   ("tb_step", run1): [(3, 1763779483123)]}
+    assert tb.pid() == pid  # the same bridge answered every poll
+    w.close()
+
+    w2 = SummaryWriter(str(tb.job / "out/run2/tensorboard/run2"))  # a new file appears
+    w2.add_scalar("learning/loss", 7.0, 0, walltime=t0 + 10)
+    w2.close()
+    got = tb.poll()
+    deadline = time.monotonic() + 5  # a directory walk costing t is not repeated for 100 t (see tb_bridge.py)
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.05)
+        got = tb.poll()
+    assert got == {("tb_learning_loss", run_label("run2")): [(7.0, 1763779490123)],
+                   ("tb_step", run_label("run2")): [(0, 1763779490123)]}
+    assert tb.pid() == pid
+
+
+def _event_bytes(tag: str, value: float, step: int, wall_time: float) -> bytes:
+    """One framed record, written by tensorboard's own RecordWriter."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    buf = io.BytesIO()
+    event = event_pb2.Event(wall_time=wall_time, step=step,
+                            summary=summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)]))
+    RecordWriter(buf).write(event.SerializeToString())
+    return buf.getvalue()
+
+
+def test_tb_plugin_waits_for_a_partial_record(tb):
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    logdir = tb.job / "tb"
+    writer = EventFileWriter(str(logdir))  # writes the file_version event
+    writer.close()
+    path = next(logdir.glob("events.out.tfevents.*"))
+    assert tb.poll() == {}
+    first, second = _event_bytes("learning/loss", 2.0, 1, 1763779500.0), _event_bytes("learning/loss", 1.5, 2, 1763779501.0)
+    with open(path, "ab") as f:
+        f.write(first + second[:10])  # the second record is cut inside its header
+    assert tb.poll()[("tb_learning_loss", run_label("tb"))] == [(2.0, 1763779500000)]
+    with open(path, "ab") as f:
+        f.write(second[10:30])  # header complete, data not
+    assert tb.poll() == {}
+    with open(path, "ab") as f:
+        f.write(second[30:])
+    assert tb.poll()[("tb_learning_loss", run_label("tb"))] == [(1.5, 1763779501000)]
+
+
+def test_tb_bridge_decodes_tensor_scalars(tb):
+    """tf.summary-style events keep scalars in a TensorProto (float_val, double_val or tensor_content)."""
+    import struct
+
+    from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    def value(tag: str, **tensor: object) -> summary_pb2.Summary.Value:
+        return summary_pb2.Summary.Value(tag=tag, tensor=tensor_pb2.TensorProto(
+            tensor_shape=tensor_shape_pb2.TensorShapeProto(), **tensor))
+
+    writer = EventFileWriter(str(tb.job / "tf"))
+    writer.add_event(event_pb2.Event(wall_time=1763779600.5, step=7, summary=summary_pb2.Summary(value=[
+        value("a/float", dtype=types_pb2.DT_FLOAT, float_val=[2.5]),
+        value("a/double", dtype=types_pb2.DT_DOUBLE, double_val=[0.1]),
+        value("a/content", dtype=types_pb2.DT_FLOAT, tensor_content=struct.pack("<f", 1.25)),
+        value("a/int", dtype=types_pb2.DT_INT64, int64_val=[42]),
+        value("a/text", dtype=types_pb2.DT_STRING, string_val=[b"not a scalar"]),
+    ])))
+    writer.close()
+    got = tb.poll()
+    run = run_label("tf")
+    assert got[("tb_a_float", run)] == [(2.5, 1763779600500)]
+    assert got[("tb_a_double", run)] == [(0.1, 1763779600500)]
+    assert got[("tb_a_content", run)] == [(1.25, 1763779600500)]
+    assert got[("tb_a_int", run)] == [(42, 1763779600500)]
+    assert ("tb_a_text", run) not in got
+
+
+def test_tb_unacknowledged_answer_is_sent_again(tb):
+    from tensorboardX import SummaryWriter
+
+    w = SummaryWriter(str(tb.job / "r"))
+    w.add_scalar("learning/loss", 1.0, 1, walltime=1763779700.0)
+    settle(w, tb.job / "r", 1)
+    assert ("tb_learning_loss", run_label("r")) in tb.poll()
+    (tb.state / "acked").unlink()  # as if that run had been killed before printing
+    w.add_scalar("learning/loss", 0.5, 2, walltime=1763779701.0)
+    w.close()
+    assert tb.poll()[("tb_learning_loss", run_label("r"))] == [(1.0, 1763779700000), (0.5, 1763779701000)]
+    assert tb.poll() == {}
+
+
+def test_tb_bridge_restarts_after_dying(tb):
+    from tensorboardX import SummaryWriter
+
+    w = SummaryWriter(str(tb.job / "r"))
+    w.add_scalar("learning/loss", 1.0, 1, walltime=1763779800.0)
+    settle(w, tb.job / "r", 1)
+    assert tb.poll()
+    old = tb.pid()
+    os.kill(old, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{old}").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    w.add_scalar("learning/loss", 0.5, 2, walltime=1763779801.0)
+    w.close()
+    got = tb.poll()  # starts a new bridge, which continues from the saved offsets
+    assert got[("tb_learning_loss", run_label("r"))] == [(0.5, 1763779801000)]
+    assert tb.pid() != old
+
+
+def test_tb_plugin_runs_on_rank_0_only(tb):
+    r = run_plugin("tb", tb.env(JOB_NODE_RANK="1"))
+    assert r.returncode == mx.NEVER_AGAIN_EXIT
+    assert not (tb.state / "bridge.pid").exists()
+
+
+def test_maxtext_tags_map_to_documented_names():
+    documented = documented_metrics()
+    for tag in MAXTEXT_TAGS:
+        name = tb_bridge.metric_name_for_tag(tag)
+        assert name in documented, f"{tag} -> {name} is not in docs/metrics.md"
+        assert f"tag `{tag}`" in documented[name][2], f"docs/metrics.md does not map {tag} to {name}"
+    assert tb_bridge.metric_name_for_tag("learning/moe_lb_loss") == "tb_learning_moe_lb_loss"
+    assert tb_bridge.metric_name_for_tag("perf/step_time_seconds") == "tb_perf_step_time_seconds"
+    assert tb_bridge.metric_name_for_tag("eval/avg loss-1") == "tb_eval_avg_loss_1"
+
+
+# ---- docs/metrics.md agrees with what is emitted -------------------------------------------------------
+
+def documented_metrics() -> dict[str, tuple[str, set[str], str]]:
+    """name -> (type, label names, source text) from the tables of docs/metrics.md."""
+    out = {}
+    for line in (REPO / "docs/metrics.md").read_text().splitlines():
+        m = re.match(r"\|\s*`([a-z_:][a-z0-9_:]*)`\s*\|\s*(\w+)\s*\|[^|]*\|([^|]*)\|([^|]*)\|", line)
+        if m:
+            assert m.group(1) not in out, f"{m.group(1)} documented twice"
+            out[m.group(1)] = (m.group(2), set(re.findall(r"`(\w+)`", m.group(3))), m.group(4))
+    return out
+
+
+def emitted_families(text: str, into: dict[str, tuple[str, set[str]]]) -> None:
+    for fam in mx.parse_exposition(text).families.values():
+        typ, labels = into.setdefault(fam.name, (fam.type, set()))
+        assert typ == fam.type
+        for s in fam.samples:
+            labels.update(k for k, _ in s.labels if k != "host")
+
+
+def test_docs_list_exactly_the_emitted_metrics(tmp_path, tb):
+    """Every plugin on the fixtures that stand in for the hardware this machine lacks (AMD and NVIDIA GPUs,
+    InfiniBand HCAs), TensorBoard events with every MaxText tag, and the exporter's self-metrics."""
+    emitted: dict[str, tuple[str, set[str]]] = {}
+    for name, env in (("host", host_fixture_env()), ("gpu", amd_env()), ("gpu", nvidia_env(tmp_path))):
+        r = run_plugin(name, env)
+        assert r.returncode == 0, r.stderr
+        emitted_families(r.stdout, emitted)
+
+    from tensorboardX import SummaryWriter
+
+    w = SummaryWriter(str(tb.job / "run"))
+    for tag in MAXTEXT_TAGS:
+        w.add_scalar(tag, 1.0, 1, walltime=1763779900.0)
+    w.close()
+    r = run_plugin("tb", tb.env())
+    assert r.returncode == 0, r.stderr
+    emitted_families(r.stdout, emitted)
+
+    plugins = tmp_path / "plugins"  # one trivial plugin, so that the per-plugin self-metrics have samples
+    plugins.mkdir()
+    (plugins / "noop_metrics_plugin.sh").write_text("exit 0\n")
+    exporter = subprocess.run([sys.executable, str(UTILS / "metrics_exporter.py"), "--once", "--plugin-dir",
+                               str(plugins), "--state-dir", str(tmp_path / "xs")],
+                              capture_output=True, text=True, timeout=30, check=True)
+    emitted_families(exporter.stdout, emitted)
+
+    documented = documented_metrics()
+    assert set(emitted) - set(documented) == set(), "emitted but not documented"
+    assert set(documented) - set(emitted) == set(), "documented but not emitted on the fixtures"
+    for name, (typ, labels) in emitted.items():
+        assert documented[name][0] == typ, f"{name}: documented as {documented[name][0]}, emitted as {typ}"
+        assert documented[name][1] == labels, f"{name}: documented labels {documented[name][1]}, emitted {labels}"

@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# host_metrics_plugin.sh - node health from /proc and /sys as Prometheus text on stdout:
+#   NICs (/proc/net/dev), TCP (/proc/net/snmp, /proc/net/netstat), run queue, context switches, forks and
+#   CPU time (/proc/stat), OOM kills and major faults (/proc/vmstat), memory (/proc/meminfo), pressure stall
+#   information (/proc/pressure/*), load average, and InfiniBand/RoCE ports
+#   (/sys/class/infiniband/*/ports/*/{counters,hw_counters}).
+#
+# Usage: host_metrics_plugin.sh [--help]
+# Run by metrics_exporter.py at every poll (contract: docs/plugins.md; metrics: docs/metrics.md).
+# Environment: METRICS_PROCFS_ROOT (default /proc), METRICS_SYSFS_ROOT (default /sys).
+# All of /proc is read by one awk; the sysfs counters with bash builtins (no process per value).
+# A missing or unreadable file only drops its own series. Exit 0, or 1 if the awk pass failed.
+set -euo pipefail
+export LC_ALL=C # numbers with a "." whatever the caller's locale
+
+if [[ ${1-} == -h || ${1-} == --help ]]; then
+  while IFS= read -r line; do
+    [[ $line == '#!'* ]] && continue
+    [[ $line == '#'* ]] || break
+    line=${line#\#}; printf '%s\n' "${line# }"
+  done < "${BASH_SOURCE[0]}"
+  exit 0
+fi
+
+proc=${METRICS_PROCFS_ROOT:-/proc}
+sys=${METRICS_SYSFS_ROOT:-/sys}
+status=0
+
+# ---- /proc: one awk over every file that exists --------------------------------------------------
+files=()
+for f in net/dev net/snmp net/netstat stat vmstat meminfo loadavg pressure/cpu pressure/memory pressure/io; do
+  if [[ -r $proc/$f ]]; then files+=("$proc/$f"); fi
+done
+
+if (( ${#files[@]} )); then
+  awk -v root="$proc" '
+    function esc(s) { gsub(/\\/, "\\\\", s); gsub(/"/, "\\\"", s); gsub(/\n/, "\\n", s); return s }
+    function out(name, type, help, labels, value) {
+      if (!(name in announced)) { announced[name] = 1; printf "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type }
+      if (labels != "") printf "%s{%s} %s\n", name, labels, value; else printf "%s %s\n", name, value
+    }
+    # def(source key, metric, type, scale, help): key is "<file>:<field>"; scale "1" prints the raw string.
+    function def(key, metric, type, scale, help) { n_def++; d_key[n_def] = key; d_metric[n_def] = metric
+      d_type[n_def] = type; d_scale[n_def] = scale; d_help[n_def] = help }
+    BEGIN {
+      def("snmp:Tcp:RetransSegs", "hw_tcp_retransmits_total", "counter", 1, "TCP segments retransmitted (Tcp RetransSegs).")
+      def("snmp:Tcp:InSegs", "hw_tcp_in_segments_total", "counter", 1, "TCP segments received (Tcp InSegs).")
+      def("snmp:Tcp:OutSegs", "hw_tcp_out_segments_total", "counter", 1, "TCP segments sent (Tcp OutSegs).")
+      def("snmp:Tcp:EstabResets", "hw_tcp_estab_resets_total", "counter", 1, "TCP connections reset from ESTABLISHED or CLOSE-WAIT (Tcp EstabResets).")
+      def("snmp:Tcp:OutRsts", "hw_tcp_out_resets_total", "counter", 1, "TCP segments sent with RST (Tcp OutRsts).")
+      def("snmp:Tcp:InErrs", "hw_tcp_in_errors_total", "counter", 1, "TCP segments received in error (Tcp InErrs).")
+      def("snmp:Tcp:AttemptFails", "hw_tcp_attempt_fails_total", "counter", 1, "TCP connection attempts that failed (Tcp AttemptFails).")
+      def("snmp:Tcp:CurrEstab", "hw_tcp_current_established", "gauge", 1, "TCP connections now ESTABLISHED or CLOSE-WAIT (Tcp CurrEstab).")
+      def("netstat:TcpExt:TCPTimeouts", "hw_tcp_timeouts_total", "counter", 1, "TCP retransmission timeouts (TcpExt TCPTimeouts).")
+      def("netstat:TcpExt:TCPSynRetrans", "hw_tcp_syn_retransmits_total", "counter", 1, "TCP SYN and SYN-ACK retransmissions (TcpExt TCPSynRetrans).")
+      def("netstat:TcpExt:TCPFastRetrans", "hw_tcp_fast_retransmits_total", "counter", 1, "TCP fast retransmissions (TcpExt TCPFastRetrans).")
+      def("netstat:TcpExt:TCPLostRetransmit", "hw_tcp_lost_retransmits_total", "counter", 1, "TCP retransmissions that were lost again (TcpExt TCPLostRetransmit).")
+      def("netstat:TcpExt:TCPAbortOnTimeout", "hw_tcp_abort_on_timeout_total", "counter", 1, "TCP connections aborted after too many retransmission timeouts (TcpExt TCPAbortOnTimeout).")
+      def("netstat:TcpExt:ListenOverflows", "hw_tcp_listen_overflows_total", "counter", 1, "Connections dropped because a listen queue was full (TcpExt ListenOverflows).")
+      def("netstat:TcpExt:ListenDrops", "hw_tcp_listen_drops_total", "counter", 1, "Connections dropped by a listening socket for any reason (TcpExt ListenDrops).")
+      def("stat:procs_running", "hw_procs_running", "gauge", 1, "Runnable tasks (run queue length, /proc/stat procs_running).")
+      def("stat:procs_blocked", "hw_procs_blocked", "gauge", 1, "Tasks blocked on I/O (/proc/stat procs_blocked).")
+      def("stat:ctxt", "hw_context_switches_total", "counter", 1, "Context switches (/proc/stat ctxt).")
+      def("stat:processes", "hw_forks_total", "counter", 1, "Processes and threads created (/proc/stat processes).")
+      def("vmstat:oom_kill", "hw_oom_kills_total", "counter", 1, "Processes killed by the OOM killer (/proc/vmstat oom_kill).")
+      def("vmstat:pgmajfault", "hw_major_page_faults_total", "counter", 1, "Major page faults (/proc/vmstat pgmajfault).")
+      def("meminfo:MemTotal", "hw_memory_total_bytes", "gauge", 1024, "Usable RAM (/proc/meminfo MemTotal).")
+      def("meminfo:MemAvailable", "hw_memory_available_bytes", "gauge", 1024, "Memory available for new work without swapping (/proc/meminfo MemAvailable).")
+      def("meminfo:Dirty", "hw_memory_dirty_bytes", "gauge", 1024, "Memory waiting to be written back to disk (/proc/meminfo Dirty).")
+      def("meminfo:Writeback", "hw_memory_writeback_bytes", "gauge", 1024, "Memory being written back now (/proc/meminfo Writeback).")
+      def("meminfo:Shmem", "hw_memory_shmem_bytes", "gauge", 1024, "Shared memory and tmpfs, /dev/shm included (/proc/meminfo Shmem).")
+      def("loadavg:1", "hw_load1", "gauge", 1, "Load average over 1 minute (/proc/loadavg).")
+      def("loadavg:2", "hw_load5", "gauge", 1, "Load average over 5 minutes (/proc/loadavg).")
+      def("loadavg:3", "hw_load15", "gauge", 1, "Load average over 15 minutes (/proc/loadavg).")
+      split("user nice system idle iowait irq softirq steal", cpu_mode, " ")
+      n_nic = split("receive_bytes:1:Bytes_received receive_packets:2:Packets_received receive_errors:3:Receive_errors receive_drops:4:Received_packets_dropped transmit_bytes:9:Bytes_sent transmit_packets:10:Packets_sent transmit_errors:11:Transmit_errors transmit_drops:12:Outgoing_packets_dropped", nic_def, " ")
+    }
+    { file = substr(FILENAME, length(root) + 2) }
+    file == "net/dev" {
+      if (FNR <= 2) next
+      i = index($0, ":"); if (i == 0) next
+      dev = substr($0, 1, i - 1); gsub(/^[ \t]+/, "", dev)
+      if (dev == "lo") next
+      nf = split(substr($0, i + 1), v, " "); if (nf < 16) next
+      n_dev++; devs[n_dev] = dev
+      for (k = 1; k <= 16; k++) nic[dev, k] = v[k]
+      next
+    }
+    file == "net/snmp" || file == "net/netstat" {
+      short = (file == "net/snmp") ? "snmp" : "netstat"
+      if (($1) in header) { for (k = 2; k <= NF; k++) kv[short ":" $1 hname[$1, k]] = $k; delete header[$1] }
+      else { header[$1] = 1; for (k = 2; k <= NF; k++) hname[$1, k] = $k }
+      next
+    }
+    file == "stat" {
+      if ($1 == "cpu") { for (k = 1; k <= 8; k++) cpu[k] = $(k + 1); have_cpu = 1 }
+      else if (NF == 2) kv["stat:" $1] = $2
+      next
+    }
+    file == "vmstat" { kv["vmstat:" $1] = $2; next }
+    file == "meminfo" { k = $1; sub(/:$/, "", k); kv["meminfo:" k] = $2; next }
+    file == "loadavg" { kv["loadavg:1"] = $1; kv["loadavg:2"] = $2; kv["loadavg:3"] = $3; next }
+    file ~ /^pressure\// {
+      res = substr(file, 10)
+      for (k = 2; k <= NF; k++) { split($k, p, "="); psi[res, $1, p[1]] = p[2] }
+      psi_seen[res, $1] = 1
+      next
+    }
+    END {
+      for (m = 1; m <= n_nic; m++) {
+        split(nic_def[m], nd, ":"); what = nd[3]; gsub(/_/, " ", what)
+        for (j = 1; j <= n_dev; j++)
+          out("hw_net_" nd[1] "_total", "counter", what " by the network interface (/proc/net/dev).",
+              "device=\"" esc(devs[j]) "\"", nic[devs[j], nd[2]])
+      }
+      for (j = 1; j <= n_def; j++) {
+        if (!(d_key[j] in kv)) continue
+        val = kv[d_key[j]]
+        if (d_scale[j] != 1) val = sprintf("%.0f", val * d_scale[j])
+        out(d_metric[j], d_type[j], d_help[j], "", val)
+      }
+      if (have_cpu)
+        for (k = 1; k <= 8; k++)
+          out("hw_cpu_seconds_total", "counter", "CPU time of all CPUs by mode (/proc/stat cpu line, USER_HZ=100).",
+              "mode=\"" cpu_mode[k] "\"", sprintf("%.2f", cpu[k] / 100))
+      split("cpu memory io", resources, " "); split("some full", kinds, " ")
+      for (r = 1; r <= 3; r++) for (q = 1; q <= 2; q++) {
+        if (!((resources[r], kinds[q]) in psi_seen)) continue
+        out("hw_" resources[r] "_pressure_" kinds[q] "_pct", "gauge",
+            "Share of the last 10 s in which " kinds[q] " tasks stalled on " resources[r] " (/proc/pressure/" resources[r] " avg10).",
+            "", psi[resources[r], kinds[q], "avg10"])
+        out("hw_" resources[r] "_pressure_" kinds[q] "_seconds_total", "counter",
+            "Time " kinds[q] " tasks stalled on " resources[r] " (/proc/pressure/" resources[r] " total).",
+            "", sprintf("%.6f", psi[resources[r], kinds[q], "total"] / 1000000))
+      }
+    }
+  ' "${files[@]}" || status=1
+fi
+
+# ---- /sys/class/infiniband: bash builtins only --------------------------------------------------
+# read_num VAR FILE: VAR = first line of FILE when it is a non-negative integer; false otherwise.
+read_num() {
+  local -n _rn_dst=$1
+  _rn_dst=
+  { IFS= read -r _rn_dst || [[ -n $_rn_dst ]]; } 2>/dev/null < "$2" || return 1
+  [[ $_rn_dst =~ ^[0-9]+$ ]]
+}
+
+declare -A HELP=(
+  [hw_ib_port_transmit_bytes_total]="Data sent by the port (counters/port_xmit_data x 4)."
+  [hw_ib_port_receive_bytes_total]="Data received by the port (counters/port_rcv_data x 4)."
+  [hw_ib_port_transmit_packets_total]="Packets sent by the port (counters/port_xmit_packets)."
+  [hw_ib_port_receive_packets_total]="Packets received by the port (counters/port_rcv_packets)."
+  [hw_ib_port_transmit_wait_total]="Ticks the port had data to send but no flow-control credits (counters/port_xmit_wait)."
+  [hw_ib_port_errors_total]="Link-level error counters of the port (counters/<counter>)."
+  [hw_ib_port_transport_errors_total]="Transport errors and retransmission events of the port (hw_counters/<counter>)."
+  [hw_ib_port_congestion_events_total]="RoCE congestion notifications of the port (hw_counters/<counter>)."
+  [hw_ib_port_state]="Logical port state number (state: 1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 ACTIVE_DEFER)."
+  [hw_ib_port_rate_gbps]="Negotiated link rate of the port in Gb/s (rate)."
+)
+ERRORS=(symbol_error link_error_recovery link_downed port_rcv_errors port_rcv_remote_physical_errors
+  port_rcv_switch_relay_errors port_xmit_discards port_xmit_constraint_errors port_rcv_constraint_errors
+  local_link_integrity_errors excessive_buffer_overrun_errors VL15_dropped)
+TRANSPORT=(local_ack_timeout_err packet_seq_err out_of_sequence rnr_nak_retry_err req_cqe_error resp_cqe_error
+  req_remote_access_errors req_remote_invalid_request resp_local_length_error resp_remote_access_errors
+  implied_nak_seq_err duplicate_request out_of_buffer rx_icrc_encapsulated roce_adp_retrans roce_adp_retrans_to
+  roce_slow_restart)
+CONGESTION=(np_cnp_sent np_ecn_marked_roce_packets rp_cnp_handled rp_cnp_ignored)
+declare -A SAMPLES=()
+ORDER=()
+emit() { # emit METRIC LABELS VALUE
+  if [[ ! -v SAMPLES[$1] ]]; then ORDER+=("$1"); SAMPLES[$1]=; fi
+  SAMPLES[$1]+="$1{$2} $3"$'\n'
+}
+
+for port_dir in "$sys"/class/infiniband/*/ports/*; do
+  [[ -d $port_dir ]] || continue
+  port=${port_dir##*/}
+  dev=${port_dir%/ports/*}; dev=${dev##*/}
+  labels="device=\"$dev\",port=\"$port\""
+  c=$port_dir/counters
+  if read_num v "$c/port_xmit_data"; then emit hw_ib_port_transmit_bytes_total "$labels" "$((v * 4))"; fi
+  if read_num v "$c/port_rcv_data"; then emit hw_ib_port_receive_bytes_total "$labels" "$((v * 4))"; fi
+  if read_num v "$c/port_xmit_packets"; then emit hw_ib_port_transmit_packets_total "$labels" "$v"; fi
+  if read_num v "$c/port_rcv_packets"; then emit hw_ib_port_receive_packets_total "$labels" "$v"; fi
+  if read_num v "$c/port_xmit_wait"; then emit hw_ib_port_transmit_wait_total "$labels" "$v"; fi
+  for name in "${ERRORS[@]}"; do
+    if read_num v "$c/$name"; then emit hw_ib_port_errors_total "$labels,counter=\"$name\"" "$v"; fi
+  done
+  for name in "${TRANSPORT[@]}"; do
+    if read_num v "$port_dir/hw_counters/$name"; then
+      emit hw_ib_port_transport_errors_total "$labels,counter=\"$name\"" "$v"
+    fi
+  done
+  for name in "${CONGESTION[@]}"; do
+    if read_num v "$port_dir/hw_counters/$name"; then
+      emit hw_ib_port_congestion_events_total "$labels,counter=\"$name\"" "$v"
+    fi
+  done
+  if { IFS= read -r v || [[ -n $v ]]; } 2>/dev/null < "$port_dir/state" && [[ ${v%%:*} =~ ^[0-9]+$ ]]; then
+    emit hw_ib_port_state "$labels" "${v%%:*}"
+  fi
+  if { IFS= read -r v || [[ -n $v ]]; } 2>/dev/null < "$port_dir/rate" && [[ ${v%% *} =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
+    emit hw_ib_port_rate_gbps "$labels" "${v%% *}"
+  fi
+done
+
+for m in "${ORDER[@]}"; do
+  type=counter
+  [[ $m == *_total ]] || type=gauge
+  printf '# HELP %s %s\n# TYPE %s %s\n%s' "$m" "${HELP[$m]}" "$m" "$type" "${SAMPLES[$m]}"
+done
+exit "$status"

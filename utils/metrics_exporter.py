@@ -1,0 +1,747 @@
+#!/usr/bin/env python3
+"""Per-node metrics exporter: runs every *_metrics_plugin.sh and serves their merged output.
+
+Usage: metrics_exporter.py [--port 9400] [--bind 127.0.0.1] [--interval 5] [--timeout 3]
+                           [--plugin-dir DIR] [--state-dir DIR] [--host NAME] [--node-rank N]
+                           [--job-dir DIR] [--port-file FILE] [--sd-file FILE] [--log FILE] [--once]
+
+A background thread polls every --interval seconds: it lists the *_metrics_plugin.sh files in --plugin-dir
+(so a plugin dropped in mid-job is picked up at the next poll), starts them all at once (`bash FILE`, each
+in its own process group, the whole group killed after --timeout), checks their Prometheus text output line
+by line and publishes the merged result. GET /metrics serves the last completed poll; a scrape never waits
+for a plugin. If --port is taken the next free port is used; the real one is printed on stdout
+("metrics_exporter: serving http://ADDR:PORT/metrics") and written to --port-file / --sd-file.
+--once runs one poll, prints the exposition and exits. The plugin contract is docs/plugins.md; every
+series is listed in docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import errno
+import hashlib
+import json
+import logging
+import os
+import re
+import selectors
+import shutil
+import signal
+import socket
+import socketserver
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import NamedTuple
+
+from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+
+PLUGIN_SUFFIX = "_metrics_plugin.sh"
+NEVER_AGAIN_EXIT = 64  # a plugin exiting with this code is not run again by this exporter
+MAX_OUTPUT_BYTES = 16 << 20  # a plugin printing more than this is killed and counted as a failure
+STDERR_TAIL_BYTES = 2048
+log = logging.getLogger("metrics_exporter")
+
+# --------------------------------------------------------------------------------------------------
+# Prometheus text exposition (0.0.4) parsing: the only place this format is read.
+# --------------------------------------------------------------------------------------------------
+
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_NAME_RE = re.compile(_NAME)
+_SAMPLE_RE = re.compile(rf"({_NAME})(?:\{{(.*)\}})?[ \t]+([^ \t]+)(?:[ \t]+(-?[0-9]+))?[ \t]*")
+_LABEL_RE = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\\[\\"n])*)"[ \t]*(?:,|$)')
+_VALUE_RE = re.compile(r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|inf|nan)", re.IGNORECASE)
+_META_RE = re.compile(rf"#[ \t]+(HELP|TYPE)[ \t]+({_NAME})(?:[ \t]+(.*))?")
+_TYPES = ("counter", "gauge", "histogram", "summary", "untyped")
+_SUFFIXES = {"histogram": ("_bucket", "_sum", "_count", "_created"), "summary": ("", "_sum", "_count", "_created")}
+
+Labels = tuple[tuple[str, str], ...]
+
+
+class Sample(NamedTuple):
+    name: str
+    labels: Labels  # sorted by label name
+    value: float
+    ts_ms: int | None  # explicit timestamp (milliseconds since the epoch) or None
+
+
+@dataclass
+class Family:
+    name: str  # the name on the TYPE line (a counter's ends in _total)
+    type: str  # counter | gauge | histogram | summary | untyped
+    help: str = ""
+    samples: list[Sample] = field(default_factory=list)
+
+
+@dataclass
+class Parsed:
+    families: dict[str, Family]
+    accepted: int
+    rejected: int
+
+
+def _unescape(text: str) -> str:
+    return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), text)
+
+
+def _parse_labels(blob: str) -> Labels | None:
+    pairs: dict[str, str] = {}
+    pos, end = 0, len(blob)
+    while pos < end and blob[pos:].strip():
+        m = _LABEL_RE.match(blob, pos)
+        if not m or m.group(1) in pairs or m.group(1).startswith("__"):
+            return None
+        pairs[m.group(1)] = _unescape(m.group(2))
+        pos = m.end()
+    return tuple(sorted(pairs.items()))
+
+
+def _family_of(name: str, families: dict[str, Family]) -> Family | None:
+    fam = families.get(name)
+    if fam is not None and fam.type not in _SUFFIXES:
+        return fam
+    for ftype, suffixes in _SUFFIXES.items():
+        for suffix in suffixes:
+            if name.endswith(suffix):
+                base = families.get(name[: len(name) - len(suffix)] if suffix else name)
+                if base is not None and base.type == ftype:
+                    return base
+    return None
+
+
+def parse_exposition(text: str) -> Parsed:
+    """Parse Prometheus text exposition strictly, line by line.
+
+    A malformed line (or a HELP/TYPE that contradicts earlier lines, or a label set that is not unique) is
+    dropped and counted; every other line is kept. Samples without a TYPE form an untyped family of their own.
+    """
+    families: dict[str, Family] = {}
+    accepted = rejected = 0
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("#"):
+            m = _META_RE.fullmatch(line)
+            if m is None:
+                if re.match(r"#[ \t]+(HELP|TYPE)\b", line):
+                    rejected += 1  # a broken HELP/TYPE line; other comments are allowed
+                continue
+            kind, name, rest = m.group(1), m.group(2), m.group(3) or ""
+            fam = families.get(name)
+            if kind == "TYPE":
+                if rest not in _TYPES or (fam is not None and (fam.samples or fam.type != "untyped")):
+                    rejected += 1
+                    continue
+                if fam is None:
+                    families[name] = Family(name, rest)
+                else:
+                    fam.type = rest
+            else:
+                if fam is None:
+                    fam = families[name] = Family(name, "untyped")
+                fam.help = _unescape(rest)
+            continue
+        m = _SAMPLE_RE.fullmatch(line)
+        labels = _parse_labels(m.group(2) or "") if m else None
+        if m is None or labels is None or not _VALUE_RE.fullmatch(m.group(3)):
+            rejected += 1
+            continue
+        name = m.group(1)
+        fam = _family_of(name, families)
+        if fam is None:
+            if name in families:  # a histogram/summary name used as a plain sample
+                rejected += 1
+                continue
+            fam = families[name] = Family(name, "untyped")
+        if fam.type == "histogram" and name.endswith("_bucket") and "le" not in dict(labels):
+            rejected += 1
+            continue
+        ts = int(m.group(4)) if m.group(4) is not None else None
+        fam.samples.append(Sample(name, labels, float(m.group(3)), ts))
+        accepted += 1
+    return Parsed({k: f for k, f in families.items() if f.samples}, accepted, rejected)
+
+
+# --------------------------------------------------------------------------------------------------
+# Running plugins
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunResult:
+    rc: int | None = None  # None: timed out (killed)
+    stdout: bytes = b""
+    stderr: bytes = b""
+    duration: float = 0.0
+    stuck: subprocess.Popen | None = None  # killed but not reaped (e.g. blocked in a kernel read)
+
+
+@dataclass
+class _Running:
+    name: str
+    proc: subprocess.Popen
+    out: bytearray = field(default_factory=bytearray)
+    err: bytearray = field(default_factory=bytearray)
+    open_streams: int = 2
+    done_at: float | None = None
+    too_big: bool = False
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_plugins(cmds: dict[str, list[str]], envs: dict[str, dict[str, str]], cwds: dict[str, str],
+                timeout: float, started: list[subprocess.Popen] | None = None) -> dict[str, RunResult]:
+    """Start every command at once (own session each), collect stdout/stderr, kill what outlives `timeout`.
+
+    `started`, if given, is cleared and then holds the processes of this call while it runs.
+    """
+    started = [] if started is None else started
+    started.clear()
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    sel = selectors.DefaultSelector()
+    runs: list[_Running] = []
+    results: dict[str, RunResult] = {}
+    for name, cmd in cmds.items():
+        try:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env=envs[name], cwd=cwds[name], start_new_session=True)
+        except OSError as exc:
+            results[name] = RunResult(rc=127, stderr=str(exc).encode())
+            continue
+        started.append(proc)
+        run = _Running(name, proc)
+        runs.append(run)
+        sel.register(proc.stdout, selectors.EVENT_READ, (run, run.out))
+        sel.register(proc.stderr, selectors.EVENT_READ, (run, run.err))
+    while sel.get_map():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        for key, _ in sel.select(remaining):
+            run, buf = key.data
+            chunk = os.read(key.fd, 65536)
+            if chunk:
+                buf += chunk
+                if buf is run.err and len(buf) > STDERR_TAIL_BYTES:
+                    del buf[:-STDERR_TAIL_BYTES]
+                if len(run.out) > MAX_OUTPUT_BYTES:
+                    run.too_big = True
+                    _kill_group(run.proc)
+                continue
+            sel.unregister(key.fileobj)
+            key.fileobj.close()
+            run.open_streams -= 1
+            if run.open_streams == 0:
+                run.done_at = time.monotonic()
+    for run in runs:
+        proc = run.proc
+        rc: int | None = None
+        if run.open_streams == 0:
+            try:
+                rc = proc.wait(timeout=max(0.1, deadline - time.monotonic()))  # its pipes are closed: exiting
+            except subprocess.TimeoutExpired:
+                rc = None
+        # Kill the whole group: after a timeout, and also anything a finished plugin left behind.
+        _kill_group(proc)
+        stuck = None
+        if rc is None:
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None and not stream.closed:
+                    sel.unregister(stream)
+                    stream.close()
+            try:
+                proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                stuck = proc
+        if run.too_big and rc is not None:
+            rc = 1
+            run.err += b"\nmetrics_exporter: output larger than %d bytes, killed" % MAX_OUTPUT_BYTES
+        end = run.done_at if rc is not None and run.done_at is not None else time.monotonic()
+        results[run.name] = RunResult(rc, bytes(run.out), bytes(run.err), end - t0, stuck)
+    sel.close()
+    return results
+
+
+# --------------------------------------------------------------------------------------------------
+# Polling and merging
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PluginStats:
+    runs: int = 0
+    failures: int = 0
+    timeouts: int = 0
+    rejected: int = 0
+    last_duration: float = 0.0
+    last_success: float = 0.0
+    samples: int = 0
+    disabled: bool = False
+    stuck: subprocess.Popen | None = None
+    failing: bool = False
+
+
+@dataclass
+class Config:
+    plugin_dir: str
+    state_dir: str
+    host: str
+    node_rank: str = "0"
+    job_dir: str = ""
+    interval: float = 5.0
+    timeout: float = 3.0
+    sysfs_root: str = "/sys"
+    procfs_root: str = "/proc"
+    hold_seconds: float = 900.0  # re-serve a series' newest timestamped sample for this long
+
+
+class HeldSamples:
+    """Samples with explicit timestamps wait here until a scrape has served them once.
+
+    A scrape serves every waiting sample of a series (oldest first) and, when none waits, re-serves the newest
+    one already served (Prometheus drops that exact duplicate silently) for `hold_seconds`. So a burst of
+    TensorBoard events is not lost when Prometheus scrapes less often than the exporter polls.
+    """
+
+    def __init__(self, hold_seconds: float, max_per_series: int = 20000) -> None:
+        self.hold_ms = int(hold_seconds * 1000)
+        self.max_per_series = max_per_series
+        self.meta: dict[str, tuple[str, str]] = {}  # family name -> (type, help)
+        self.waiting: dict[tuple[str, str, Labels], collections.deque[Sample]] = {}
+        self.served: dict[tuple[str, str, Labels], Sample] = {}
+        self.dropped = 0
+
+    def add(self, fam: Family, sample: Sample) -> None:
+        self.meta[fam.name] = (fam.type, fam.help)
+        key = (fam.name, sample.name, sample.labels)
+        queue = self.waiting.setdefault(key, collections.deque(maxlen=self.max_per_series))
+        newest = queue[-1] if queue else self.served.get(key)
+        if newest is not None and sample.ts_ms <= newest.ts_ms:
+            return  # already have it, or out of order for this series
+        if len(queue) == queue.maxlen:
+            self.dropped += 1
+        queue.append(sample)
+
+    def take(self, now_ms: int) -> list[tuple[str, Sample]]:
+        out: list[tuple[str, Sample]] = []
+        for key, queue in self.waiting.items():
+            if queue:
+                out.extend((key[0], s) for s in queue)
+                self.served[key] = queue[-1]
+                queue.clear()
+            elif key in self.served and now_ms - self.served[key].ts_ms <= self.hold_ms:
+                out.append((key[0], self.served[key]))
+        return out
+
+
+class Poller:
+    """Discovers and runs the plugins, keeps the last merged result and the self-metrics."""
+
+    def __init__(self, cfg: Config, bash: str | None = None) -> None:
+        self.cfg = cfg
+        self.bash = bash or shutil.which("bash") or "/bin/bash"
+        self.stats: dict[str, PluginStats] = {}
+        self.families: dict[str, Family] = {}
+        self.held = HeldSamples(cfg.hold_seconds)
+        self.lock = threading.Lock()
+        self.polls = 0
+        self.last_cycle = 0.0
+        self.last_poll_time = 0.0
+        self.running: list[subprocess.Popen] = []  # the current cycle's plugin processes
+
+    def discover(self) -> dict[str, str]:
+        """Plugin name (file name without the suffix) -> path, for every plugin file present now."""
+        found = {}
+        try:
+            entries = sorted(os.scandir(self.cfg.plugin_dir), key=lambda e: e.name)
+        except OSError as exc:
+            log.error("cannot list plugin dir %s: %s", self.cfg.plugin_dir, exc)
+            return {}
+        for entry in entries:
+            if entry.name.endswith(PLUGIN_SUFFIX) and entry.is_file():
+                found[entry.name[: -len(PLUGIN_SUFFIX)]] = entry.path
+        return found
+
+    def _env(self, state_dir: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({
+            "METRICS_HOST": self.cfg.host, "JOB_NODE_RANK": self.cfg.node_rank, "JOB_DIR": self.cfg.job_dir,
+            "METRICS_INTERVAL": f"{self.cfg.interval:g}", "METRICS_TIMEOUT": f"{self.cfg.timeout:g}",
+            "METRICS_STATE_DIR": state_dir, "METRICS_SYSFS_ROOT": self.cfg.sysfs_root,
+            "METRICS_PROCFS_ROOT": self.cfg.procfs_root, "METRICS_EXPORTER_PID": str(os.getpid()),
+            "METRICS_PYTHON": sys.executable, "METRICS_NEVER_AGAIN_EXIT": str(NEVER_AGAIN_EXIT), "LC_ALL": "C",
+        })
+        return env
+
+    def poll_once(self) -> None:
+        t0 = time.monotonic()
+        plugins = self.discover()
+        cmds, envs, cwds = {}, {}, {}
+        with self.lock:
+            self.stats = {n: self.stats.get(n) or PluginStats() for n in plugins}
+            for name, path in plugins.items():
+                st = self.stats[name]
+                if st.disabled:
+                    continue
+                if st.stuck is not None:
+                    if st.stuck.poll() is None:  # the last run is still unkillable: do not pile up another
+                        st.timeouts += 1
+                        continue
+                    st.stuck = None
+                state_dir = os.path.join(self.cfg.state_dir, name)
+                os.makedirs(state_dir, mode=0o700, exist_ok=True)
+                cmds[name], envs[name], cwds[name] = [self.bash, path], self._env(state_dir), state_dir
+        results = run_plugins(cmds, envs, cwds, self.cfg.timeout, self.running) if cmds else {}
+        merged: dict[str, Family] = {}
+        seen: set[tuple[str, Labels]] = set()
+        with self.lock:
+            for name in sorted(results):
+                if name in self.stats:
+                    self._account(name, results[name], merged, seen)
+            self.families = merged
+            self.polls += 1
+            self.last_cycle = time.monotonic() - t0
+            self.last_poll_time = time.time()
+
+    def kill_running(self) -> None:
+        """Kill the process groups of plugins still running (used at shutdown)."""
+        for proc in list(self.running):
+            if proc.poll() is None:
+                _kill_group(proc)
+
+    def _account(self, name: str, res: RunResult, merged: dict[str, Family], seen: set[tuple[str, Labels]]) -> None:
+        st = self.stats[name]
+        st.runs += 1
+        st.last_duration = res.duration
+        err = res.stderr.decode(errors="replace").strip()
+        if res.rc is None:
+            st.timeouts += 1
+            st.stuck = res.stuck
+            self._note_failure(name, st, f"timed out after {self.cfg.timeout:g}s", err)
+            return
+        if res.rc == NEVER_AGAIN_EXIT:
+            st.disabled = True
+            log.info("plugin %s exited %d: not running it again (%s)", name, res.rc, err or "no reason given")
+            return
+        parsed = parse_exposition(res.stdout.decode(errors="replace"))
+        refused = self._merge(parsed, merged, seen)
+        st.rejected += parsed.rejected + refused
+        st.samples = parsed.accepted - refused
+        if res.rc != 0 or (parsed.accepted == 0 and parsed.rejected > 0):
+            st.failures += 1
+            self._note_failure(name, st, f"exit {res.rc}, {parsed.rejected} bad lines", err)
+            return
+        st.last_success = time.time()
+        if st.failing:
+            log.info("plugin %s recovered", name)
+        st.failing = False
+
+    @staticmethod
+    def _note_failure(name: str, st: PluginStats, what: str, err: str) -> None:
+        if not st.failing or (st.failures + st.timeouts) % 100 == 0:  # log state changes, then rarely
+            log.warning("plugin %s failed (%s): %s", name, what, err[-500:] or "no stderr")
+        st.failing = True
+
+    def _merge(self, parsed: Parsed, merged: dict[str, Family], seen: set[tuple[str, Labels]]) -> int:
+        """Add one plugin's families to the poll result; returns how many samples were refused."""
+        refused = 0
+        host = ("host", self.cfg.host)
+        for fam in parsed.families.values():
+            target = merged.get(fam.name)
+            if target is not None and target.type != fam.type and "untyped" in (target.type, fam.type):
+                target.type = fam.type if target.type == "untyped" else target.type  # TYPE given by one plugin
+                target.help = target.help or fam.help
+            if fam.name.startswith("exporter_") or (target is not None and target.type != fam.type != "untyped"):
+                refused += len(fam.samples)  # reserved prefix, or two plugins declare different types
+                continue
+            if target is None:
+                target = merged[fam.name] = Family(fam.name, fam.type, fam.help)
+            for s in fam.samples:
+                if all(k != "host" for k, _ in s.labels):
+                    s = s._replace(labels=tuple(sorted(s.labels + (host,))))
+                if s.ts_ms is not None:
+                    self.held.add(target, s)
+                    continue
+                key = (s.name, s.labels)
+                if key in seen:
+                    refused += 1
+                    continue
+                seen.add(key)
+                target.samples.append(s)
+        return refused
+
+    def run_forever(self, stop: threading.Event) -> None:
+        next_t = time.monotonic()
+        while not stop.is_set():
+            try:
+                self.poll_once()
+            except Exception:  # a bug here must not end the polling thread
+                log.exception("poll cycle failed")
+            next_t += self.cfg.interval
+            now = time.monotonic()
+            if next_t < now:
+                next_t = now  # overran the interval: start again at once, do not try to catch up
+            stop.wait(next_t - now)
+
+
+# --------------------------------------------------------------------------------------------------
+# Serving
+# --------------------------------------------------------------------------------------------------
+
+
+def _to_metric(fam: Family, samples: Iterable[Sample]) -> Metric:
+    name, typ = fam.name, fam.type
+    if typ == "counter":
+        if name.endswith("_total"):
+            name = name[: -len("_total")]
+        else:
+            typ = "untyped"  # the client library would rename it; serve it untyped under its own name
+    metric = Metric(name, fam.help, typ)
+    for s in samples:
+        metric.add_sample(s.name, dict(s.labels), s.value, None if s.ts_ms is None else s.ts_ms / 1000)
+    return metric
+
+
+class ExporterCollector:
+    """Custom collector: the plugins' last merged result, the held timestamped samples, and self-metrics."""
+
+    def __init__(self, poller: Poller) -> None:
+        self.poller = poller
+
+    def collect(self) -> Iterator[Metric]:
+        p = self.poller
+        with p.lock:
+            families = dict(p.families)
+            held = p.held.take(int(time.time() * 1000))
+            held_meta = dict(p.held.meta)
+            stats = {n: PluginStats(**{k: getattr(s, k) for k in ("runs", "failures", "timeouts", "rejected",
+                                       "last_duration", "last_success", "samples", "disabled")})
+                     for n, s in p.stats.items()}
+            polls, cycle, last_poll = p.polls, p.last_cycle, p.last_poll_time
+        extra: dict[str, list[Sample]] = {}
+        for fname, s in held:
+            extra.setdefault(fname, []).append(s)
+        for fname, fam in families.items():
+            yield _to_metric(fam, fam.samples + extra.pop(fname, []))
+        for fname, samples in extra.items():
+            typ, doc = held_meta[fname]
+            yield _to_metric(Family(fname, typ, doc), samples)
+        yield from self._self_metrics(stats, polls, cycle, last_poll)
+
+    def _self_metrics(self, stats: dict[str, PluginStats], polls: int, cycle: float,
+                      last_poll: float) -> Iterator[Metric]:
+        host = self.poller.cfg.host
+        per_plugin = [
+            (GaugeMetricFamily, "exporter_plugin_duration_seconds", "Wall time of the plugin's last run.",
+             "last_duration"),
+            (CounterMetricFamily, "exporter_plugin_runs", "Runs of the plugin.", "runs"),
+            (CounterMetricFamily, "exporter_plugin_failures", "Runs that exited non-zero (not the never-again "
+             "code) or printed only unparseable output.", "failures"),
+            (CounterMetricFamily, "exporter_plugin_timeouts", "Runs killed (whole process group) at --timeout.",
+             "timeouts"),
+            (GaugeMetricFamily, "exporter_plugin_last_success_timestamp_seconds",
+             "Unix time of the plugin's last successful run (0: never).", "last_success"),
+            (CounterMetricFamily, "exporter_plugin_lines_rejected", "Output lines or samples dropped as malformed, "
+             "duplicate, type-clashing or using the reserved exporter_ prefix.", "rejected"),
+            (GaugeMetricFamily, "exporter_plugin_samples", "Samples accepted from the plugin's last run.",
+             "samples"),
+            (GaugeMetricFamily, "exporter_plugin_disabled", "1 if the plugin exited with the never-again code.",
+             "disabled"),
+        ]
+        for cls, name, doc, attr in per_plugin:
+            fam = cls(name, doc, labels=["host", "plugin"])
+            for plugin, st in sorted(stats.items()):
+                fam.add_metric([host, plugin], float(getattr(st, attr)))
+            yield fam
+        g = GaugeMetricFamily("exporter_poll_cycle_seconds", "Wall time of the last poll cycle.", labels=["host"])
+        g.add_metric([host], cycle)
+        yield g
+        c = CounterMetricFamily("exporter_polls", "Completed poll cycles.", labels=["host"])
+        c.add_metric([host], polls)
+        yield c
+        g = GaugeMetricFamily("exporter_last_poll_timestamp_seconds", "Unix time the last poll cycle ended.",
+                              labels=["host"])
+        g.add_metric([host], last_poll)
+        yield g
+        t = os.times()
+        c = CounterMetricFamily("exporter_cpu_seconds", "CPU time of the exporter (scope=self, all threads) and "
+                                "of its finished plugin processes (scope=plugins).", labels=["host", "scope"])
+        c.add_metric([host, "self"], t.user + t.system)
+        c.add_metric([host, "plugins"], t.children_user + t.children_system)
+        yield c
+        c = CounterMetricFamily("exporter_held_samples_dropped", "Timestamped samples dropped because a series had "
+                                "too many waiting for a scrape.", labels=["host"])
+        c.add_metric([host], self.poller.held.dropped)
+        yield c
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            body, ctype, code = generate_latest(self.server.registry), CONTENT_TYPE_PLAIN_0_0_4, 200
+        elif path == "/":
+            body, ctype, code = b"metrics_exporter: metrics are at /metrics\n", "text/plain; charset=utf-8", 200
+        else:
+            body, ctype, code = b"not found\n", "text/plain; charset=utf-8", 404
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    registry: CollectorRegistry
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind would resolve the address with getfqdn(): a DNS lookup that can hang.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
+
+
+def bind_server(bind: str, port: int, registry: CollectorRegistry, tries: int = 100) -> _Server:
+    """HTTP server on the first free port >= `port` (port 0: any free port)."""
+    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+    server_cls = type("_BoundServer", (_Server,), {"address_family": family})
+    last: OSError | None = None
+    for candidate in range(port, port + tries) if port else [0]:
+        try:
+            server = server_cls((bind, candidate), _Handler)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            last = exc
+            continue
+        server.registry = registry
+        return server
+    raise OSError(errno.EADDRINUSE, f"no free port in {port}..{port + tries - 1} on {bind}") from last
+
+
+# --------------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------------
+
+
+def _default_host() -> str:
+    return os.environ.get("METRICS_HOST") or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def _default_state_dir(job_dir: str, host: str) -> str:
+    job = os.environ.get("SLURM_JOB_ID") or hashlib.sha1(os.path.abspath(job_dir).encode()).hexdigest()[:12]
+    return os.path.join(os.environ.get("TMPDIR", "/tmp"), f"metrics_exporter-{os.getuid()}-{job}-{host}")
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 2)[2])
+    ap.add_argument("--port", type=int, default=9400, help="first port to try; moves up if taken (default 9400)")
+    ap.add_argument("--bind", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    ap.add_argument("--interval", type=float, default=5.0, help="seconds between polls (default 5)")
+    ap.add_argument("--timeout", type=float, default=3.0, help="seconds each plugin may run (default 3)")
+    ap.add_argument("--plugin-dir", default=os.path.dirname(os.path.abspath(__file__)),
+                    help="where *_metrics_plugin.sh live (default: this script's directory)")
+    ap.add_argument("--job-dir", default=os.environ.get("JOB_DIR", os.getcwd()),
+                    help="the job's directory, passed to plugins as JOB_DIR (default $JOB_DIR or cwd)")
+    ap.add_argument("--host", default=_default_host(),
+                    help="value of the host label (default $METRICS_HOST, $SLURMD_NODENAME or the short hostname)")
+    ap.add_argument("--node-rank", default=os.environ.get("JOB_NODE_RANK", os.environ.get("SLURM_NODEID", "0")),
+                    help="passed to plugins as JOB_NODE_RANK (default $JOB_NODE_RANK, $SLURM_NODEID or 0)")
+    ap.add_argument("--state-dir", help="parent of the per-plugin state dirs (default: a node-local dir in "
+                    "$TMPDIR or /tmp named after the user, $SLURM_JOB_ID and host)")
+    ap.add_argument("--sysfs-root", default=os.environ.get("METRICS_SYSFS_ROOT", "/sys"))
+    ap.add_argument("--procfs-root", default=os.environ.get("METRICS_PROCFS_ROOT", "/proc"))
+    ap.add_argument("--port-file", help="write the port actually used to this file")
+    ap.add_argument("--sd-file", help="write a Prometheus file_sd target list (JSON) for this exporter here")
+    ap.add_argument("--log", help="append the log here instead of stderr")
+    ap.add_argument("--once", action="store_true", help="run one poll, print the exposition, exit")
+    args = ap.parse_args(argv)
+    if args.interval <= 0 or args.timeout <= 0:
+        ap.error("--interval and --timeout must be > 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(filename=args.log, level=logging.INFO,
+                        format="%(asctime)s metrics_exporter[%(process)d] %(levelname)s %(message)s")
+    job_dir = os.path.abspath(args.job_dir)
+    cfg = Config(plugin_dir=os.path.abspath(args.plugin_dir),
+                 state_dir=os.path.abspath(args.state_dir or _default_state_dir(job_dir, args.host)),
+                 host=args.host, node_rank=str(args.node_rank), job_dir=job_dir, interval=args.interval,
+                 timeout=args.timeout, sysfs_root=args.sysfs_root, procfs_root=args.procfs_root)
+    os.makedirs(cfg.state_dir, mode=0o700, exist_ok=True)
+    poller = Poller(cfg)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ExporterCollector(poller))
+    if args.once:
+        poller.poll_once()
+        sys.stdout.write(generate_latest(registry).decode())
+        return 0
+
+    server = bind_server(args.bind, args.port, registry)
+    port = server.server_address[1]
+    url_host = f"[{args.bind}]" if ":" in args.bind else args.bind
+    written = []
+    if args.port_file:
+        _write_atomic(args.port_file, f"{port}\n")
+        written.append(args.port_file)
+    if args.sd_file:
+        # No "host" target label: the samples carry host already, Prometheus would rename it exported_host.
+        target = [{"targets": [f"{url_host}:{port}"], "labels": {"node_rank": cfg.node_rank}}]
+        _write_atomic(args.sd_file, json.dumps(target) + "\n")
+        written.append(args.sd_file)
+    print(f"metrics_exporter: serving http://{url_host}:{port}/metrics", flush=True)
+    log.info("serving http://%s:%d/metrics; plugins from %s every %gs (timeout %gs), state in %s",
+             url_host, port, cfg.plugin_dir, cfg.interval, cfg.timeout, cfg.state_dir)
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
+    poll_thread = threading.Thread(target=poller.run_forever, args=(stop,), name="poll", daemon=True)
+    poll_thread.start()
+    while not stop.wait(3600):
+        pass
+    log.info("stopping")
+    server.shutdown()
+    poller.kill_running()
+    poll_thread.join(timeout=cfg.timeout + 1)
+    poller.kill_running()
+    for path in written:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
