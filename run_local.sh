@@ -15,7 +15,7 @@ PROG=run_local.sh
 
 export JOB_SCHEDULER=local JOB_NUM_NODES=1 JOB_NODE_RANK=0
 export JOB_HOSTNAME; JOB_HOSTNAME=$(hostname)
-export JOB_NODELIST=$JOB_HOSTNAME JOB_COORDINATOR_ADDR=127.0.0.1
+export JOB_NODELIST=$JOB_HOSTNAME JOB_COORDINATOR_ADDR=127.0.0.1 JOB_NODE_ADDRS=127.0.0.1
 
 case "${1:-}" in
   -h|--help) sed -n '2,9p' "$repo/run_local.sh" | sed 's/^# \{0,1\}//'; exit 0 ;;
@@ -48,15 +48,25 @@ declare -A limit=()
 while read -r name secs; do limit[$name]=$secs; done < <(stage_timeouts "${STAGE_TIMEOUTS:-}")
 
 job() {
-  local stage="" rc=0
-  trap 'trap "" INT TERM HUP; sleep 0.5; "$MST_REPO/utils/job_summary.sh" cancelled "$stage"; exit 130' INT TERM HUP
+  local stage="" rc=0 pid=""
+  on_signal() {
+    trap '' INT TERM HUP
+    [[ -n "$pid" ]] && kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+    "$MST_REPO/utils/job_summary.sh" cancelled "$stage"
+    exit 130
+  }
+  trap on_signal INT TERM HUP
   "$MST_REPO/utils/job_header.sh"
   for stage in preflight train; do
     if [[ "$stage" == preflight ]]; then
-      "$MST_REPO/utils/run_stage.sh" preflight "${limit[preflight]}" "$MST_REPO/utils/preflight.sh" || rc=$?
+      "$MST_REPO/utils/run_stage.sh" preflight "${limit[preflight]}" "$MST_REPO/utils/preflight.sh" &
     else
-      "$MST_REPO/utils/run_stage.sh" train "${limit[train]}" "$MST_REPO/_container.sh" _train.sh || rc=$?
+      trainer=_train.sh; [[ "${RAY:-0}" == 1 ]] && trainer=_train_with_ray.sh
+      "$MST_REPO/utils/run_stage.sh" train "${limit[train]}" "$MST_REPO/_container.sh" "$trainer" &
     fi
+    pid=$!
+    wait "$pid" || rc=$?
+    pid=""
     if (( rc != 0 )); then
       "$MST_REPO/utils/job_summary.sh" failed "$stage"
       return "$rc"
@@ -67,5 +77,6 @@ job() {
 
 echo "run_local.sh: job $JOB_ID, log $JOB_LOG"
 rc=0
+# tee ignores SIGINT so the summary written after Ctrl-C still reaches the log
 job 2>&1 | tee -i -a "$JOB_LOG" || rc=$?
 exit "$rc"

@@ -643,11 +643,11 @@ def bind_server(bind: str, port: int, registry: CollectorRegistry, tries: int = 
 
 
 def _default_host() -> str:
-    return os.environ.get("METRICS_HOST") or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    return os.environ.get("METRICS_HOST") or os.environ.get("JOB_HOSTNAME") or socket.gethostname().split(".")[0]
 
 
 def _default_state_dir(job_dir: str, host: str) -> str:
-    job = os.environ.get("SLURM_JOB_ID") or hashlib.sha1(os.path.abspath(job_dir).encode()).hexdigest()[:12]
+    job = os.environ.get("JOB_ID") or hashlib.sha1(os.path.abspath(job_dir).encode()).hexdigest()[:12]
     return os.path.join(os.environ.get("TMPDIR", "/tmp"), f"metrics_exporter-{os.getuid()}-{job}-{host}")
 
 
@@ -671,11 +671,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--job-dir", default=os.environ.get("JOB_DIR", os.getcwd()),
                     help="the job's directory, passed to plugins as JOB_DIR (default $JOB_DIR or cwd)")
     ap.add_argument("--host", default=_default_host(),
-                    help="value of the host label (default $METRICS_HOST, $SLURMD_NODENAME or the short hostname)")
-    ap.add_argument("--node-rank", default=os.environ.get("JOB_NODE_RANK", os.environ.get("SLURM_NODEID", "0")),
-                    help="passed to plugins as JOB_NODE_RANK (default $JOB_NODE_RANK, $SLURM_NODEID or 0)")
+                    help="value of the host label (default $METRICS_HOST, $JOB_HOSTNAME or the short hostname)")
+    ap.add_argument("--node-rank", default=os.environ.get("JOB_NODE_RANK", "0"),
+                    help="passed to plugins as JOB_NODE_RANK (default $JOB_NODE_RANK or 0)")
     ap.add_argument("--state-dir", help="parent of the per-plugin state dirs (default: a node-local dir in "
-                    "$TMPDIR or /tmp named after the user, $SLURM_JOB_ID and host)")
+                    "$TMPDIR or /tmp named after the user, $JOB_ID and host)")
     ap.add_argument("--sysfs-root", default=os.environ.get("METRICS_SYSFS_ROOT", "/sys"))
     ap.add_argument("--procfs-root", default=os.environ.get("METRICS_PROCFS_ROOT", "/proc"))
     ap.add_argument("--port-file", help="write the port actually used to this file")

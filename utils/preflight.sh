@@ -32,7 +32,7 @@ for envf in /proc/[0-9]*/environ; do
   kill -KILL "$pid" 2>/dev/null || true
 done
 scratch="${TMPDIR:-/tmp}/maxtext-slurm-$user/${JOB_SCHEDULER:-unknown}"
-if [[ -d "$scratch" ]]; then
+if [[ -d "$scratch" && -n "${JOB_SCHEDULER:-}" && -v JOB_ACTIVE_IDS ]]; then
   for d in "$scratch"/*; do
     [[ -d "$d" && -O "$d" && "$active" != *" ${d##*/} "* ]] || continue
     echo "preflight: removing leftover scratch $d"

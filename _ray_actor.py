@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Usage: _ray_actor.py
+
+Ray driver of a RAY=1 job, run on the head node by _train_with_ray.sh once every node's Ray
+worker has joined. It places one thin actor on each node (pinned by the node's custom resource
+mst_host_<host>); each actor spawns `_train.sh` as a plain subprocess with exactly the job
+environment that node's launcher saved (so the trainer has no Ray threads and sees no Ray
+variables), and hands its output back line by line. The driver prints every line as
+"<host>: <line>", records each node's outcome in $JOB_DIR/.stages/train/<host>, and when one
+node's training exits non-zero it stops the others at once and exits with that status.
+
+Exit status: the first failing node's status, 0 when all succeed, 200 when Ray itself could not
+run the job (the launcher then falls back to the plain launch).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+RAY_UNUSABLE = 200
+
+
+def host_resource(host: str) -> str:
+    """Name of the custom Ray resource that pins work to one node."""
+    return "mst_host_" + "".join(c if c.isalnum() else "_" for c in host)
+
+
+def record(job_dir: str, host: str, rc: int, reason: str) -> None:
+    """Write the node's outcome unless a record exists already (first writer wins)."""
+    path = Path(job_dir) / ".stages" / "train" / host
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(path, "x", encoding="utf-8") as f:
+            f.write(f"rc={rc} end={time.time():.3f} reason={reason}\n")
+    except FileExistsError:
+        pass
+
+
+def read_env_file(path: str) -> dict[str, str]:
+    """The NUL-separated environment a node's launcher saved (env -0)."""
+    env = {}
+    for item in Path(path).read_bytes().split(b"\0"):
+        if b"=" in item:
+            key, _, value = item.partition(b"=")
+            env[key.decode()] = value.decode(errors="replace")
+    return env
+
+
+class NodeTrainer:
+    """Runs on one node: spawns the trainer and buffers its output for the driver."""
+
+    def __init__(self, host: str, env_file: str, command: list[str]) -> None:
+        self.host = host
+        self.env = read_env_file(env_file)
+        self.command = command
+        self.lines: list[str] = []
+        self.lock = threading.Lock()
+        self.proc: subprocess.Popen | None = None
+        self.rc: int | None = None
+        self.stopped = False
+
+    def start(self) -> int:
+        self.proc = subprocess.Popen(self.command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        threading.Thread(target=self._pump, daemon=True).start()
+        return self.proc.pid
+
+    def _pump(self) -> None:
+        assert self.proc and self.proc.stdout
+        for raw in self.proc.stdout:
+            with self.lock:
+                self.lines.append(raw.decode(errors="replace").rstrip("\n"))
+        rc = self.proc.wait()
+        if rc < 0:
+            rc = 128 - rc
+        with self.lock:
+            self.rc = rc
+        record(self.env.get("JOB_DIR", "."), self.host, rc, "stopped" if self.stopped else "exit")
+
+    def drain(self) -> tuple[list[str], int | None]:
+        """New output lines since the last call, and the exit status once the trainer ended."""
+        with self.lock:
+            lines, self.lines = self.lines, []
+            return lines, self.rc
+
+    def stop(self, grace: float = 5.0) -> None:
+        """TERM the trainer's process group, KILL it after grace seconds."""
+        if not self.proc or self.proc.poll() is not None:
+            return
+        self.stopped = True
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            while self.proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def main() -> int:
+    if len(sys.argv) > 1:
+        print(__doc__.strip())
+        return 0 if sys.argv[1] in ("-h", "--help") else 2
+    import ray  # only the driver and the actors import Ray; the trainer never does
+
+    hosts = os.environ["JOB_NODELIST"].split()
+    repo = os.environ["MST_REPO"]
+    env_file = os.environ["MST_RAY_ENV_FILE"]  # node-local path, "{host}" stands for the node
+    join_timeout = float(os.environ.get("RAY_JOIN_TIMEOUT", "120"))
+    say = lambda msg: print(f"_ray_actor.py: {msg}", flush=True)  # noqa: E731
+
+    try:
+        ray.init(address=os.environ["RAY_ADDRESS"], logging_level="ERROR", log_to_driver=False)
+        deadline = time.monotonic() + join_timeout
+        wanted = {host_resource(h) for h in hosts}
+        while not wanted <= set(ray.cluster_resources()):
+            if time.monotonic() > deadline:
+                missing = sorted(wanted - set(ray.cluster_resources()))
+                say(f"nodes did not join Ray within {join_timeout:.0f} s: {missing}")
+                return RAY_UNUSABLE
+            time.sleep(0.5)
+        actor_cls = ray.remote(num_cpus=0, max_concurrency=4)(NodeTrainer)
+        command = [str(Path(repo) / "_container.sh"), "_train.sh"]
+        actors = {h: actor_cls.options(resources={host_resource(h): 0.001}).remote(h, env_file.replace("{host}", h), command)
+                  for h in hosts}
+        pids = ray.get([a.start.remote() for a in actors.values()], timeout=120)
+    except Exception as e:  # any failure before training started: let the launcher fall back
+        say(f"Ray could not start the training actors: {type(e).__name__}: {e}")
+        return RAY_UNUSABLE
+    say("trainers started: " + ", ".join(f"{h} pid {p}" for h, p in zip(hosts, pids, strict=True)))
+
+    status: dict[str, int] = {}
+    first_failure: str | None = None
+    while len(status) < len(hosts):
+        for host, actor in actors.items():
+            if host in status:
+                continue
+            lines, rc = ray.get(actor.drain.remote())
+            if lines:
+                sys.stdout.write("".join(f"{host}: {line}\n" for line in lines))
+                sys.stdout.flush()
+            if rc is not None:
+                status[host] = rc
+                if rc != 0 and first_failure is None:
+                    first_failure = host
+                    say(f"training on {host} exited with {rc}; stopping the other nodes")
+                    ray.get([a.stop.remote() for h, a in actors.items() if h != host])
+        time.sleep(0.2)
+    return status[first_failure] if first_failure else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

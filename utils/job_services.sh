@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Usage: utils/job_services.sh start | stop
+#
+# The job's head-node services for RAY=1: Prometheus and TensorBoard.
+#   start  Prometheus (PROMETHEUS_BIN or prometheus on PATH) scraping every file_sd target in
+#          $JOB_DIR/metrics/targets/ (each node's exporter and Ray metrics port) every
+#          METRICS_INTERVAL seconds (default 5) into the TSDB $JOB_DIR/prometheus (retention
+#          100y), restarted if it dies; TensorBoard over $JOB_DIR. Both bind DASHBOARD_BIND
+#          (default 127.0.0.1) on a free port from 9190 / 6006. Prints the OBSERVE block
+#          (URLs, SSH tunnel commands, where the TSDB is, how to browse it later).
+#   stop   stops them (SIGTERM: Prometheus flushes its head block) and waits.
+# A missing Prometheus is reported and skipped: the job still runs.
+set -uo pipefail
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$here/lib.sh"
+PROG=job_services.sh
+: "${JOB_DIR:?}" "${JOB_HOSTNAME:?}"
+run_dir="$JOB_DIR/metrics/run"
+bind=${DASHBOARD_BIND:-127.0.0.1}
+interval=${METRICS_INTERVAL:-5}
+
+case "${1:-}" in
+  start)
+    mkdir -p "$run_dir" "$JOB_DIR/metrics/targets" "$JOB_DIR/prometheus"
+    cat > "$JOB_DIR/metrics/prometheus.yml" <<CONF
+global:
+  scrape_interval: ${interval}s
+  scrape_timeout: $(( interval > 1 ? interval - 1 : 1 ))s
+scrape_configs:
+  - job_name: job
+    honor_labels: true
+    file_sd_configs:
+      - files: ['$JOB_DIR/metrics/targets/*.json']
+        refresh_interval: ${interval}s
+CONF
+    prom=${PROMETHEUS_BIN:-$(command -v prometheus || true)}
+    lines=()
+    if [[ -n "$prom" && -x "$prom" ]]; then
+      prom_port=$(free_port 9190)
+      # supervise: restart Prometheus if it dies, until the stop file appears
+      (
+        while [[ ! -e "$run_dir/stop" ]]; do
+          "$prom" --config.file="$JOB_DIR/metrics/prometheus.yml" --storage.tsdb.path="$JOB_DIR/prometheus" \
+            --storage.tsdb.retention.time=100y --web.listen-address="$bind:$prom_port" \
+            >> "$JOB_DIR/metrics/prometheus.log" 2>&1 &
+          echo $! > "$run_dir/prometheus.pid"
+          wait $!
+          [[ -e "$run_dir/stop" ]] || { echo "job_services.sh: Prometheus exited; restarting" >&2; sleep 1; }
+        done
+      ) &
+      echo $! > "$run_dir/supervisor.pid"
+      lines+=("prometheus: http://$bind:$prom_port   tunnel: ssh -N -L $prom_port:$bind:$prom_port $JOB_HOSTNAME")
+    else
+      echo "job_services.sh: Prometheus not found (apt-get install prometheus, or set PROMETHEUS_BIN): no TSDB for this job" >&2
+    fi
+    tb_port=$(free_port 6006)
+    "${MST_PYTHON:-python3}" -m tensorboard.main --logdir "$JOB_DIR" --host "$bind" --port "$tb_port" \
+      >> "$JOB_DIR/metrics/tensorboard.log" 2>&1 &
+    echo $! > "$run_dir/tensorboard.pid"
+    lines+=("tensorboard: http://$bind:$tb_port   tunnel: ssh -N -L $tb_port:$bind:$tb_port $JOB_HOSTNAME")
+    [[ -n "${RAY_DASHBOARD_PORT:-}" ]] &&
+      lines+=("ray_dashboard: http://$bind:$RAY_DASHBOARD_PORT   tunnel: ssh -N -L $RAY_DASHBOARD_PORT:$bind:$RAY_DASHBOARD_PORT $JOB_HOSTNAME")
+    echo "==================== OBSERVE ===================="
+    printf '%s\n' "${lines[@]}"
+    echo "tsdb: $JOB_DIR/prometheus"
+    echo "browse_later: utils/prometheus.sh view $JOB_DIR"
+    echo "================================================="
+    ;;
+  stop)
+    touch "$run_dir/stop" 2>/dev/null
+    for f in prometheus tensorboard; do
+      pid=$(cat "$run_dir/$f.pid" 2>/dev/null) || continue
+      kill -TERM "$pid" 2>/dev/null || continue
+      for _ in $(seq 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+      kill -KILL "$pid" 2>/dev/null
+    done
+    sup=$(cat "$run_dir/supervisor.pid" 2>/dev/null) && wait "$sup" 2>/dev/null
+    ;;
+  *) die "unknown command '${1:-}': use start or stop (see --help)" ;;
+esac
+exit 0
