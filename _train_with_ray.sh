@@ -74,6 +74,10 @@ if (( rank == 0 )); then
     plain "Ray could not run the job"
     exit $?
   fi
+  # let every exporter poll once more and Prometheus scrape it, so the last steps are kept
+  flush=$(( ${METRICS_INTERVAL:-5} * 2 + 1 ))
+  say "training ended (exit $rc); keeping metrics up ${flush} s for a last scrape"
+  sleep "$flush"
   touch "$ray_dir/done"
   exit "$rc"
 fi
