@@ -38,8 +38,13 @@ cleanup() {
   [[ -n "$exporter_pid" ]] && kill -TERM "$exporter_pid" 2>/dev/null
   "$repo/utils/ray_cluster.sh" stop
   (( rank == 0 )) && "$repo/utils/job_services.sh" stop
-  [[ -d "${RAY_TMPDIR:-/tmp/ray-$JOB_ID}/session_latest/logs" ]] && (( rank == 0 )) &&
-    cp -r "${RAY_TMPDIR:-/tmp/ray-$JOB_ID}/session_latest/logs" "$ray_dir/logs-$host" 2>/dev/null
+  # keep this node's Ray session logs with the job (Ray's temp dir is node-local)
+  local d
+  for d in "${RAY_TMPDIR:-/tmp/ray-$JOB_ID}" /tmp/ray; do
+    [[ -d "$d/session_latest/logs" ]] || continue
+    cp -rL "$d/session_latest/logs" "$ray_dir/logs-$host" 2>/dev/null
+    break
+  done
   return 0
 }
 trap cleanup EXIT

@@ -80,6 +80,18 @@ def test_sigkill_of_the_whole_job_keeps_every_scraped_sample(cluster, workspace,
         result = json.loads(out)["data"]["result"]
         return float(result[0]["value"][1]) if result else 0.0
     wait_for(lambda: live_count() >= 10, 60, "ten scrapes")
+    # Prometheus dies mid-job: the job restarts it on the same TSDB and scraping goes on
+    tsdb = log.with_suffix("") / "prometheus"
+
+    def prometheus_pid() -> int | None:
+        out = subprocess.run(["pgrep", "-f", f"storage.tsdb.path={tsdb}"], capture_output=True, text=True).stdout
+        return int(out.split()[0]) if out.split() else None
+    first_pid = prometheus_pid()
+    assert first_pid
+    os.kill(first_pid, signal.SIGKILL)
+    wait_for(lambda: (prometheus_pid() or first_pid) != first_pid, 30, "Prometheus to be restarted")
+    after_restart = wait_for(lambda: live_count(), 30, "Prometheus to answer again")
+    wait_for(lambda: live_count() > after_restart, 30, "scrapes after the restart")
     before = live_count()
     # SIGKILL every process of the job (what a node crash does), Prometheus included
     killed = []
@@ -94,7 +106,6 @@ def test_sigkill_of_the_whole_job_keeps_every_scraped_sample(cluster, workspace,
     assert killed
     run(["scancel", job_id], env=cluster)
     wait_job_end(cluster, job_id, 60)
-    tsdb = log.with_suffix("") / "prometheus"
     assert (tsdb / "wal").is_dir()
     saved = query(tsdb, "sum(count_over_time(hw_procs_running[1h]))")
     assert float(saved[0]["value"][1]) >= before
