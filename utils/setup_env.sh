@@ -45,9 +45,14 @@ fi
 
 echo "setup_env.sh: creating $venv with $($py --version) (first run takes ~2-3 min)" >&2
 start=$SECONDS
+pip_install() {  # pip install, without the noise of index locations a machine's pip.conf may name
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1 |
+    { grep -v 'is ignored: it is neither a file nor a directory' || true; } >&2
+  return "${PIPESTATUS[0]}"
+}
 "$py" -m venv "$venv"
-"$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >&2
-"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r "$repo/requirements/maxtext.txt" >&2
-"$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$repo/requirements/tools.txt" -c "$repo/requirements/constraints.txt" >&2
+pip_install --upgrade pip
+pip_install --no-deps -r "$repo/requirements/maxtext.txt"
+pip_install -r "$repo/requirements/tools.txt" -c "$repo/requirements/constraints.txt"
 echo "$want" > "$stamp"
 echo "setup_env.sh: environment ready in $((SECONDS - start)) s" >&2
