@@ -1,15 +1,21 @@
 """shellcheck on every shell script and ruff on every Python file of the project."""
 
+import os
 import shutil
 from pathlib import Path
 
 from conftest import REPO, VENV, run
 
-SKIP = {".git", ".venv", "outputs", ".local_cluster", "__pycache__", ".pytest_cache", ".ruff_cache"}
+SKIP = {".git", ".venv", "outputs", ".local_cluster", "__pycache__", ".pytest_cache", ".ruff_cache", "fixtures"}
 
 
 def project_files() -> list[Path]:
-    return [p for p in REPO.rglob("*") if p.is_file() and not SKIP.intersection(p.relative_to(REPO).parts)]
+    """Every file of the project, symlinks not followed (fixture trees mirror /sys, loops included)."""
+    found = []
+    for root, dirs, files in os.walk(REPO):
+        dirs[:] = [d for d in dirs if d not in SKIP and not (Path(root) / d).is_symlink()]
+        found += [Path(root) / f for f in files if (Path(root) / f).is_file() and not (Path(root) / f).is_symlink()]
+    return found
 
 
 def shell_scripts() -> list[Path]:
