@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Usage: submit.sh MODEL[:TAG] [-N NODES] [SBATCH_FLAG ...] [-- KEY=VALUE ... _env_NAME=VALUE ...]
+# Usage: submit.sh MODEL[:TAG] [-N NODES] [--dry-run] [SBATCH_FLAG ...] [-- KEY=VALUE ... _env_NAME=VALUE ...]
 #
 # Submits MaxText training of configs/MODEL.yml to Slurm from a login node.
 #   MODEL     a config name: exact, else a unique prefix, else a unique substring
 #   TAG       added to the job name, so parallel experiments of one model stay apart
 #   -N NODES  number of nodes (default 1); other flags go to sbatch unchanged
+#   --dry-run check everything and print what would be submitted; submit and write nothing
 #   after --  KEY=VALUE is a MaxText override; _env_NAME=VALUE sets NAME in the trainer's
 #             environment (wins over the launcher defaults and configs/MODEL.env.sh)
 # Environment: JOB_WORKSPACE (default <repo>/outputs), STAGE_TIMEOUTS ("preflight:600,train:86400"),
@@ -17,7 +18,7 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$repo/utils/lib.sh"
 source "$repo/utils/launch_lib.sh"
 PROG=submit.sh
-usage() { sed -n '2,16p' "$repo/submit.sh" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,17p' "$repo/submit.sh" | sed 's/^# \{0,1\}//'; }
 
 case "${1:-}" in
   -h|--help) usage; exit 0 ;;
@@ -26,10 +27,11 @@ esac
 model_arg=$1; shift
 command_text="submit.sh $model_arg$(printf ' %q' "$@")"
 
-nodes=1 sbatch_flags=()
+nodes=1 sbatch_flags=() dry_run=0
 while (( $# )); do
   case "$1" in
     --) shift; break ;;
+    --dry-run) dry_run=1; shift ;;
     -N|--nodes) (( $# >= 2 )) || die "$1 needs a node count"; nodes=$2; shift 2 ;;
     -N*) nodes=${1#-N}; shift ;;
     --nodes=*) nodes=${1#--nodes=}; shift ;;
@@ -39,6 +41,14 @@ done
 [[ "$nodes" =~ ^[1-9][0-9]*$ ]] || die "bad node count '$nodes': -N takes a positive whole number, e.g. -N 8"
 split_overrides "$@"
 prepare_launch "$model_arg" "$repo"
+if (( dry_run )); then
+  echo "dry run: nothing submitted"
+  echo "model: $MODEL ($repo/configs/$MODEL.yml${MODEL_TAG:+, tag $MODEL_TAG})"
+  echo "sbatch: sbatch --parsable --job-name=$MODEL_NAME --nodes=$nodes --output=$JOB_WORKSPACE/%j-$MODEL_NAME.log$(printf ' %q' "${sbatch_flags[@]}") <snapshot>/_job.sbatch"
+  echo "overrides: $(tr '\n' ' ' <<< "$TRAIN_OVERRIDES")"
+  echo "env_overrides: $(tr '\n' ' ' <<< "$TRAIN_ENV_OVERRIDES" | redact_secrets)"
+  exit 0
+fi
 command -v sbatch >/dev/null 2>&1 || die "sbatch not found: run on a Slurm login node (or start utils/local_cluster.sh and eval its env)"
 
 snapshot=$("$repo/utils/snapshot.sh" "$repo" "$JOB_WORKSPACE/.snapshots" "$command_text")

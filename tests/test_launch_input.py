@@ -121,3 +121,13 @@ def test_model_resolution_order(scratch_repo, fake_sbatch, workspace):
         assert f"--job-name={job_name} " in calls.read_text().splitlines()[-1]
         assert f"Submitted job 4242 ({job_name})" in res.stdout
         assert (workspace / f"4242-{job_name}" / "artifact" / "_job.sbatch").is_file()
+
+
+def test_dry_run_submits_and_writes_nothing(fake_sbatch, workspace, venv):
+    res = run([str(REPO / "submit.sh"), "tiny:t1", "-N", "2", "--dry-run", "-t", "10", "--", "steps=5",
+               "_env_HF_TOKEN=abc123"], env={**fake_sbatch, **launcher_env(workspace)})
+    assert res.returncode == 0, res.stderr
+    assert "--job-name=JAX-tiny-t1 --nodes=2" in res.stdout and " -t 10 " in res.stdout
+    assert "HF_TOKEN=<redacted>" in res.stdout and "abc123" not in res.stdout
+    assert not Path(fake_sbatch["SBATCH_CALLS"]).exists()
+    assert not any(workspace.iterdir())
