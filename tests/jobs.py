@@ -1,5 +1,6 @@
 """Helpers for tests that drive real jobs: submit, wait, read the JOB SUMMARY."""
 
+import json
 import re
 import subprocess
 import time
@@ -65,3 +66,10 @@ def trainer_pid(job_id: str, rank: int) -> int | None:
         if f"JOB_ID={job_id}".encode() in env and f"NODE_RANK={rank}".encode() in env:
             return int(pid)
     return None
+
+
+def triage(job: Path | str, cluster: dict[str, str] | None = None, *args: str) -> dict:
+    """utils/triage.py JOB --json, as an agent runs it (exit 0 expected for any job state)."""
+    res = run([str(REPO / "utils/triage.py"), str(job), "--json", *args], env=cluster)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    return json.loads(res.stdout)

@@ -353,6 +353,9 @@ class View:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            # as from a terminal: a suite started in the background (`tests/run.sh &`) ignores SIGINT,
+            # and bash cannot trap a signal that was ignored when it started
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         self.lines: list[str] = []
         assert self.proc.stdout
@@ -417,11 +420,14 @@ def test_view_port_taken_explicit(saved, tmpdir_env):
 
 def test_view_default_port_moves_up_and_bind_all(saved, tmpdir_env):
     sock = socket.socket()
+    # SO_REUSEADDR: an earlier test's connections to 9190 may linger in TIME_WAIT; without it the
+    # bind fails although nobody listens, and the tool rightly takes 9190
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(("127.0.0.1", 9190))
         sock.listen()
     except OSError:
-        pass  # someone else holds 9190: taken all the same
+        pass  # someone else listens on 9190: taken all the same
     try:
         view = View(saved, "--bind", "0.0.0.0", env=tmpdir_env)
         try:

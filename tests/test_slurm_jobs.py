@@ -1,5 +1,6 @@
 """Real jobs on the local multi-node Slurm cluster (started by the tests): a 2-node MaxText run,
-a killed rank, scancel and a stage timeout, each ending with a JOB SUMMARY."""
+a killed rank, scancel, a stage timeout and a SIGSTOPped rank, each ending with a JOB SUMMARY,
+and utils/triage.py's verdict on each (the real-job half of the diagnosis tests)."""
 
 import os
 import re
@@ -9,7 +10,7 @@ import uuid
 
 import pytest
 from conftest import run
-from jobs import job_state, log_has, submit, summary, trainer_pid, wait_for, wait_job_end
+from jobs import job_state, log_has, submit, summary, trainer_pid, triage, wait_for, wait_job_end
 
 pytestmark = pytest.mark.cluster
 STEP = r"^{host}: .*completed step: {step},"
@@ -42,6 +43,11 @@ def test_two_node_job_trains_on_both_nodes(cluster, workspace, venv):
     assert not leaked, f"secret leaked into {leaked}"
     # TensorBoard events of process 0 are in the job directory
     assert list(job_dir.rglob("events.out.tfevents.*"))
+    # triage by job id, as a user types it
+    r = triage(job_id, {**cluster, "JOB_WORKSPACE": str(workspace)})
+    assert r["status"] == "completed" and r["failure_class"] is None and r["culprit_hosts"] == [], r["summary"]
+    assert r["progress"]["last_step"] == 4 and r["progress"]["total_steps"] == 5
+    assert [h["host"] for h in r["hosts"]] == ["n1", "n2"] and r["tgs"]["steady"] > 0
 
 
 def test_killed_rank_stops_the_job_fast(cluster, workspace, venv):
@@ -60,6 +66,11 @@ def test_killed_rank_stops_the_job_fast(cluster, workspace, venv):
     assert s["first_failure"] == "n2"
     assert job_state(cluster, job_id) == "FAILED"
     assert trainer_pid(job_id, rank=0) is None, "rank 0 survived"
+    # triage blames the killed node, not the survivor that saw the collective fail
+    r = triage(log, cluster)
+    assert r["status"] == "failed" and r["culprit_hosts"] == ["n2"], r["summary"]
+    assert r["failure_class"] == "oom_host" and r["confidence"] == "low" and "SIGKILL" in r["summary"]
+    assert any(e["file"].endswith("/.stages/train/n2") and e["text"].startswith("rc=137") for e in r["evidence"])
 
 
 def test_scancel_still_writes_the_summary(cluster, workspace, venv):
@@ -71,6 +82,9 @@ def test_scancel_still_writes_the_summary(cluster, workspace, venv):
     assert s["status"] == "cancelled", s
     assert s["stage"] == "train"
     assert trainer_pid(job_id, rank=0) is None and trainer_pid(job_id, rank=1) is None
+    r = triage(log, cluster)
+    assert r["status"] == "cancelled" and r["failure_class"] == "cancelled" and r["culprit_hosts"] == [], r["summary"]
+    assert r["progress"]["last_step"] >= 2
 
 
 def test_stage_timeout(cluster, workspace, venv):
@@ -81,6 +95,32 @@ def test_stage_timeout(cluster, workspace, venv):
     assert s["failed_nodes"].startswith(("n1 (timeout, exit", "n2 (timeout, exit")), s
     assert log_has(log, r"^stage_timeouts: preflight:600,train:25 ")
     assert log_has(log, r"stage 'train' exceeded its 25 s limit")
+    r = triage(log, cluster)
+    assert r["status"] == "failed" and r["failure_class"] == "stage_timeout", r["summary"]
+    assert any("exceeded its 25 s limit" in e["text"] or "reason=timeout" in e["text"] for e in r["evidence"])
+
+
+def test_sigstopped_rank_is_triaged_as_a_hang(cluster, workspace, venv):
+    """A frozen rank (SIGSTOP: what a stuck kernel or swap storm looks like): no error anywhere,
+    both ranks stop printing steps, the processes live. triage says hung while the job runs."""
+    job_id, log = submit(cluster, workspace, "tiny", "-N", "2", "--", "steps=1000000")
+    wait_for(lambda: log_has(log, STEP.format(host="n2", step=5)), 240, "n2 to train")
+    pid = trainer_pid(job_id, rank=1)
+    assert pid, "rank 1 trainer not found"
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        healthy = triage(log, cluster, "--hang-min-seconds", "15")
+        assert healthy["status"] == "running" and healthy["failure_class"] is None, healthy["summary"]
+        time.sleep(20)
+        r = triage(log, cluster, "--hang-min-seconds", "15")
+        assert r["status"] == "hung" and r["failure_class"] == "hang", r["summary"]
+        assert r["hang"]["hung"] and r["hang"]["last_step_age_seconds"] > 15
+        assert r["scheduler_state"] == "RUNNING"
+        assert any("py-spy dump" in n for n in r["next_steps"])
+    finally:
+        run(["scancel", job_id], env=cluster)
+        os.kill(pid, signal.SIGCONT)
+        wait_job_end(cluster, job_id, 60)
 
 
 def test_preflight_failure_stops_before_training(cluster, workspace, venv):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: utils/prometheus.sh list|view|query ARGS...   (COMMAND --help for one command)
+# Usage: utils/prometheus.sh list|view|query|serve ARGS...   (COMMAND --help for one command)
 #
 # Browses the Prometheus TSDBs that RAY=1 jobs save in <job dir>/prometheus, after the
 # job or while it still runs. view and query never write to the saved TSDB: they start a
@@ -26,6 +26,13 @@
 #   T, START, END: unix seconds or RFC3339 (2024-05-01T12:00:00Z). STEP: seconds or a
 #   duration (15s, 1m). Bad PromQL: Prometheus' error on one line, exit 1.
 #   Put `--` before a PROMQL that starts with '-'.
+#
+# utils/prometheus.sh serve JOB_DIR_OR_TSDB
+#   For programs that run many queries (utils/tsdb.py): serves a copy on a free port of
+#   127.0.0.1, prints one line "url=http://127.0.0.1:PORT first_ms=FIRST last_ms=LAST"
+#   (the data's time range in unix milliseconds, both empty for an empty TSDB) once
+#   Prometheus is ready, and stays up until its stdin closes; then it stops Prometheus,
+#   removes the copy and exits 0.
 #
 # Environment: PROMETHEUS_BIN (default: prometheus on PATH); TMPDIR (where the copy goes,
 # default /tmp: needs room for the WAL, blocks are hard-linked when on the same
@@ -353,10 +360,36 @@ cmd_query() {
   die "query failed: ${msg:-HTTP $code: $(head -c 300 "$work/response")}"
 }
 
+cmd_serve() {
+  local target="" port range rc
+  while (($#)); do
+    case $1 in
+      -h | --help) show_help serve; exit 0 ;;
+      -?*) die "unknown option $1 for serve (it takes only JOB_DIR_OR_TSDB)" ;;
+      *) [[ -z "$target" ]] || die "serve takes one JOB_DIR_OR_TSDB, got '$target' and '$1'"; target=$1 ;;
+    esac
+    shift
+  done
+  [[ -n "$target" ]] || die "serve needs JOB_DIR_OR_TSDB (a job dir or a TSDB dir)"
+  resolve_tsdb "$target"
+  find_prometheus
+  port=$(free_port $((20000 + RANDOM % 10000))) || die "no free port for prometheus"
+  serve 127.0.0.1 "$port" 0
+  range=$(data_range)
+  if [[ -n "$range" ]]; then echo "url=$api first_ms=${range% *} last_ms=${range#* }"; else echo "url=$api first_ms= last_ms="; fi
+  while :; do # until stdin reaches EOF; notice a Prometheus that died meanwhile
+    rc=0
+    read -r -t 1 _ || rc=$?
+    ((rc == 0)) && continue
+    ((rc > 128)) || return 0
+    kill -0 "$prom_pid" 2>/dev/null || die "prometheus stopped on its own: $(tail -n1 "$work/prometheus.log")"
+  done
+}
+
 main() {
   local cmd=${1:-}
   case $cmd in
-    list | view | query)
+    list | view | query | serve)
       shift
       trap cleanup EXIT
       trap 'exit 130' INT TERM HUP
@@ -364,7 +397,7 @@ main() {
       ;;
     -h | --help | help) show_help "${2:-}" ;;
     "") show_help >&2; exit 1 ;;
-    *) die "unknown command '$cmd' (expected list, view or query; see --help)" ;;
+    *) die "unknown command '$cmd' (expected list, view or query, or serve for programs; see --help)" ;;
   esac
 }
 

@@ -22,7 +22,10 @@ mkdir -p "$rec_dir"
 
 record() { (set -C; printf 'rc=%s end=%s reason=%s\n' "$1" "$(date +%s.%N | cut -c1-14)" "$2" > "$rec_dir/$host") 2>/dev/null || true; }
 
-exec 3> >(awk -v h="$host" '{ print h ": " $0; fflush() }')
+# Lines that already carry a node's prefix (the Ray driver relays other nodes' output) keep it.
+exec 3> >(awk -v h="$host" -v hosts="${JOB_NODELIST:-}" '
+  BEGIN { n = split(hosts, hs, " "); for (i = 1; i <= n; i++) known[hs[i]] = 1 }
+  { p = index($0, ": "); if (p > 1 && (substr($0, 1, p - 1) in known)) print; else print h ": " $0; fflush() }')
 prefixer=$!
 
 child=""

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Usage: bench/diagnose_sweep.py [--cache DIR] [--family F] [--seed N] [--runs N] [--hosts N] [--gpus N]
+                                [--hours H] [--interval S] [--rebuild]
+
+Wall time of a full diagnosis of a big job: builds (or reuses from the cache) one incident job with
+tests/corpus.py, by default 24 hosts x 8 GPUs x 48 h at a 30 s scrape interval with 8 RDMA NICs per
+host (~6300 series, ~36 M samples, ~2 min to build), then times `utils/diagnose.py JOB --json` as a
+user runs it (Python start, one Prometheus on a copy of the TSDB, every query and playbook) --runs
+times and prints each wall time, the median and whether the verdict and culprits were right.
+Goal: <= 10 s. The cache is $XDG_CACHE_HOME/maxtext-slurm/diagnose-bench (else ~/.cache/...).
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+import corpus  # noqa: E402
+
+GOAL_S = 10.0
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "maxtext-slurm" / "diagnose-bench"
+
+
+def build_or_reuse(args: argparse.Namespace) -> tuple[dict, float | None]:
+    """(incident record, build seconds or None when reused)."""
+    scale = dataclasses.replace(corpus.FULL, hosts=args.hosts, gpus=args.gpus, hours=args.hours,
+                                interval=args.interval)
+    key = f"{args.family}-s{args.seed}-{scale.hosts}x{scale.gpus}-{scale.hours:g}h-{scale.interval}s"
+    ws = args.cache / key
+    marker = ws / "incident.json"
+    if marker.is_file() and not args.rebuild:
+        return json.loads(marker.read_text()), None
+    if ws.exists():
+        subprocess.run(["rm", "-rf", str(ws)], check=True)
+    print(f"building {key} in {ws} ...", flush=True)
+    t = time.monotonic()
+    inc = corpus.build(args.family, ws, args.seed, scale)
+    took = time.monotonic() - t
+    rec = {"job_dir": str(inc.job_dir), "vs": str(inc.vs) if inc.vs else None, "verdict": inc.verdict,
+           "culprits": inc.culprits, "hosts": len(inc.hosts), "scale": dataclasses.asdict(scale)}
+    marker.write_text(json.dumps(rec, indent=1))
+    return rec, took
+
+
+def tsdb_stats(job_dir: Path) -> str:
+    size = sum(f.stat().st_size for f in (job_dir / "prometheus").rglob("*") if f.is_file())
+    metas = [json.loads(m.read_text()) for m in (job_dir / "prometheus").glob("*/meta.json")]
+    series = max((m["stats"]["numSeries"] for m in metas), default=0)   # every block holds every series
+    samples = sum(m["stats"]["numSamples"] for m in metas)
+    return f"{series} series, {samples / 1e6:.1f} M samples, {size / 2**20:.0f} MiB in {len(metas)} block(s)"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cache", type=Path, default=cache_root())
+    ap.add_argument("--family", default="rdma_retransmits", choices=list(corpus.FAMILIES))
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--hosts", type=int, default=corpus.FULL.hosts)
+    ap.add_argument("--gpus", type=int, default=corpus.FULL.gpus)
+    ap.add_argument("--hours", type=float, default=corpus.FULL.hours)
+    ap.add_argument("--interval", type=int, default=corpus.FULL.interval)
+    ap.add_argument("--rebuild", action="store_true", help="build again even if cached")
+    args = ap.parse_args()
+    rec, took = build_or_reuse(args)
+    job = Path(rec["job_dir"])
+    print(f"job: {job}" + (f" (built in {took:.0f} s)" if took is not None else " (cached)"))
+    print(f"TSDB: {tsdb_stats(job)}")
+    cmd = [sys.executable, str(REPO / "utils" / "diagnose.py"), str(job), "--json"]
+    if rec["vs"]:
+        cmd += ["--vs", rec["vs"]]
+    times, right = [], True
+    for i in range(args.runs):
+        t = time.monotonic()
+        res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        times.append(time.monotonic() - t)
+        if res.returncode != 0:
+            print(f"diagnose.py failed ({res.returncode}): {res.stderr.strip()}", file=sys.stderr)
+            return 1
+        r = json.loads(res.stdout)
+        ok = r["verdict"] == rec["verdict"] and sorted(r["culprit_hosts"]) == sorted(rec["culprits"])
+        right &= ok
+        print(f"run {i + 1}: {times[-1]:.2f} s wall ({r['queries_run']} queries, {r['seconds']:.2f} s inside), "
+              f"verdict {r['verdict']} {','.join(r['culprit_hosts']) or '-'} ({'right' if ok else 'WRONG'})")
+    med = statistics.median(times)
+    print(f"median {med:.2f} s over {len(times)} run(s), goal <= {GOAL_S:g} s: {'met' if med <= GOAL_S else 'MISSED'}; "
+          f"verdicts {'right' if right else 'WRONG'}")
+    return 0 if right else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

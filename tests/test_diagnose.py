@@ -1,0 +1,220 @@
+"""utils/diagnose.py on the incident corpus (tests/corpus.py), on a real local job, and its CLI.
+
+Every incident family is built at the small scale for several seeds and diagnosed in-process: the
+verdict and the culprit hosts must be the ones the corpus injected, and the deciding finding must carry
+its evidence (queries, window, values). Also: --vs finding a thread leak that is invisible alone,
+`missing` when families are absent, bad input, `utils/prometheus.sh serve` and `utils/tsdb.py`.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, VENV, run
+
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "utils"))
+import corpus  # noqa: E402
+import diagnose  # noqa: E402
+import tsdb  # noqa: E402
+from promfixture import running_prometheus, tsdb_digest, write_tsdb  # noqa: E402
+
+TOOL = str(REPO / "utils" / "diagnose.py")
+PY = str(VENV / "bin" / "python")
+SEEDS = (1, 2, 3)
+
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _prometheus() -> None:
+    # tests/run.sh installs them; missing tools are a failure, never a silent skip
+    assert shutil.which("prometheus") and shutil.which("promtool"), "needs prometheus and promtool (apt-get install prometheus)"
+
+
+def diag(job: Path, vs: Path | None = None) -> dict:
+    ws = diagnose.default_workspace()
+    r = diagnose.diagnose(diagnose.locate(str(job), ws), diagnose.locate(str(vs), ws) if vs else None)
+    r.pop("_report", None)
+    return r
+
+
+def cli(*args: str, **kw) -> subprocess.CompletedProcess:
+    return run([PY, TOOL, *map(str, args)], timeout=120, **kw)
+
+
+def one_line_error(res: subprocess.CompletedProcess, *needles: str) -> None:
+    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("diagnose.py: "), res.stderr
+    assert "Traceback" not in res.stderr
+    for n in needles:
+        assert n in lines[0], res.stderr
+
+
+def overlaps(a: dict | None, b: tuple[float, float] | None) -> bool:
+    return a is None or b is None or (a["start"] <= b[1] and b[0] <= a["end"])
+
+
+# --- every family, several seeds ------------------------------------------------------------
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("family", list(corpus.FAMILIES))
+def test_family_verdict_and_culprits(tmp_path, family, seed):
+    inc = corpus.build(family, tmp_path, seed)
+    r = diag(inc.job_dir, inc.vs)
+    why = f"{family} seed {seed}: {r['summary']}\n" + "\n".join(f"  {f['kind']}: {f['summary']}" for f in r["findings"])
+    assert r["verdict"] == inc.verdict, why
+    assert sorted(r["culprit_hosts"]) == sorted(inc.culprits), why
+    assert not r["insufficient_evidence"] and r["missing"] == []
+    if inc.verdict == "none":
+        assert not [f for f in r["findings"] if f["kind"] in diagnose.VERDICTS], why
+        assert len(r["ruled_out"]) >= 9, r["ruled_out"]
+        return
+    top = r["findings"][0]
+    assert top["kind"] == inc.verdict and top["queries"] and all(top["queries"]) and top["values"], top
+    assert overlaps(top["window"], inc.window), (top["window"], inc.window)
+    assert inc.verdict not in {c["check"] for c in r["ruled_out"]}
+
+
+def test_thread_leak_is_invisible_without_vs(tmp_path):
+    inc = corpus.build("thread_leak", tmp_path, 4)
+    alone = diag(inc.job_dir)
+    assert alone["verdict"] == "none", alone["summary"]
+    r = diag(inc.job_dir, inc.vs)
+    assert r["verdict"] == "cpu_contention" and r["culprit_hosts"] == inc.hosts, r["summary"]
+    ranked = {row["family"]: row for row in r["vs"]["ranked"]}
+    procs = ranked["hw_procs_running"]
+    assert 15 <= procs["this_median"] - procs["other_median"] <= 19, procs
+    assert -0.02 < ranked["tb_tokens"]["relative"] < 0, ranked["tb_tokens"]   # throughput -1 %
+    assert r["vs"]["shared_hosts"] == len(inc.hosts)
+    assert r["findings"][0]["summary"].startswith(f"vs {inc.vs.name}: hw_procs_running")
+
+
+# --- missing families -------------------------------------------------------------------------
+def test_missing_gpu_and_rdma_plugins(tmp_path):
+    inc = corpus.build("healthy", tmp_path, 5, drop=("hw_gpu_", "hw_ib_"))
+    r = diag(inc.job_dir)
+    assert r["verdict"] == "none" and not r["insufficient_evidence"]
+    assert {"hw_gpu_*", "hw_ib_*"} <= set(r["missing"]), r["missing"]
+    skipped = {s["check"] for s in r["skipped"]}
+    assert {"hang", "gpu_thermal", "gpu_power", "gpu_hardware"} <= skipped, skipped
+    assert "no data for" in r["summary"]
+
+
+@pytest.mark.parametrize("family", ["rdma_retransmits", "hang"])
+def test_found_without_tensorboard(tmp_path, family):
+    """No tb_* (no steps, no phases): network falls back to hosts far above their peers over the whole
+    run, hang to the trailing stretch where GPUs are busy at low power."""
+    inc = corpus.build(family, tmp_path, 6, drop=("tb_",))
+    r = diag(inc.job_dir)
+    assert r["verdict"] == inc.verdict and sorted(r["culprit_hosts"]) == sorted(inc.culprits), r["summary"]
+    assert "tb_*" in r["missing"] and r["phases"] == []
+    assert overlaps(r["findings"][0]["window"], inc.window)
+
+
+def test_no_hw_or_tb_is_insufficient_evidence(tmp_path):
+    t0 = 1_795_322_400
+    write_tsdb(tmp_path / "prometheus", [
+        ("ray_node_cpu_utilization", {"host": f"n{i}"}, [(t0 + 15 * k, 40.0 + i) for k in range(240)])
+        for i in range(3)])
+    res = cli(tmp_path / "prometheus", "--json")
+    assert res.returncode == 0, res.stderr
+    r = json.loads(res.stdout)
+    assert r["verdict"] == "none" and r["insufficient_evidence"] is True
+    assert {"hw_*", "tb_*"} <= set(r["missing"]) and r["culprit_hosts"] == []
+    text = cli(tmp_path / "prometheus")
+    assert "insufficient evidence" in text.stdout.lower(), text.stdout
+
+
+def test_live_wal_only_tsdb(tmp_path):
+    """A running Prometheus' TSDB (WAL only, written while we read): served from a copy, not touched."""
+    db = tmp_path / "job" / "prometheus"
+    with running_prometheus(db, min_scrapes=2):
+        res = cli(tmp_path / "job", "--json")
+    assert res.returncode == 0, res.stderr
+    r = json.loads(res.stdout)
+    assert r["insufficient_evidence"] is True and r["range"] is not None
+
+
+# --- CLI ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def network_job(tmp_path_factory) -> corpus.Incident:
+    return corpus.build("rdma_retransmits", tmp_path_factory.mktemp("cli"), 2, job_id="4242")
+
+
+def test_cli_json_text_and_plots(network_job, tmp_path):
+    before = tsdb_digest(network_job.job_dir / "prometheus")
+    res = cli(network_job.job_dir, "--json", "--plot", tmp_path / "png")
+    assert res.returncode == 0, res.stderr
+    r = json.loads(res.stdout)
+    assert r["verdict"] == "network" and sorted(r["culprit_hosts"]) == sorted(network_job.culprits)
+    assert r["plots"] and all(Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in r["plots"])
+    assert Path(r["plots"][0]).name == "1-network.png"
+    for key in ("verdict", "culprit_hosts", "findings", "ruled_out", "missing", "range", "phases", "skipped"):
+        assert key in r
+    assert len(r["phases"]) >= 2
+    text = cli("4242", "--workspace", network_job.job_dir.parent)   # by job id
+    assert text.returncode == 0 and "Verdict: network" in text.stdout and "Ruled out:" in text.stdout, text.stdout
+    via_tsdb = cli(network_job.job_dir / "prometheus", "--json")     # the TSDB dir itself
+    assert json.loads(via_tsdb.stdout)["verdict"] == "network"
+    assert tsdb_digest(network_job.job_dir / "prometheus") == before
+
+
+def test_help():
+    res = cli("--help")
+    assert res.returncode == 0 and "Usage" in res.stdout and "--vs" in res.stdout
+
+
+def test_bad_input(tmp_path, network_job):
+    one_line_error(cli(tmp_path / "nope"), "does not exist")
+    one_line_error(cli("999999", "--workspace", tmp_path), "no job 999999")
+    (tmp_path / "plain").mkdir()
+    one_line_error(cli(tmp_path / "plain"), "neither a job dir nor a TSDB")
+    job = tmp_path / "7-JAX-tiny"
+    (job / ".stages").mkdir(parents=True)
+    one_line_error(cli(job), "no saved metrics")
+    one_line_error(cli(network_job.job_dir, "--vs", tmp_path / "nope"), "does not exist")
+    one_line_error(cli(network_job.job_dir, "--frobnicate"), "unrecognized arguments")
+    one_line_error(cli(), "required")
+
+
+# the real local RAY=1 job is diagnosed in tests/test_ray_job.py (it runs one on the local cluster)
+
+
+# --- utils/prometheus.sh serve and utils/tsdb.py -----------------------------------------------
+def test_prometheus_serve_until_stdin_closes(tmp_path, network_job):
+    db = network_job.job_dir / "prometheus"
+    before = tsdb_digest(db)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen([str(REPO / "utils" / "prometheus.sh"), "serve", str(network_job.job_dir)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp)})
+    try:
+        line = proc.stdout.readline().split()
+        fields = dict(kv.split("=", 1) for kv in line)
+        assert fields["url"].startswith("http://127.0.0.1:") and int(fields["first_ms"]) < int(fields["last_ms"])
+        assert len(list(tmp.iterdir())) == 1   # the private copy
+        with tsdb.Served(db) as second:          # a second server at the same time: another port
+            assert second.url != fields["url"] and second.first == int(fields["first_ms"]) / 1000
+            rows = second.query("count(hw_procs_running)", second.last)
+            assert int(float(rows[0]["value"][1])) == len(network_job.hosts)
+            with pytest.raises(tsdb.TSDBError, match="parse error"):
+                second.query("rate(x[5m]", second.last)
+    finally:
+        proc.stdin.close()
+        rc = proc.wait(timeout=30)
+    assert rc == 0, proc.stderr.read()
+    assert list(tmp.iterdir()) == []
+    assert tsdb_digest(db) == before
+
+
+def test_tsdb_resolve_errors(tmp_path):
+    with pytest.raises(tsdb.TSDBError, match="does not exist"):
+        tsdb.resolve(tmp_path / "x")
+    (tmp_path / "j" / "prometheus").mkdir(parents=True)
+    with pytest.raises(tsdb.TSDBError, match="no saved metrics yet"):
+        tsdb.resolve(tmp_path / "j")

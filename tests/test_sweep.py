@@ -1,0 +1,326 @@
+"""utils/sweep.py: exact commands of --dry-run, bad input, the decision logic on made-up results,
+and small real sweeps on the local Slurm cluster (batch, nodes, regress, Ctrl-C)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, VENV, launcher_env, run
+from jobs import job_state, wait_for
+
+sys.path.insert(0, str(REPO / "utils"))
+import joblog  # noqa: E402
+import sweep  # noqa: E402
+
+TOOL = str(REPO / "utils" / "sweep.py")
+SUBMIT = str(REPO / "submit.sh")
+FAST = ["--poll", "0.5", "--timeout", "240"]
+
+
+def sweep_run(workspace: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 300):
+    return run([str(VENV / "bin" / "python"), TOOL, *args], env={**launcher_env(workspace), **(env or {})},
+               timeout=timeout)
+
+
+def as_json(res) -> dict:
+    assert res.stdout.strip(), res.stderr
+    return json.loads(res.stdout)
+
+
+def commands(rec: dict) -> list[str]:
+    return [j["command"] for j in rec["jobs"]]
+
+
+# --- a made-up baseline job (header, step lines, summary, recorded command) -------------------------
+def fake_job(workspace: Path, job_id: str, command: str, model: str = "tiny") -> None:
+    name = f"{job_id}-JAX-{model}-base"
+    lines = ["==================== JOB ====================", f"job: {job_id} {name}", "scheduler: slurm",
+             f"model: {model} (tag base)", "nodes: 1 (n1)", "overrides: steps=10", f"job_dir: {workspace / name}",
+             "started: 2026-11-22T05:00:00Z", "============================================="]
+    for s in range(10):
+        lines.append(f"n1: I1122 05:00:{10 + s:02d}.000000 1 metric_logger.py:265] completed step: {s}, seconds: 0.010, "
+                     f"TFLOP/s/device: 0.005, Tokens/s/device: {1000 + s}.000, total_weights: 64, loss: {6.1 - s / 100:.3f}")
+    lines += ["==================== JOB SUMMARY ====================", "status: completed", f"job: {job_id} {name}",
+              "nodes: 1 (n1)", "stage: train", "failed_nodes: none", "====================================================="]
+    (workspace / f"{name}.log").write_text("\n".join(lines) + "\n")
+    submit_dir = workspace / name / "artifact" / ".submit"
+    submit_dir.mkdir(parents=True)
+    (submit_dir / "command.txt").write_text(command + "\n")
+
+
+# --- dry runs: the exact commands -----------------------------------------------------------------
+def test_help_runs_with_the_shebang():
+    res = run([TOOL, "--help"], timeout=30)
+    assert res.returncode == 0 and "Usage: sweep.py" in res.stdout, res.stderr
+    for kind in ("batch", "nodes", "bisect", "regress"):
+        assert kind in res.stdout
+
+
+def test_dry_run_batch(workspace):
+    res = sweep_run(workspace, "batch", "tiny:exp", "--values", "4,1,2,2", "--steps", "5", "-N", "2", "--dry-run",
+                    "--json", "--", "--exclude=n9", "-t", "10:00", "--", "remat_policy=full", "_env_A=1")
+    assert res.returncode == 0, res.stderr
+    rec = as_json(res)
+    assert rec["state"] == "dry_run" and rec["record"] is None
+    assert commands(rec) == [
+        f"{SUBMIT} tiny:exp-bs{v} -N 2 --exclude=n9 -t 10:00 -- per_device_batch_size={v} steps=5 remat_policy=full _env_A=1"
+        for v in (1, 2, 4)]
+    assert [j["value"] for j in rec["jobs"]] == ["1", "2", "4"]
+    assert not (workspace / "sweeps").exists() and not list(workspace.iterdir()), "a dry run writes nothing"
+    # KEY=VALUE tokens without a second `--` are overrides; the human text lists the same commands
+    res = sweep_run(workspace, "batch", "tiny", "--values", "8", "--key", "remat_policy_x", "--dry-run", "--",
+                    "-p", "gpu", "ici_fsdp_parallelism=2")
+    assert res.returncode == 0, res.stderr
+    assert f"{SUBMIT} tiny:bs8 -N 1 -p gpu -- remat_policy_x=8 steps=30 ici_fsdp_parallelism=2" in res.stdout
+
+
+@pytest.fixture()
+def fake_sinfo(tmp_path):
+    """A made-up cluster for dry runs: sinfo lists a1..a5 (usable) and a6 (down)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stub = bin_dir / "sinfo"
+    stub.write_text("#!/bin/sh\nprintf 'a1 idle\\na2 mix\\na3 alloc\\na4 idle\\na5 idle\\na6 down*\\na1 idle\\n'\n")
+    stub.chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def test_dry_run_nodes_and_bisect(workspace, fake_sinfo):
+    res = sweep_run(workspace, "nodes", "tiny", "--nodes", "a2,a4", "--steps", "5", "--dry-run", "--json", env=fake_sinfo)
+    assert res.returncode == 0, res.stderr
+    assert commands(as_json(res)) == [f"{SUBMIT} tiny:node-{n} -N 1 -w {n} -- steps=5" for n in ("a2", "a4")]
+    res = sweep_run(workspace, "nodes", "tiny", "--dry-run", "--json", env=fake_sinfo)
+    rec = as_json(res)
+    assert [j["node"] for j in rec["jobs"]] == ["a1", "a2", "a3", "a4", "a5"]
+    assert rec["params"]["unavailable"] == [{"node": "a6", "state": "down*"}]
+    res = sweep_run(workspace, "nodes", "tiny", "--nodes", "a1,a9", "--dry-run", env=fake_sinfo)
+    assert res.returncode == 2 and "unknown node(s) a9" in res.stderr, res.stderr
+    res = sweep_run(workspace, "bisect", "tiny", "--nodes", "all", "--dry-run", "--json", env=fake_sinfo)
+    assert res.returncode == 0, res.stderr
+    rec = as_json(res)
+    assert commands(rec) == [f"{SUBMIT} tiny:pair-{a}-{b} -N 2 -w {a},{b} -- steps=30"
+                             for a, b in (("a1", "a2"), ("a3", "a4"), ("a5", "a1"))]
+    assert "round 2" in rec["notes"][0]
+    assert not list(workspace.iterdir()), "a dry run writes nothing"
+
+
+def test_dry_run_regress(workspace):
+    fake_job(workspace, "77", "submit.sh tiny:base -N 2 -t 10 -- steps=10 remat_policy=full")
+    res = sweep_run(workspace, "regress", "tiny", "--baseline", "77", "--dry-run", "--json")
+    assert res.returncode == 0, res.stderr
+    rec = as_json(res)
+    assert commands(rec) == [f"{SUBMIT} tiny:base -N 2 -t 10 -- steps=10 remat_policy=full"]
+    base = rec["params"]["baseline"]
+    assert base["tgs_steady"] == pytest.approx(1006.0) and base["final_loss"] == pytest.approx(6.01)
+    # --steps and -N replace the recorded values; extra overrides replace by key
+    res = sweep_run(workspace, "regress", "tiny", "--baseline", "77", "--steps", "12", "-N", "1", "--dry-run",
+                    "--json", "--", "--", "remat_policy=minimal")
+    assert res.returncode == 0, res.stderr
+    rec = as_json(res)
+    assert commands(rec) == [f"{SUBMIT} tiny:base -N 1 -t 10 -- steps=12 remat_policy=minimal"]
+    assert rec["params"]["same_steps"] is False
+
+
+def test_regress_refuses_a_redacted_command(workspace):
+    fake_job(workspace, "78", "submit.sh tiny:base -N 1 -- steps=10 _env_HF_TOKEN=<redacted>")
+    res = sweep_run(workspace, "regress", "tiny", "--baseline", "78")
+    assert res.returncode == 2
+    assert "redacted" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    fake_job(workspace, "79", "submit.sh tiny:base -N 1 -- steps=10")
+    res = sweep_run(workspace, "regress", "llama3.1-8b", "--baseline", "79")
+    assert res.returncode == 2 and "trained 'tiny'" in res.stderr, res.stderr
+    assert not (workspace / "sweeps").exists()
+
+
+BAD = [
+    (["batch", "tiny", "--values", "1,x"], "not a positive number"),
+    (["batch", "tiny", "--values", "0"], "not a positive number"),
+    (["batch", "tiny"], "--values"),
+    (["batch", "nosuchmodel", "--values", "1"], "unknown model"),
+    (["batch", "tiny:bad/tag", "--values", "1"], "bad tag"),
+    (["batch", "tiny", "--values", "1", "--steps", "0"], "positive whole number"),
+    (["batch", "tiny", "--values", "1", "--max-parallel", "0"], "positive whole number"),
+    (["batch", "tiny", "--values", "1", "--", "-N", "2"], "set by the sweep"),
+    (["batch", "tiny", "--values", "1", "--", "--", "per_device_batch_size=2"], "use --values"),
+    (["batch", "tiny", "--values", "1", "--", "--", "notanoverride"], "KEY=VALUE"),
+    (["nodes", "tiny", "--nodes", "n1,n9"], "unknown node"),
+    (["nodes", "tiny", "--nodes", "n1,n1"], "twice"),
+    (["nodes", "tiny", "--", "-w", "n1"], "set by the sweep"),
+    (["bisect", "tiny", "--nodes", "n1,n2"], "at least 3 usable nodes"),
+    (["regress", "tiny", "--baseline", "424242"], "no job '424242'"),
+    (["show", "/nonexistent/record.json"], "cannot read record"),
+    (["frobnicate", "tiny"], "invalid choice"),
+]
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("args,why", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_input(cluster, workspace, args, why):
+    res = sweep_run(workspace, *args, env=cluster, timeout=60)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert why in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not res.stdout, res.stdout + res.stderr
+    assert not list(workspace.iterdir()), "nothing may be submitted or written on bad input"
+
+
+# --- the decisions, on made-up results ------------------------------------------------------------
+class FakeSweep(sweep.Sweep):
+    """The sweep loop with submit.sh and Slurm replaced by a table of outcomes."""
+
+    def __init__(self, kind: str, params: dict, outcomes: dict, tmp: Path) -> None:
+        super().__init__(kind, "tiny", params, sweep.Options(tmp, poll=0.01), [])
+        self.outcomes, self.submitted = outcomes, []
+
+    def submit(self, job):
+        self.submitted.append(job.label)
+        job.job_id, job.status = str(len(self.submitted)), "submitted"
+
+    def poll(self, job):
+        return True
+
+    def finish(self, job):
+        job.status, job.failure_class, job.tgs_steady = self.outcomes[job.label]
+
+
+def test_batch_stops_going_up_at_the_first_oom(tmp_path):
+    params = {"model": "tiny", "tag": "", "sbatch": [], "overrides": [], "values": ["1", "2", "4", "8"],
+              "key": "per_device_batch_size", "nodes": 1, "steps": 5}
+    outcomes = {"bs1": ("completed", None, 100.0), "bs2": ("completed", None, 150.0), "bs4": ("failed", "oom_device", None)}
+    sw = FakeSweep("batch", params, outcomes, tmp_path)
+    sweep.drive_batch(sw)
+    assert sw.submitted == ["bs1", "bs2", "bs4"]
+    r = sw.result
+    assert r["best"]["value"] == "2" and r["largest_fitting"] == "2"
+    assert r["first_oom"] == {"value": "4", "job_id": "3", "failure_class": "oom_device"} and r["skipped"] == ["8"]
+    assert "ran out of memory" in sw.jobs[3].note
+
+
+def test_nodes_outliers_are_robust():
+    rates = {"n1": 100.0, "n2": 101.0, "n3": 99.0, "n4": 100.5, "n5": 60.0, "n6": 99.5}
+    got = sweep.mad_outliers(rates, z=3.5, min_deviation=0.05)
+    assert [o["node"] for o in got["outliers"]] == ["n5"] and got["outliers"][0]["direction"] == "slow"
+    # identical nodes (MAD 0) with a 1 % wobble: not an outlier (below the 5 % floor)
+    assert not sweep.mad_outliers({"a": 100.0, "b": 100.0, "c": 100.0, "d": 99.0}, 3.5, 0.05)["outliers"]
+    assert "at least 3" in sweep.mad_outliers({"a": 1.0, "b": 2.0}, 3.5, 0.05)["note"]
+
+
+def test_bisect_names_the_node_that_is_bad_with_every_partner(tmp_path):
+    params = {"model": "tiny", "tag": "", "sbatch": [], "overrides": [], "nodes": ["n1", "n2", "n3", "n4", "n5", "n6"],
+              "steps": 5, "slow_threshold_pct": 10.0}
+    ok = ("completed", None, 100.0)
+    outcomes = {"r1-n1-n2": ok, "r1-n3-n4": ("completed", None, 50.0), "r1-n5-n6": ok,
+                "r2-n3-n1": ("failed", "collective_error", None), "r2-n4-n2": ok}
+    sw = FakeSweep("bisect", params, outcomes, tmp_path)
+    sweep.drive_bisect(sw)
+    assert sw.submitted == ["r1-n1-n2", "r1-n3-n4", "r1-n5-n6", "r2-n3-n1", "r2-n4-n2"]
+    r = sw.result
+    assert [s["node"] for s in r["suspects"]] == ["n3"]
+    assert [e["job_id"] for e in r["suspects"][0]["evidence"]] == ["2", "4"]
+    assert [e["verdict"] for e in r["suspects"][0]["evidence"]] == ["slow", "failed"]
+    assert "n3" in r["conclusion"] and r["suspect_pairs"] == []
+    # odd count: the last node pairs with the first; its cross-check uses another good node
+    sw = FakeSweep("bisect", {**params, "nodes": ["n1", "n2", "n3", "n4", "n5"]},
+                   {"r1-n1-n2": ok, "r1-n3-n4": ok, "r1-n5-n1": ("failed", None, None), "r2-n5-n2": ok}, tmp_path)
+    sweep.drive_bisect(sw)
+    assert sw.submitted[-1] == "r2-n5-n2" and sw.result["suspects"] == []
+    assert sw.result["suspect_pairs"] == [["n5", "n1"]]
+    # every pair bad: no single node to blame, and no cross-check is possible
+    sw = FakeSweep("bisect", {**params, "nodes": ["n1", "n2", "n3", "n4"]},
+                   {"r1-n1-n2": ("failed", None, None), "r1-n3-n4": ("failed", None, None)}, tmp_path)
+    sweep.drive_bisect(sw)
+    assert sw.submitted == ["r1-n1-n2", "r1-n3-n4"] and "every pair" in sw.result["conclusion"]
+
+
+# --- real sweeps on the local cluster ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def batch_run(cluster, venv, tmp_path_factory):
+    ws = tmp_path_factory.mktemp("sweep-batch")
+    res = sweep_run(ws, "batch", "tiny", "--values", "1,2", "--steps", "5", "-N", "1", "--max-parallel", "2", "--json",
+                    *FAST, env=cluster)
+    return ws, res
+
+
+@pytest.mark.cluster
+def test_batch_real(cluster, batch_run):
+    ws, res = batch_run
+    assert res.returncode == 0, res.stderr
+    rec = as_json(res)
+    assert rec["state"] == "done" and [j["status"] for j in rec["jobs"]] == ["completed", "completed"], rec["jobs"]
+    assert all(j["tgs_steady"] and j["final_loss"] for j in rec["jobs"])
+    best = max(rec["jobs"], key=lambda j: j["tgs_steady"])
+    assert rec["result"]["best"] == {"value": best["value"], "job_id": best["job_id"], "tgs_steady": best["tgs_steady"]}
+    assert rec["result"]["largest_fitting"] == "2"
+    saved = json.loads(Path(rec["record"]).read_text())
+    assert Path(rec["record"]).parent == ws / "sweeps" and saved["jobs"] == rec["jobs"]
+    assert commands(rec) == [f"{SUBMIT} tiny:bs{v} -N 1 -- per_device_batch_size={v} steps=5" for v in (1, 2)]
+    show = run([str(VENV / "bin" / "python"), TOOL, "show", rec["record"]])
+    assert show.returncode == 0 and "best per_device_batch_size=" in show.stdout
+    # resuming a finished sweep submits nothing and finds the same result
+    again = sweep_run(ws, "resume", rec["record"], "--json", env=cluster)
+    assert again.returncode == 0, again.stderr
+    assert "submitted job" not in again.stderr and as_json(again)["result"] == rec["result"]
+
+
+@pytest.mark.cluster
+def test_nodes_real(cluster, workspace, venv):
+    res = sweep_run(workspace, "nodes", "tiny", "--nodes", "all", "--steps", "5", "--max-parallel", "2", "--json",
+                    *FAST, env=cluster)
+    assert res.returncode == 0, res.stderr
+    rec = as_json(res)
+    assert sorted(rec["result"]["rates"]) == ["n1", "n2"], rec["result"]
+    for j in rec["jobs"]:
+        assert joblog.scan(j["log"]).nodes() == [j["node"]], "each job must run on the node it measures"
+    assert rec["result"]["failing"] == [] and "outliers need at least 3" in rec["result"]["conclusion"]
+
+
+@pytest.mark.cluster
+def test_regress_real(cluster, batch_run):
+    ws, first = batch_run
+    base = next(j for j in as_json(first)["jobs"] if j["value"] == "1")
+    res = sweep_run(ws, "regress", "tiny", "--baseline", base["job_id"], "--json", *FAST, env=cluster)
+    rec = as_json(res)
+    r = rec["result"]
+    assert r["verdict"] in ("same", "faster", "regression"), r
+    assert res.returncode == (1 if r["verdict"] == "regression" else 0), res.stderr
+    assert r["baseline"]["job_id"] == base["job_id"] and r["tgs_delta_pct"] is not None
+    assert r["loss_verdict"] == "same", r  # same command, same synthetic data: same loss
+    rerun = rec["jobs"][0]
+    recorded = (Path(rerun["job_dir"]) / "artifact" / ".submit" / "command.txt").read_text().strip()
+    assert recorded == r["baseline"]["command"] == "submit.sh tiny:bs1 -N 1 -- per_device_batch_size=1 steps=5"
+
+
+@pytest.mark.cluster
+def test_ctrl_c_cancels_only_the_sweeps_jobs(cluster, workspace, venv):
+    env = {**cluster, **launcher_env(workspace)}
+    other = run(["sbatch", "--parsable", "-w", "n2", "-o", "/dev/null", "--wrap", "sleep 120"], env=env).stdout.strip()
+    assert other.isdigit()
+    try:
+        proc = subprocess.Popen([str(VENV / "bin" / "python"), TOOL, "batch", "tiny:int", "--values", "1,2",
+                                 "--steps", "100000", "--json", "--poll", "0.2", "--", "-w", "n1"],
+                                env={**os.environ, **env}, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        records = workspace / "sweeps"
+
+        def submitted() -> str | None:
+            for p in records.glob("*-batch.json"):
+                try:
+                    return json.loads(p.read_text())["jobs"][0]["job_id"]
+                except (ValueError, KeyError, IndexError):
+                    return None
+            return None
+        mine = str(wait_for(submitted, 60, "the sweep to submit its first job"))
+        time.sleep(1)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err
+        rec = json.loads(out)
+        assert rec["state"] == "interrupted" and [j["status"] for j in rec["jobs"]] == ["interrupted", "skipped"]
+        assert wait_for(lambda: job_state(cluster, mine) == "CANCELLED", 30, "the sweep's job to be cancelled")
+        assert job_state(cluster, other) in ("RUNNING", "PENDING"), "a job the sweep did not submit was touched"
+    finally:
+        run(["scancel", other], env=env)

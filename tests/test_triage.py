@@ -1,0 +1,378 @@
+"""utils/triage.py and utils/joblog.py: every failure class on synthetic logs in the launcher's
+real format (tests/logcorpus.py), with and without host/absl prefixes; hang vs a healthy running
+job; throughput phases; heartbeat false positives; the CLI; and real local jobs (completed, a
+config error, a SIGKILLed trainer, and triage while the job runs)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import logcorpus
+import pytest
+from conftest import REPO, launcher_env, run
+from jobs import log_has, wait_for
+
+sys.path.insert(0, str(REPO / "utils"))
+import joblog  # noqa: E402
+import triage  # noqa: E402
+
+TRIAGE = str(REPO / "utils" / "triage.py")
+HOSTS = ["n1", "n2", "n3"]
+# what each injected failure must be classified as (killed_gloo: a SIGKILLed rank, survivors print Gloo errors)
+EXPECTED = {None: None, **{f: f for f in logcorpus.FAILURES}, "killed_gloo": "oom_host", "preflight": None,
+            "time_limit": "stage_timeout"}
+EXPECTED_STATUS = {None: "completed", "cancelled": "cancelled", "node_failure": "cancelled", "hang": "hung"}
+
+
+def report(log: Path, now: float | None = None, **opts) -> dict:
+    return triage.triage(str(log), opts=triage.Options(now=now, scheduler=False, **opts))
+
+
+def job_for(failure, tmp_path: Path, **kw) -> tuple[logcorpus.Job, Path]:
+    job = logcorpus.Job(failure=failure, **{"hosts": HOSTS, "steps": 40, "total_steps": 40, **kw})
+    return job, logcorpus.write_job(job, tmp_path / "ws")
+
+
+def assert_evidence_lines_match(r: dict, log: Path) -> None:
+    lines = log.read_text().splitlines()
+    assert r["evidence"], r
+    for e in r["evidence"]:
+        if e["file"] == str(log):
+            assert lines[e["line"] - 1][:400] == e["text"], e
+
+
+# --- every failure class, three line formats ------------------------------------------------
+FORMATS = {
+    "host+absl": {"hosts": HOSTS},
+    "host, no absl": {"hosts": HOSTS, "absl": False},
+    "one node, no host prefix": {"hosts": ["vm"], "host_prefix": False, "culprit": 0},
+}
+
+
+@pytest.mark.parametrize(("failure", "fmt"), [(f, fmt) for fmt in FORMATS for f in [None, *logcorpus.FAILURES]
+                                               if len(FORMATS[fmt]["hosts"]) > 1 or f not in logcorpus.MULTI_NODE])
+def test_failure_class(failure, fmt, tmp_path):
+    kw = FORMATS[fmt]
+    job, log = job_for(failure, tmp_path, **kw)
+    r = report(log, now=job.start + 5000)
+    assert r["failure_class"] == EXPECTED[failure], (r["summary"], r["evidence"])
+    assert r["status"] == EXPECTED_STATUS.get(failure, "failed")
+    culprit = kw["hosts"][job.culprit % len(kw["hosts"])]
+    if failure in ("oom_host", "oom_device", "segfault", "collective_error", "python_exception", "heartbeat_timeout",
+                   "heartbeat_false_positive", "node_failure", "killed_gloo"):
+        assert r["culprit_hosts"] == [culprit], r
+    if failure == "hang" and len(kw["hosts"]) > 1:
+        assert r["culprit_hosts"] == [culprit], r  # the rank that is one step behind
+    if failure in ("cancelled", "stage_timeout", "time_limit"):
+        assert r["culprit_hosts"] == []
+    if failure == "preflight":  # outside the failure classes: no class, but the culprit and the reason
+        assert r["culprit_hosts"] == [culprit] and "need PREFLIGHT_MIN_FREE_GB" in r["summary"]
+    if failure is not None:
+        assert_evidence_lines_match(r, log)
+        assert r["next_steps"]
+
+
+def test_needle_search_finds_the_same(tmp_path, monkeypatch):
+    """Blocks with very many candidate lines are searched by literal needles: same results."""
+    monkeypatch.setattr(joblog, "DENSE", 0)
+    for failure in logcorpus.FAILURES:
+        job, log = job_for(failure, tmp_path / failure)
+        r = report(log, now=job.start + 5000)
+        assert r["failure_class"] == EXPECTED[failure], failure
+        assert_evidence_lines_match(r, log)
+
+
+def _essentials(r: dict) -> tuple:
+    return (r["status"], r["failure_class"], r["culprit_hosts"], r["progress"], r["tgs"], r["hosts"],
+            [(e["file"], e["line"], e["text"]) for e in r["evidence"]])
+
+
+def test_small_blocks_give_the_same_report(tmp_path, monkeypatch):
+    """Block boundaries (carry-over, look-ahead, per-host tails) do not change anything."""
+    logs = []
+    for failure in [None, *logcorpus.FAILURES]:
+        job, log = job_for(failure, tmp_path / str(failure), hosts=["n1", "n2", "n3", "n4"], steps=60, total_steps=60)
+        logs.append((log, job.start + 5000, report(log, now=job.start + 5000)))
+    monkeypatch.setattr(joblog, "BLOCK", 4096)
+    monkeypatch.setattr(joblog, "LOOKAHEAD", 2048)
+    for log, now, want in logs:
+        got = report(log, now=now)
+        assert _essentials(got) == _essentials(want), log
+        assert got["scan"]["lines"] == len(log.read_text().splitlines())
+
+
+def test_a_node_that_went_quiet_long_before_the_end(tmp_path, monkeypatch):
+    job, log = job_for(None, tmp_path, hosts=["n1", "n2", "n3", "n4"], steps=200, total_steps=200, running=True)
+    out, quiet = [], False
+    for ln in log.read_text().splitlines(keepends=True):
+        quiet = quiet or (ln.startswith("n3: ") and "completed step: 30," in ln)
+        if not (quiet and ln.startswith("n3: ") and "completed step: 30," not in ln):
+            out.append(ln)
+    log.write_text("".join(out))
+    for block in (joblog.BLOCK, 4096):
+        monkeypatch.setattr(joblog, "BLOCK", block)
+        r = report(log, now=job.start + 100000)
+        steps = {h["host"]: h["last_step"] for h in r["hosts"]}
+        assert steps == {"n1": 199, "n2": 199, "n3": 30, "n4": 199}, block
+        assert r["failure_class"] == "hang" and r["culprit_hosts"] == ["n3"]
+
+
+# --- specific rules -------------------------------------------------------------------------
+def test_killed_rank_with_gloo_errors_on_the_survivors(tmp_path):
+    job, log = job_for("killed_gloo", tmp_path)
+    r = report(log)
+    assert r["failure_class"] == "oom_host" and r["culprit_hosts"] == ["n2"] and r["confidence"] == "low"
+    assert "SIGKILL" in r["summary"] and "kill -9" in r["summary"]
+    texts = " ".join(e["text"] for e in r["evidence"])
+    assert "Gloo AllGather failed" in texts, "the survivors' collective error is cited as a consequence"
+    assert any(e["file"].endswith("/.stages/train/n2") for e in r["evidence"])
+    # only the log, cut before the summary, without srun's exit lines and without a job directory:
+    # the culprit is still the silent peer
+    bare = tmp_path / "bare.log"
+    text = log.read_text()
+    text = text[:text.index("==================== JOB SUMMARY")].replace(f"job_dir: {log.with_suffix('')}", "job_dir: /gone")
+    bare.write_text("".join(ln for ln in text.splitlines(keepends=True) if not ln.startswith("srun: error:")))
+    r = report(bare)
+    assert r["failure_class"] == "collective_error" and r["culprit_hosts"] == ["n2"], r["summary"]
+    assert r["status"] == "unknown"
+
+
+def test_collective_error_blames_the_peer_not_the_survivors(tmp_path):
+    job, log = job_for("collective_error", tmp_path, culprit=2)
+    r = report(log)
+    assert r["failure_class"] == "collective_error" and r["culprit_hosts"] == ["n3"]
+    assert r["hosts"][2]["end_reason"] == "stopped"
+    assert "n1" in r["summary"] and "n2" in r["summary"]  # the reporters are named, not blamed
+
+
+def test_heartbeat_claim_maps_task_to_host_by_node_rank(tmp_path):
+    job, log = job_for("heartbeat_timeout", tmp_path, culprit=2)
+    r = report(log)
+    assert r["failure_class"] == "heartbeat_timeout" and r["culprit_hosts"] == ["n3"]
+    claim = next(e for e in r["evidence"] if "unhealthy" in e["text"])
+    assert claim["host"] == "n1"
+
+
+def test_heartbeat_false_positive_needs_activity_after_the_claim(tmp_path):
+    job, log = job_for("heartbeat_false_positive", tmp_path)
+    r = report(log)
+    assert r["failure_class"] == "heartbeat_false_positive" and r["culprit_hosts"] == ["n2"]
+    whys = [e["why"] for e in r["evidence"]]
+    assert any("after the claimed time" in w for w in whys) and any("own death notice" in w for w in whys)
+    # the same claim without the accused's later lines is a real heartbeat timeout
+    job, log = job_for("heartbeat_timeout", tmp_path / "real")
+    assert report(log)["failure_class"] == "heartbeat_timeout"
+
+
+def test_hang_versus_healthy_running_job(tmp_path):
+    job, log = job_for(None, tmp_path, running=True, steps=60, total_steps=200, step_time=2.0)
+    last = report(log, now=0)["progress"]["last_step_time"]
+    assert last is not None
+    t_last = log.stat().st_mtime  # the generator sets the mtime to the last line's time
+    healthy = report(log, now=t_last + 30)
+    assert healthy["status"] == "running" and healthy["failure_class"] is None
+    assert healthy["progress"]["last_step"] == 59 and healthy["progress"]["total_steps"] == 200
+    assert healthy["progress"]["eta_seconds"] == pytest.approx(140 * 2.0, rel=0.1)
+    assert healthy["hang"]["threshold_seconds"] == 120  # max(10 x 2 s, 120 s)
+    hung = report(log, now=t_last + 600)
+    assert hung["status"] == "hung" and hung["failure_class"] == "hang" and hung["progress"]["eta_seconds"] is None
+    # the threshold follows the step time: 30 s steps -> 300 s
+    job, log = job_for(None, tmp_path / "slow", running=True, steps=30, total_steps=200, step_time=30.0)
+    t_last = log.stat().st_mtime
+    assert report(log, now=t_last + 250)["status"] == "running"
+    assert report(log, now=t_last + 400)["status"] == "hung"
+    assert report(log, now=t_last + 250, hang_min_seconds=60, hang_factor=5)["status"] == "hung"
+
+
+def test_running_job_with_an_error_is_classified_before_it_ends(tmp_path):
+    job, log = job_for("python_exception", tmp_path, running=True)
+    r = report(log, now=job.start + 60)
+    assert r["status"] in ("running", "hung") and r["failure_class"] == "python_exception"
+
+
+def test_two_throughput_phases(tmp_path):
+    job, log = job_for(None, tmp_path, steps=300, total_steps=300, step_time=0.5, phases=[(150, 0.75)])
+    r = report(log)
+    phases = r["tgs"]["phases"]
+    assert len(phases) == 2, phases
+    assert abs(phases[1]["start_step"] - 150) <= 3 and phases[0]["start_step"] == 3 and phases[1]["end_step"] == 299
+    assert phases[0]["mean"] == pytest.approx(2048 / 0.5, rel=0.03)
+    assert phases[1]["mean"] == pytest.approx(2048 / 0.75, rel=0.03)
+    assert r["tgs"]["warmup_steps_excluded"] == 3
+    assert r["progress"]["steps_per_sec"] == pytest.approx(1 / 0.75, rel=0.05)  # the current phase
+
+
+def test_steady_rate_is_one_phase_and_excludes_warmup(tmp_path):
+    job, log = job_for(None, tmp_path, steps=200, total_steps=200, warmup_time=100.0)
+    r = report(log)
+    assert len(r["tgs"]["phases"]) == 1
+    assert r["tgs"]["steady"] == pytest.approx(2048 / 0.5, rel=0.03)  # step 0 (100 s compile) left out
+
+
+def test_phase_detection_is_robust_to_noise_and_spikes():
+    steps = list(range(400))
+    rates = [1000.0 * (1.2 if i % 7 == 0 else 0.9 if i % 5 == 0 else 1.0) for i in steps]
+    rates[100] = 10.0  # one checkpoint step
+    assert len(triage.throughput_phases(steps, rates, 20, 0.10)) == 1
+    rates = rates[:250] + [r * 0.5 for r in rates[250:]]
+    got = triage.throughput_phases(steps, rates, 20, 0.10)
+    assert [p["start_step"] for p in got] == [0, 250]
+
+
+def test_rampup_lines_and_optional_fields(tmp_path):
+    job, log = job_for(None, tmp_path, rampup_steps=10, steps=50, total_steps=50)
+    r = report(log)
+    assert r["progress"]["last_step"] == 49
+    assert r["tgs"]["steady"] == pytest.approx(2048 / 0.5, rel=0.03)
+    assert r["tgs"]["phases"][0]["start_step"] >= 10  # ramp-up lines carry no Tokens/s
+
+
+def test_year_boundary(tmp_path):
+    start = time.mktime((2026, 12, 31, 23, 59, 0, 0, 0, -1))
+    job, log = job_for(None, tmp_path, start=start, steps=200, total_steps=200, step_time=1.0)
+    r = report(log)
+    assert r["progress"]["last_step_time"].startswith("2027-01-01"), r["progress"]
+    assert r["progress"]["steps_per_sec"] == pytest.approx(1.0, rel=0.05)
+
+
+def test_total_steps_from_the_config_in_the_artifact(tmp_path):
+    job, log = job_for(None, tmp_path, total_steps=None, config_steps=1234, running=True)
+    assert report(log, now=job.start + 60)["progress"]["total_steps"] == 1234
+
+
+def test_requeued_log_reports_the_last_run(tmp_path):
+    _, first = job_for("python_exception", tmp_path / "a")
+    _, second = job_for(None, tmp_path / "b")
+    both = tmp_path / "4242-JAX-tiny.log"
+    both.write_text(first.read_text() + second.read_text())
+    r = report(both)
+    assert r["status"] == "completed" and r["failure_class"] is None
+    assert any("2 runs" in n for n in r["notes"])
+
+
+def test_json_schema(tmp_path):
+    job, log = job_for("segfault", tmp_path)
+    r = report(log)
+    for key in ("job_id", "status", "failure_class", "culprit_hosts", "evidence", "progress", "tgs", "next_steps"):
+        assert key in r
+    assert r["job_id"] == "4242" and r["status"] in ("completed", "failed", "running", "hung", "cancelled", "unknown")
+    assert r["failure_class"] in triage.CLASSES
+    assert set(r["progress"]) >= {"last_step", "total_steps", "steps_per_sec", "eta_seconds"}
+    assert set(r["tgs"]) >= {"steady", "phases"}
+    assert all(set(e) >= {"file", "line", "text"} for e in r["evidence"])
+    json.dumps(r)
+
+
+# --- the command line -----------------------------------------------------------------------
+def test_cli_help_json_text_and_lookup(tmp_path):
+    res = run([TRIAGE, "--help"])
+    assert res.returncode == 0 and res.stdout.startswith("Usage: triage.py") and "--json" in res.stdout
+    job, log = job_for("oom_device", tmp_path)
+    ws = log.parent
+    for arg in (str(log), str(log.with_suffix("")), job.job_id):
+        res = run([TRIAGE, arg, "--json", "--workspace", str(ws), "--no-scheduler"])
+        assert res.returncode == 0, res.stderr
+        r = json.loads(res.stdout)
+        assert r["failure_class"] == "oom_device" and r["job_dir"] == str(log.with_suffix(""))
+    res = run([TRIAGE, job.job_id, "--no-scheduler"], env={"JOB_WORKSPACE": str(ws)})
+    assert res.returncode == 0 and "oom_device on n2" in res.stdout.splitlines()[0], res.stdout
+    assert "evidence:" in res.stdout and "next steps:" in res.stdout
+
+
+@pytest.mark.parametrize("bad", ["nosuchjob", "/nonexistent/x.log", "binary", "text", "empty"])
+def test_cli_bad_input_is_one_line_exit_2(bad, tmp_path):
+    arg = bad
+    if bad == "binary":
+        arg = str(tmp_path / "x.log")
+        Path(arg).write_bytes(b"\x7fELF\0\0\0" * 100)
+    elif bad == "text":
+        arg = str(tmp_path / "notes.txt")
+        Path(arg).write_text("shopping list\nmilk\n")
+    elif bad == "empty":
+        arg = str(tmp_path / "empty.log")
+        Path(arg).write_text("")
+    res = run([TRIAGE, arg, "--workspace", str(tmp_path)])
+    assert res.returncode == 2, res.stdout
+    assert res.stdout == "" and len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+    assert res.stderr.startswith("triage.py: ")
+
+
+# --- real jobs (run_local.sh) ----------------------------------------------------------------
+def _start(workspace: Path, *overrides: str) -> subprocess.Popen:
+    return subprocess.Popen([str(REPO / "run_local.sh"), "tiny", "--", *overrides],
+                            env={**os.environ, **launcher_env(workspace)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def _trainer_pid(job_id: str) -> int | None:
+    out = subprocess.run(["pgrep", "-f", "maxtext.trainers.pre_train.train"], capture_output=True, text=True).stdout
+    for pid in out.split():
+        try:
+            if f"JOB_ID={job_id}\0".encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                return int(pid)
+        except OSError:
+            pass
+    return None
+
+
+@pytest.fixture(scope="module")
+def real_jobs(tmp_path_factory, venv):
+    """Three real local jobs run side by side: steps=5, a misspelt override, and a long run whose
+    trainer is SIGKILLed after triage has looked at it while it ran."""
+    base = tmp_path_factory.mktemp("real")
+    ws = {k: base / k for k in ("ok", "config", "killed")}
+    for w in ws.values():
+        w.mkdir()
+    procs = {"ok": _start(ws["ok"], "steps=5"), "config": _start(ws["config"], "per_device_batch_sizee=1"),
+             "killed": _start(ws["killed"], "steps=100000")}
+    out: dict = {}
+    try:
+        log = wait_for(lambda: list(ws["killed"].glob("local-*-JAX-tiny.log")), 60, "the long job's log")[0]
+        wait_for(lambda: log_has(log, r"completed step: 3,"), 120, "the long job to train")
+        job_id = log.name.split("-JAX-")[0]
+        out["running"] = json.loads(run([TRIAGE, str(log), "--json"]).stdout)
+        pid = wait_for(lambda: _trainer_pid(job_id), 30, "the trainer process")
+        os.kill(pid, signal.SIGKILL)
+        for p in procs.values():
+            p.wait(timeout=180)
+        for k, w in ws.items():
+            out[k] = json.loads(run([TRIAGE, str(next(w.glob("local-*-JAX-tiny.log"))), "--json"]).stdout)
+        yield out
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=30)
+
+
+def test_real_completed_job(real_jobs):
+    r = real_jobs["ok"]
+    assert r["status"] == "completed" and r["failure_class"] is None, r["summary"]
+    assert r["progress"]["last_step"] == 4 and r["progress"]["total_steps"] == 5
+    assert r["progress"]["eta_seconds"] == 0 and r["tgs"]["steady"] > 0
+
+
+def test_real_config_error(real_jobs):
+    r = real_jobs["config"]
+    assert r["status"] == "failed" and r["failure_class"] == "config_error", r["summary"]
+    assert "per_device_batch_sizee" in r["summary"] and r["confidence"] == "high"
+    assert any("MAXTEXT CONFIG ERROR" in e["text"] for e in r["evidence"])
+
+
+def test_real_job_while_running(real_jobs):
+    r = real_jobs["running"]
+    assert r["status"] == "running" and r["failure_class"] is None, r["summary"]
+    assert r["progress"]["last_step"] >= 3 and r["progress"]["total_steps"] == 100000
+    assert r["progress"]["steps_per_sec"] and r["progress"]["eta_seconds"] > 0
+
+
+def test_real_sigkilled_trainer(real_jobs):
+    r = real_jobs["killed"]
+    assert r["status"] == "failed" and r["failure_class"] == "oom_host", r["summary"]
+    assert r["confidence"] == "low" and "SIGKILL" in r["summary"] and len(r["culprit_hosts"]) == 1
+    rec = next(e for e in r["evidence"] if "/.stages/train/" in e["file"])
+    assert rec["text"].startswith("rc=137 ")

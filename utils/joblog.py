@@ -1,0 +1,716 @@
+#!/usr/bin/env python3
+"""Usage: joblog.py LOG   (prints what the scan found, as JSON; for debugging the parser)
+
+The one parser of the launcher's job-log format: the JOB header (utils/job_header.sh), the
+"<host>: " prefix of every node line (utils/run_stage.sh), MaxText step lines with or without
+the absl prefix, JAX/XLA coordination-service messages, srun/slurmstepd/bash notices, the
+JOB SUMMARY block (utils/job_summary.sh) and the per-node stage records in the job directory
+(.stages/<stage>/<host>: "rc=N end=EPOCH reason=exit|timeout|stopped").
+
+`scan(path)` streams the log once, in 4 MiB blocks of one reused buffer, and runs no Python
+code per ordinary line: a C-level regex lists the lines that are neither absl INFO lines nor
+step lines (the only ones that can hold an error), another collects one reference host's step
+lines, and each host's last lines are found by walking back from the end of each block.
+Everything else (deciding what failed) is in utils/triage.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+BLOCK = 4 << 20           # bytes read per block (4 MiB measured fastest: stays in cache)
+LOOKAHEAD = 64 << 10      # bytes kept after the last processed line (tracebacks, task lists)
+DENSE = 8000              # more candidate lines than this in a block: search for needles instead
+EVENT_CAP = 20            # events kept per (kind, host); the rest are only counted
+
+# --- line grammar -------------------------------------------------------------------------
+HOST_RE = rb"[A-Za-z0-9][\w.-]*"
+# names that look like a host prefix but are programs (unprefixed lines of the log)
+NOT_HOSTS = {"srun", "sbatch", "salloc", "slurmstepd", "_job.sbatch", "run_stage.sh", "run_local.sh", "_train.sh",
+             "_container.sh", "preflight", "Traceback", "status", "job", "nodes", "stage", "log", "job_dir"}
+ABSL = re.compile(rb"([IWEF])(\d{4} \d\d:\d\d:\d\d\.\d+) +\d+ ([^\]\s]*)\] ")
+# groups: ramp-up marker, step, seconds, TFLOP/s/device, Tokens/s/device (the last two absent in ramp-up lines)
+STEP = re.compile(rb"(\[Rampup Batch Size Phase\] )?completed step: (\d+), seconds: ([\d.]+)"
+                  rb"(?:, TFLOP/s/device: ([\d.]+))?(?:[^\n]*?Tokens/s/device: ([\d.]+))?")
+# a line start that is neither an absl INFO line nor a step line: every error, notice and
+# header/summary line (possessive repeat: no backtracking, ~0.2 us per line)
+_STEP_TEXT = rb"(?:\[Rampup Batch Size Phase\] )?completed step: "
+_NOT_BORING = re.compile(rb"\n(?![^:\n]{1,64}+: (?:I\d{4} |" + _STEP_TEXT + rb")|I\d{4} |" + _STEP_TEXT + rb")")
+_RECORD = re.compile(r"rc=(\d+)\s+end=([\d.]+)\s+reason=(\w+)")
+
+# --- signatures: (kind, pattern) searched in candidate lines (after the host prefix) -----------
+# Texts are the ones the programs print: JAX/XLA 0.12 (jaxlib strings and measured runs),
+# CPython, bash job control, Slurm 22.05 srun/slurmstepd, the launcher's own scripts.
+SIGNATURES: list[tuple[str, str]] = [
+    ("header", r"^={20} JOB ={20}$"),
+    ("summary", r"^={20} JOB SUMMARY ={20}$"),
+    ("traceback", r"^Traceback \(most recent call last\):"),
+    ("srun_exit", r"^srun: error: (\S+): tasks? [\d,-]+: (.*)$"),
+    ("cancel", r"received a stop signal \(job state ([A-Z_]*)\)|\*\*\* (?:JOB|STEP) [\d.]+ ON (\S+) CANCELLED AT"),
+    ("stage_timeout", r"run_stage\.sh: stage '([\w-]+)' exceeded its (\d+) s limit on (\S+)"),
+    ("preflight", r"^preflight: FAILED: (.*)"),
+    ("config_error", r"MAXTEXT CONFIG ERROR|ValidationError: \d+ validation errors? for"
+                     r"|yaml\.(?:scanner|parser|constructor|composer)\.\w+Error"),
+    ("oom_device", r"RESOURCE_EXHAUSTED|Out of memory while trying to allocate"),
+    ("oom_host", r"\bOut Of Memory\b|oom-kill|oom_kill|Out of memory: Killed process|invoked oom-killer"),
+    ("hb_claim", r"The following tasks are unhealthy \(stopped sending heartbeats\)"),
+    ("hb_task", r"Task (?:/job:[\w-]+/replica:\d+/task:)?(\d+) heartbeat timeout"),
+    ("death_notice", r"Terminating process because the JAX distributed service detected fatal errors"),
+    ("coordination", r"Polled an error from coordination service|Failed to send RPC to coordination service"
+                     r"|Leader incarnation ID mismatch"),
+    ("preemption", r"Received preemption notice|will be preempted at"),
+    ("segfault", r"Segmentation fault|Fatal Python error|\*\*\* SIG\w+ received at time=|\*\*\* Signal \d+ received at time="),
+    ("collective", r"Gloo\b.*(?:failed|[Ee]rror|[Tt]imed? ?out)|\b[NR]CCL WARN|\b[NR]CCL (?:error|Error)"
+                   r"|\bnccl\w*Error\b|\bRCCL\b.*(?:failed|[Ee]rror)"),
+    ("node_failure", r"Node failure on (\S+)|DUE TO NODE FAILURE|\bNODE_FAIL\b"),
+    ("killed", r"^\S+: line \d+: +\d+ Killed\b"),
+    ("fatal", r"^F\d{4} \d\d:\d\d:\d\d\.\d+ "),
+]
+_SIG_ANY = re.compile("|".join(f"(?:{p})" for _, p in SIGNATURES))   # cheap "anything here?" test
+_SIG_KIND = [(k, re.compile(p)) for k, p in SIGNATURES]                 # then the kind, by priority
+_ABSL_S = re.compile(ABSL.pattern.decode())
+# a block with very many candidate lines (e.g. every line a warning) is searched for these
+# literals instead (bytes.find, ~1.5 GB/s each); each signature above has one of them
+_NEEDLES = (b"Traceback (most recent", b"MAXTEXT CONFIG ERROR", b"ValidationError", b"yaml.", b"RESOURCE_EXHAUSTED",
+            b"Out of memory", b"Out Of Memory", b"oom", b"unhealthy", b"heartbeat timeout", b"Terminating process",
+            b"coordination service", b"incarnation", b"preempt", b"Segmentation fault", b"Fatal Python",
+            b"received at time=", b"Gloo", b"CCL", b"nccl", b"exceeded its", b"stop signal", b"CANCELLED",
+            b"Node failure", b"NODE_FAIL", b"srun: error", b" Killed", b"==== JOB", b"preflight: FAILED")
+_F_LINE = re.compile(rb"\n(?:[^:\n]{1,64}+: )?F\d{4} \d\d:")
+_EXC_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Failure|Warning)\b(?::|$)")
+_CANCEL = re.compile(r"job state ([A-Z_]*)\)|\*\*\* (JOB|STEP) ([\d.]+) ON (\S+) CANCELLED AT (?:\S+)"
+                     r"(?: DUE TO ([A-Z ]+?))?(?:,| \*\*\*)")
+_TASK_LINE = re.compile(r"^(?:/job:[\w-]+/replica:\d+/task:)?(\d+)$")
+
+
+class NotALog(ValueError):
+    """The file is not a text log."""
+
+
+@dataclasses.dataclass
+class Event:
+    """One signature found in the log."""
+    kind: str
+    host: str | None
+    line: int
+    text: str
+    ts: float | None = None
+    data: dict = dataclasses.field(default_factory=dict)
+    raw: str = ""                     # the whole log line, as written
+
+
+@dataclasses.dataclass
+class HostSeen:
+    """The last things one host printed (host None: lines without a host prefix)."""
+    last_step: int | None = None
+    last_step_ts: float | None = None
+    last_step_line: int | None = None
+    last_step_text: str = ""
+    last_ts: float | None = None
+    last_line: int | None = None
+
+
+@dataclasses.dataclass
+class Steps:
+    """Step lines of one host, in log order. Columns: step, seconds, tokens (Tokens/s/device),
+    tflops (TFLOP/s/device; both None in ramp-up lines) and the raw absl stamp (b"" without absl
+    prefix), turned into epoch seconds on demand by ts(i)."""
+    host: str | None = None
+    step: list[int] = dataclasses.field(default_factory=list)
+    seconds: list[float] = dataclasses.field(default_factory=list)
+    tokens: list[float | None] = dataclasses.field(default_factory=list)
+    tflops: list[float | None] = dataclasses.field(default_factory=list)
+    stamp: list[bytes] = dataclasses.field(default_factory=list)
+    rampup: int = 0
+    clock: AbslClock | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def ts(self, i: int) -> float | None:
+        """Epoch seconds of row i (None without absl stamps)."""
+        stamp = self.stamp[i]
+        return self.clock.epoch(stamp) if (stamp and self.clock) else None
+
+
+@dataclasses.dataclass
+class Scan:
+    path: str
+    size: int = 0
+    mtime: float = 0.0
+    lines: int = 0
+    header: dict[str, str] = dataclasses.field(default_factory=dict)
+    header_line: int | None = None
+    runs: int = 0                     # JOB headers seen (a requeued job appends a second run)
+    summary: dict[str, str] = dataclasses.field(default_factory=dict)
+    summary_lines: dict[str, int] = dataclasses.field(default_factory=dict)
+    hosts: dict[str | None, HostSeen] = dataclasses.field(default_factory=dict)
+    steps: Steps = dataclasses.field(default_factory=Steps)
+    step_lines_seen: bool = False
+    host_prefix: bool | None = None
+    absl_prefix: bool | None = None
+    events: list[Event] = dataclasses.field(default_factory=list)
+    counts: Counter = dataclasses.field(default_factory=Counter)
+    seconds: float = 0.0
+
+    def nodes(self) -> list[str]:
+        """Node names in node-rank order, from the header (JAX task i runs on nodes()[i])."""
+        m = re.match(r"\s*\d+\s*\((.*)\)", self.header.get("nodes", ""))
+        return m.group(1).split() if m else []
+
+
+# --- small parsers ------------------------------------------------------------------------
+def split_host(line: str, known: set[str] | None = None) -> tuple[str | None, str]:
+    """("n2", rest) for "n2: rest"; (None, line) when the line has no host prefix."""
+    head, sep, rest = line.partition(": ")
+    if sep and re.fullmatch(HOST_RE.decode(), head) and head not in NOT_HOSTS and (not known or head in known):
+        return head, rest
+    return None, line
+
+
+def parse_block(lines: list[str]) -> dict[str, str]:
+    """'key: value' lines of the header or summary block."""
+    out: dict[str, str] = {}
+    for ln in lines:
+        key, sep, value = ln.partition(": ")
+        if sep and re.fullmatch(r"[a-z_]+", key):
+            out[key] = value.strip()
+        elif ln.endswith(":") and re.fullmatch(r"[a-z_]+", ln[:-1]):
+            out[ln[:-1]] = ""
+    return out
+
+
+def parse_record(text: str) -> dict | None:
+    """A stage record 'rc=N end=EPOCH reason=R' as {rc, end, reason}."""
+    m = _RECORD.search(text)
+    return {"rc": int(m.group(1)), "end": float(m.group(2)), "reason": m.group(3)} if m else None
+
+
+def read_records(job_dir: Path) -> dict[str, dict[str, dict]]:
+    """{stage: {host: {rc, end, reason, file}}} from JOB_DIR/.stages (stages in run order)."""
+    out: dict[str, dict[str, dict]] = {}
+    order = {"preflight": 0, "train": 1}
+    try:
+        stages = sorted((job_dir / ".stages").iterdir(), key=lambda p: (order.get(p.name, 2), p.name))
+    except OSError:
+        return out
+    for d in stages:
+        if not d.is_dir():
+            continue
+        out[d.name] = {}
+        for f in sorted(d.iterdir()):
+            try:
+                rec = parse_record(f.read_text(errors="replace"))
+            except OSError:
+                rec = None
+            if rec:
+                rec["file"] = str(f)
+                out[d.name][f.name] = rec
+    return out
+
+
+def parse_failed_nodes(value: str) -> dict[str, tuple[int, str]]:
+    """'n2 (exit 137) n1 (exit 124timeout)' -> {n2: (137, 'exit'), n1: (124, 'timeout')}."""
+    return {h: (int(rc), why or "exit") for h, rc, why in re.findall(r"(\S+) \(exit (\d+)([a-z]*)\)", value)}
+
+
+def _add_rates(st: Steps, ramp: tuple, tfl: tuple, tok: tuple) -> None:
+    """Append the TFLOP/s/device and Tokens/s/device columns of findall rows (None in ramp-up lines)."""
+    ramped = len(ramp) - ramp.count(b"")
+    if ramped:
+        st.rampup += ramped
+        st.tokens.extend(float(t) if t and not r else None for t, r in zip(tok, ramp, strict=True))
+        st.tflops.extend(float(t) if t and not r else None for t, r in zip(tfl, ramp, strict=True))
+    else:
+        st.tokens.extend(float(t) if t else None for t in tok)
+        st.tflops.extend(float(t) if t else None for t in tfl)
+
+
+class AbslClock:
+    """absl stamps ("1122 04:35:44.775712", local time, no year) to epoch seconds.
+
+    The year comes from the header's started: (UTC); a stamp whose month is more than six months
+    before that month belongs to the next year (a job that ran over New Year). Without a header
+    the file's mtime is the reference and no stamp can be after it: a later month is last year."""
+
+    def __init__(self, year: int, month: int, ref_is_end: bool = False) -> None:
+        self.year, self.month, self.ref_is_end = year, month, ref_is_end
+        self._hours: dict[bytes, float] = {}
+
+    @classmethod
+    def for_scan(cls, started: str, mtime: float) -> AbslClock:
+        m = re.match(r"(\d{4})-(\d\d)-\d\dT", started or "")
+        if m:
+            return cls(int(m.group(1)), int(m.group(2)))
+        tm = time.localtime(mtime or time.time())
+        return cls(tm.tm_year, tm.tm_mon, ref_is_end=True)
+
+    def epoch(self, stamp: bytes) -> float | None:
+        key = stamp[:7]
+        base = self._hours.get(key)
+        if base is None:
+            try:
+                mon, day, hour = int(stamp[0:2]), int(stamp[2:4]), int(stamp[5:7])
+            except ValueError:
+                return None
+            year = self.year
+            if self.ref_is_end:
+                year -= mon > self.month
+            elif mon < self.month - 6:
+                year += 1
+            elif mon > self.month + 6:
+                year -= 1
+            try:
+                base = time.mktime((year, mon, day, hour, 0, 0, 0, 0, -1))
+            except (OverflowError, ValueError):
+                return None
+            self._hours[key] = base
+        try:
+            return base + int(stamp[8:10]) * 60 + float(stamp[11:])
+        except ValueError:
+            return None
+
+
+# --- the scanner --------------------------------------------------------------------------
+class _Scanner:
+    """One pass over the log in blocks of a reused buffer. buf[0] is a '\n' sentinel, so every
+    line, the first included, starts right after a '\n'; buf[:n] holds data, buf[:cut] is the part
+    processed now (whole lines, with at least LOOKAHEAD bytes after it unless at the end)."""
+
+    def __init__(self, path: Path) -> None:
+        self.s = Scan(path=str(path))
+        self.known: set[str] = set()
+        self.clock: AbslClock | None = None
+        self.ref_re: re.Pattern[bytes] | None = None
+        self.host_keys: list[tuple[str, bytes]] = []
+        self.kept: Counter = Counter()
+        self.skip_until = -1          # absolute line numbers already consumed by a block parse
+        self.exc_seen: set[tuple[str | None, int]] = set()
+        self.n = 0                    # valid bytes in the buffer
+        self.gone: set[str] = set()   # hosts absent from a whole block (see _host_tails)
+
+    def _set_header(self, header: dict[str, str], line: int) -> None:
+        s = self.s
+        if s.runs:  # a second run appended to the same log: start over, keep counting lines
+            s.summary, s.summary_lines, s.events, s.hosts = {}, {}, [], {}
+            s.steps, s.counts, self.kept = Steps(), Counter(), Counter()
+            s.step_lines_seen, self.ref_re = False, None
+        s.runs += 1
+        s.header, s.header_line = header, line
+        self.known = set(s.nodes())
+        self.host_keys = [(h, b"\n" + h.encode() + b": ") for h in s.nodes()]
+        self.clock = AbslClock.for_scan(header.get("started", ""), s.mtime)
+        s.steps.clock = self.clock
+
+    def _learn_format(self, buf: bytearray, cut: int) -> None:
+        """From the first step line: host prefix? absl prefix? which host is the reference."""
+        i = buf.find(b"completed step: ", 0, cut)
+        if i < 0:
+            return
+        a = buf.rfind(b"\n", 0, i) + 1
+        e = buf.find(b"\n", i, self.n)
+        line = buf[a:e if e >= 0 else self.n].decode(errors="replace")
+        host, rest = split_host(line, self.known or None)
+        s = self.s
+        s.step_lines_seen = True
+        s.host_prefix = host is not None
+        s.absl_prefix = ABSL.match(rest.encode()) is not None
+        if self.clock is None:
+            self.clock = AbslClock.for_scan("", s.mtime)
+        s.steps.clock = self.clock
+        if host is not None and not self.known:
+            # no header: learn the hosts from the step lines near the first one
+            window = buf[a:min(cut, a + (1 << 20))]
+            found = re.findall(rb"(?m)^(" + HOST_RE + rb"): [^\n]*completed step: ", window)
+            hosts = list(dict.fromkeys(h.decode() for h in found if h.decode() not in NOT_HOSTS))
+            self.known = set(hosts)
+            self.host_keys = [(h, b"\n" + h.encode() + b": ") for h in hosts]
+        s.steps.host = host
+        prefix = re.escape(b"\n" + host.encode() + b": ") if host else b"\n"
+        absl = rb"[IWEF](\d{4} \d\d:\d\d:\d\d\.\d+) +\d+ [^\]\n]*\] " if s.absl_prefix else rb"()"
+        self.ref_re = re.compile(prefix + absl + STEP.pattern)
+
+    def _steps(self, buf: bytearray, cut: int) -> int:
+        """Collect the reference host's step lines of this block; returns how many."""
+        if self.ref_re is None:
+            self._learn_format(buf, cut)
+            if self.ref_re is None:
+                return 0
+        rows = self.ref_re.findall(buf, 0, cut)
+        if not rows:
+            return 0
+        st = self.s.steps
+        ts, ramp, step, sec, tfl, tok = zip(*rows, strict=True)
+        st.step.extend(map(int, step))
+        st.seconds.extend(map(float, sec))
+        st.stamp.extend(ts)
+        _add_rates(st, ramp, tfl, tok)
+        return len(rows)
+
+    def _host_tails(self, buf: bytearray, cut: int, base: int, nl_total: int, has_steps: bool) -> None:
+        """Per host: the last timestamped line and the last step line in this block, by walking
+        back from the block's end. The walk stops once every host still printing was seen and
+        resolved within the last max(2000, 8 x hosts) lines (in steady training that is all of
+        them: cost ~ hosts, not block size); it goes on through the block only while some host
+        is missing, and a host absent from a whole block is marked gone (not searched for again
+        until it shows up at a block's end), so a dead node costs one block walk."""
+        prefixed = self.s.host_prefix is not False and bool(self.host_keys)
+        hosts = [h for h, _ in self.host_keys] if prefixed else [None]
+        want = {h: [True, has_steps] for h in hosts if h not in self.gone}   # [want last ts, want last step]
+        seen: set[str | None] = set()
+        limit = max(2000, 8 * len(hosts))
+        pos, k = cut, 0
+        while want and pos > 0:
+            if k >= limit and seen.issuperset(want):
+                break
+            p = buf.rfind(b"\n", 0, pos)
+            k += 1
+            full = buf[p + 1:pos]
+            pos = p
+            if prefixed:
+                c = full.find(b": ", 0, 80)
+                host = full[:c].decode(errors="replace") if c > 0 else None
+                if host in self.gone:
+                    self.gone.discard(host)
+                    want[host] = [True, has_steps]
+                if host not in want:
+                    continue
+                rest = full[c + 2:]
+            else:
+                host, rest = None, full
+            seen.add(host)
+            state = want[host]
+            info = self.s.hosts.setdefault(host, HostSeen())
+            line = base + nl_total - k + 1
+            m = ABSL.match(rest)
+            if state[0] and m:
+                info.last_line, state[0] = line, False
+                info.last_ts = self.clock.epoch(m.group(2)) if self.clock else None
+            if state[1] and b"completed step: " in rest:
+                sm = STEP.search(rest)
+                if sm:
+                    info.last_step, info.last_step_line, state[1] = int(sm.group(2)), line, False
+                    info.last_step_ts = self.clock.epoch(m.group(2)) if (m and self.clock) else None
+                    info.last_step_text = bytes(full[:400]).decode(errors="replace")
+            if not state[0] and not state[1]:
+                del want[host]
+        if pos <= 0:
+            self.gone.update(h for h in want if h not in seen and h is not None)
+
+    def _candidates(self, buf: bytearray, cut: int) -> list[int]:
+        """Positions of the '\n' that starts each line worth a look."""
+        pos = [m.start() for m in _NOT_BORING.finditer(buf, 0, cut)]
+        if len(pos) <= DENSE:
+            return pos
+        starts = {m.start() for m in _F_LINE.finditer(buf, 0, cut)}
+        for needle in _NEEDLES:
+            i = buf.find(needle, 0, cut)
+            while i >= 0:
+                starts.add(buf.rfind(b"\n", 0, i))
+                nxt = buf.find(b"\n", i, cut)
+                i = buf.find(needle, nxt, cut) if nxt >= 0 else -1
+        return sorted(starts)
+
+    def _line_at(self, buf: bytearray, p: int) -> tuple[str, int]:
+        """The line that starts after the '\n' at p, and the position of its own end '\n'."""
+        end = buf.find(b"\n", p + 1, self.n)
+        if end < 0:
+            end = self.n
+        return buf[p + 1:end].decode(errors="replace"), end
+
+    def _follow(self, buf: bytearray, p: int, host: str | None, n: int = 400) -> list[tuple[int, str]]:
+        """Up to n following lines of the same host: [(offset of their '\n', text after the prefix)]."""
+        out = []
+        q = buf.find(b"\n", p + 1, self.n)
+        stop = min(self.n, p + LOOKAHEAD)
+        while 0 <= q < stop and len(out) < n:
+            text, end = self._line_at(buf, q)
+            h, rest = split_host(text, self.known or None)
+            if h == host:
+                out.append((q, rest))
+            q = end if end < self.n else -1
+        return out
+
+    def _add(self, kind: str, host: str | None, line: int, text: str, ts: float | None = None, raw: str = "",
+             **data: object) -> None:
+        self.s.counts[kind] += 1
+        key = (kind, host)
+        self.kept[key] += 1
+        if self.kept[key] > EVENT_CAP and kind not in ("hb_claim", "death_notice"):
+            return
+        self.s.events.append(Event(kind, host, line, text[:600], ts, dict(data), (raw or text)[:600]))
+
+    def _kind(self, rest: str) -> tuple[str, re.Match[str]] | None:
+        if not _SIG_ANY.search(rest):
+            return None
+        for kind, rx in _SIG_KIND:
+            m = rx.search(rest)
+            if m:
+                return kind, m
+        return None
+
+    def _block(self, buf: bytearray, p: int) -> list[str]:
+        """The 'key: value' lines after a header/summary opener, up to the closing '====='."""
+        block, q = [], buf.find(b"\n", p + 1, self.n)
+        while 0 <= q < self.n and len(block) < 60:
+            ln, end = self._line_at(buf, q)
+            if ln.startswith("====="):
+                break
+            block.append(ln)
+            q = end
+        return block
+
+    def _examine(self, buf: bytearray, cands: list[int], base: int) -> None:
+        s = self.s
+        counted_to, nl = 0, 0
+        for p in cands:
+            nl += buf.count(b"\n", counted_to, p)
+            counted_to = p
+            line_no = base + nl + 1
+            if line_no <= self.skip_until:
+                continue
+            text, _ = self._line_at(buf, p)
+            host, rest = split_host(text, self.known or None)
+            found = self._kind(rest)
+            if not found:
+                continue
+            kind, m = found
+            if kind in ("header", "summary"):
+                block = self._block(buf, p)
+                if kind == "header":
+                    self._set_header(parse_block(block), line_no)
+                else:
+                    s.summary = parse_block(block)
+                    s.summary_lines = {"_open": line_no}
+                    for i, ln in enumerate(block):
+                        key = ln.partition(":")[0]
+                        if key in s.summary:
+                            s.summary_lines[key] = line_no + 1 + i
+                self.skip_until = line_no + len(block) + 1
+                continue
+            am = _ABSL_S.match(rest)
+            ts = self.clock.epoch(am.group(2)) if (am and self.clock) else None
+            data: dict = {}
+            if kind == "traceback":
+                for q, nxt in self._follow(buf, p, host):
+                    if nxt and not nxt[0].isspace() and _EXC_LINE.match(nxt):
+                        ln = line_no + buf.count(b"\n", p, q)
+                        if (host, ln) not in self.exc_seen:
+                            self.exc_seen.add((host, ln))
+                            self._add("exception", host, ln, nxt, ts, raw=f"{host}: {nxt}" if host else nxt)
+                        break
+                continue
+            if kind in ("hb_claim", "death_notice"):
+                tasks = []
+                if kind == "hb_claim" or "unhealthy (stopped sending heartbeats)" in rest:
+                    for _, nxt in self._follow(buf, p, host, n=4096):
+                        tm = _TASK_LINE.match(nxt.strip())
+                        if not tm:
+                            break
+                        tasks.append(int(tm.group(1)))
+                notice = "Terminating process because" in rest
+                if notice:
+                    self._add("death_notice", host, line_no, rest, ts, raw=text, tasks=tasks)
+                if tasks or "unhealthy" in rest:
+                    self._add("hb_claim", host, line_no, rest, ts, raw=text, tasks=tasks, notice=notice,
+                              coordinator="propagate the following error" in rest)
+                continue
+            if kind == "hb_task":
+                data = {"tasks": [int(m.group(1))]}
+            elif kind == "srun_exit":
+                host = m.group(1) if (not self.known or m.group(1) in self.known) else host
+                em = re.match(r"Exited with exit code (\d+)", m.group(2))
+                data = {"exit": int(em.group(1)) if em else None, "what": m.group(2)}
+                if m.group(2).startswith("Out Of Memory"):
+                    self._add("oom_host", host, line_no, rest, ts, raw=text)
+            elif kind == "stage_timeout":
+                host = host or m.group(3)
+                data = {"stage": m.group(1), "limit": int(m.group(2))}
+            elif kind == "cancel":
+                # _job.sbatch's trap (level "job"), or slurmstepd's "*** JOB|STEP id ON host CANCELLED
+                # AT time [DUE TO reason] ***" (a STEP is also cancelled by --kill-on-bad-exit)
+                cm = _CANCEL.search(rest)
+                if cm and cm.group(1) is not None:
+                    data = {"level": "job", "state": cm.group(1), "due_to": None}
+                elif cm:
+                    data = {"level": cm.group(2).lower(), "state": None, "due_to": cm.group(5)}
+                    if not self.known or cm.group(4) in self.known:
+                        host = host or cm.group(4)
+                    if cm.group(5) == "NODE FAILURE":
+                        self._add("node_failure", None, line_no, rest, ts, raw=text)
+            elif kind == "node_failure":
+                nm = re.search(r"Node failure on (\S+)", rest)
+                host = host or (nm.group(1) if nm else None)
+            self._add(kind, host, line_no, rest, ts, raw=text, **data)
+
+    def run(self) -> Scan:
+        s = self.s
+        t0 = time.perf_counter()
+        path = Path(s.path)
+        st = path.stat()
+        s.size, s.mtime = st.st_size, st.st_mtime
+        base = 0
+        with path.open("rb", buffering=0) as f:
+            head = f.read(4096)
+            if b"\0" in head:
+                raise NotALog(f"{path} is binary, not a job log")
+            buf = bytearray(1 + BLOCK + 2 * LOOKAHEAD)
+            buf[0] = 10
+            buf[1:1 + len(head)] = head
+            self.n = 1 + len(head)
+            eof = not head
+            while True:
+                while not eof and self.n < len(buf):  # fill the buffer
+                    with memoryview(buf) as mv:
+                        got = f.readinto(mv[self.n:])
+                    if not got:
+                        eof = True
+                    self.n += got or 0
+                n = self.n
+                cut = n if eof else buf.rfind(b"\n", 0, n - LOOKAHEAD)
+                if cut <= 0:  # no line ends in this much data: a giant line, grow the buffer
+                    buf.extend(bytes(BLOCK))
+                    continue
+                nl_total = buf.count(b"\n", 0, cut)
+                self._examine(buf, self._candidates(buf, cut), base)
+                rows = self._steps(buf, cut)
+                if s.step_lines_seen or self.host_keys:
+                    steps_here = rows > 0 or buf.find(b"completed step: ", max(0, cut - (256 << 10)), cut) >= 0
+                    self._host_tails(buf, cut, base, nl_total, steps_here)
+                base += nl_total
+                if eof:
+                    if n > 1 and buf[n - 1] == 10:
+                        base -= 1  # the final newline ends the last line, it starts none
+                    break
+                rest = n - cut - 1
+                buf[1:1 + rest] = buf[cut + 1:n]
+                self.n = 1 + rest
+        s.lines = base
+        if self.clock is None:
+            self.clock = AbslClock.for_scan("", s.mtime)
+        s.steps.clock = self.clock
+        s.seconds = time.perf_counter() - t0
+        return s
+
+
+def scan(path: str | Path) -> Scan:
+    """Stream the job log once and return what it holds (see the module docstring)."""
+    return _Scanner(Path(path)).run()
+
+
+def looks_like_job_log(s: Scan) -> bool:
+    """True when the file holds anything of the launcher's or MaxText's format."""
+    return bool(s.runs or s.summary or s.step_lines_seen or s.events)
+
+
+# --- every host's step lines (utils/perf.py) ---------------------------------------------------
+_HEADER_OPEN = b"\n==================== JOB ====================\n"
+# XLA's device list at start-up (GPU, absl INFO): "StreamExecutor [0]: NVIDIA H100 80GB HBM3, Compute Capability
+# 9.0a (...)" (jaxlib 0.11, measured on an H100), "StreamExecutor device (0): <name>, <version>" in older XLA
+_DEVICE = re.compile(rb"StreamExecutor (?:\[0\]|device \(0\)): ([^,\n]*)")
+_TB_DIR = b"To see full metrics 'tensorboard --logdir="     # MaxText's metric_logger, every log_period steps
+_ANY_STEP = re.compile(rb"\n(?:(" + HOST_RE + rb"): )?(?:[IWEF](\d{4} \d\d:\d\d:\d\d\.\d+) +\d+ [^\]\n]*\] )?"
+                       + STEP.pattern)
+
+
+@dataclasses.dataclass
+class StepTable:
+    """Every host's step lines (the last run of the log only), for performance analysis."""
+    path: str
+    hosts: dict[str | None, Steps] = dataclasses.field(default_factory=dict)  # in order of first step line
+    device: str | None = None            # XLA's name of device 0 ("NVIDIA H100 80GB HBM3"), None for the CPU
+    tensorboard_dir: str | None = None   # MaxText's "tensorboard --logdir=DIR" (profiles go to DIR/plugins/profile)
+    runs: int = 0                        # JOB headers seen (a requeued job appends; only the last run is kept)
+    seconds: float = 0.0
+
+
+def read_steps(path: str | Path, clock: AbslClock | None = None) -> StepTable:
+    """Stream the log once and return the step columns of every host (host None: lines without a
+    host prefix), with TFLOP/s/device, plus the device name and MaxText's TensorBoard directory.
+    A separate pass from scan(), which follows one reference host only and stays as fast as it is;
+    `clock` (scan(path).steps.clock) turns the absl stamps into epoch seconds (Steps.ts)."""
+    t0 = time.perf_counter()
+    out = StepTable(path=str(path))
+    if clock is None:
+        clock = AbslClock.for_scan("", Path(path).stat().st_mtime)
+    look_device, read = True, 0
+    with Path(path).open("rb", buffering=0) as f:
+        buf = bytearray(1 + BLOCK)
+        buf[0] = 10
+        n, eof = 1, False
+        while not eof:
+            while n < len(buf):
+                with memoryview(buf) as mv:
+                    got = f.readinto(mv[n:])
+                if not got:
+                    eof = True
+                    break
+                n += got
+            cut = n if eof else buf.rfind(b"\n", 0, n)
+            if cut <= 0:  # a giant line: grow the buffer
+                buf.extend(bytes(BLOCK))
+                continue
+            start = 0
+            h = buf.rfind(_HEADER_OPEN, 0, cut)
+            if h >= 0:  # a (new) run starts here: forget the steps of an earlier one
+                out.runs += buf.count(_HEADER_OPEN, 0, cut)
+                out.hosts, start = {}, h + 1
+                look_device, out.device, out.tensorboard_dir = True, None, None
+            if look_device and read < (256 << 20):
+                m = _DEVICE.search(buf, start, cut)
+                if m:
+                    name = m.group(1).decode(errors="replace").strip()
+                    out.device, look_device = (None if name == "Host" else name), False
+            if out.tensorboard_dir is None:
+                i = buf.find(_TB_DIR, start, cut)
+                if i >= 0:
+                    e = buf.find(b"'", i + len(_TB_DIR), cut)
+                    if e > 0:
+                        out.tensorboard_dir = bytes(buf[i + len(_TB_DIR):e]).decode(errors="replace")
+            rows = _ANY_STEP.findall(buf, start, cut)
+            if rows:
+                by_host: dict[bytes, list] = {}
+                for r in rows:
+                    by_host.setdefault(r[0], []).append(r)
+                for hb, hrows in by_host.items():
+                    host = hb.decode(errors="replace") if hb else None
+                    if host in NOT_HOSTS:
+                        continue
+                    st = out.hosts.get(host)
+                    if st is None:
+                        st = out.hosts[host] = Steps(host=host, clock=clock)
+                    _, ts, ramp, step, sec, tfl, tok = zip(*hrows, strict=True)
+                    st.step.extend(map(int, step))
+                    st.seconds.extend(map(float, sec))
+                    st.stamp.extend(ts)
+                    _add_rates(st, ramp, tfl, tok)
+            read += cut
+            rest = n - cut - 1
+            if rest > 0:
+                buf[1:1 + rest] = buf[cut + 1:n]
+            n = 1 + max(rest, 0)
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1 or argv[0] in ("-h", "--help"):
+        print(__doc__.strip().splitlines()[0])
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    s = scan(argv[0])
+    out = dataclasses.asdict(s)
+    out["steps"] = {"host": s.steps.host, "count": len(s.steps.step), "rampup": s.steps.rampup,
+                    "first": s.steps.step[:1], "last": s.steps.step[-1:]}
+    out["hosts"] = {str(k): dataclasses.asdict(v) for k, v in s.hosts.items()}
+    out["counts"] = dict(s.counts)
+    json.dump(out, sys.stdout, indent=1, default=str)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+

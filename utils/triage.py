@@ -1,0 +1,872 @@
+#!/usr/bin/env python3
+"""Usage: triage.py JOB [--json] [--workspace DIR] [options]
+
+Takes a MaxText job from symptom to root cause: reads its log once (fast, also while the job
+runs), its job directory (.stages records, artifact) and, for a Slurm job whose log has no
+JOB SUMMARY yet, scontrol; prints the status, the failure class, the culprit host(s) with the
+log lines that prove it, progress, throughput phases and what to do next.
+JOB is a job id (looked up in --workspace), a job directory or a log file.
+--json prints the report for programs (schema: docs/triage.md). Exit 0 when the job could be
+triaged, 2 on bad input (no such job, not a job log).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+if sys.version_info < (3, 11):  # noqa: UP036  (login nodes' python3 may be older than the project's)
+    print(f"triage.py: needs Python 3.11 or newer (this is {sys.version.split()[0]}); run it with the job "
+          f"environment's python: .venv/bin/python {sys.argv[0]} ...", file=sys.stderr)
+    sys.exit(2)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import joblog  # noqa: E402  (sibling module; this file is also run as a script)
+
+REPO = Path(__file__).resolve().parent.parent
+CLASSES = ("oom_host", "oom_device", "hang", "collective_error", "heartbeat_timeout", "heartbeat_false_positive",
+           "segfault", "node_failure", "python_exception", "config_error", "stage_timeout", "cancelled")
+RUNNING_STATES = {"RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "STAGE_OUT"}
+# exception texts that are a consequence of another task's death, not a cause
+_CONFIG_EXC = re.compile(r"ValidationError|yaml\.\w+\.\w+Error|'[^']+' not in '|MAXTEXT CONFIG ERROR|[Cc]onfig(?:uration)? error")
+_OOM_DEV = re.compile(r"RESOURCE_EXHAUSTED|Out of memory while trying to allocate")
+_COLLECTIVE = re.compile(r"Gloo|\b[NR]CCL\b|nccl\w*Error|Connection reset by peer|Connection closed by peer")
+_COORD = re.compile(r"heartbeat|coordination service|Barrier|DEADLINE_EXCEEDED|UNAVAILABLE|PollForError|"
+                    r"distributed service|preempt", re.I)
+_INTERRUPT = re.compile(r"^(?:KeyboardInterrupt|SystemExit)\b")
+_JOBCTL = re.compile(r"^\S+: line \d+: +\d+ ")          # bash: "<script>: line N: PID Killed  <command>"
+_ABSL_PREFIX = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]\s]*\] ")
+TIER1 = ("config_error", "oom_device", "oom_host", "segfault", "python_exception", "killed", "stage_timeout")
+
+
+class InputError(Exception):
+    """Bad input: reported as one line, exit 2."""
+
+
+@dataclasses.dataclass
+class Options:
+    now: float | None = None
+    hang_factor: float = 10.0
+    hang_min_seconds: float = 120.0
+    warmup_steps: int = 3
+    phase_min_steps: int = 20
+    phase_threshold: float = 0.10
+    scheduler: bool = True
+
+
+# --- finding the job ------------------------------------------------------------------------
+def default_workspace() -> Path:
+    return Path(os.environ.get("JOB_WORKSPACE") or REPO / "outputs")
+
+
+def locate(job: str, workspace: Path) -> tuple[Path, Path | None]:
+    """(log, job dir or None) for a job id, a job directory or a log file."""
+    p = Path(job)
+    if p.is_dir():
+        log = p / "log"
+        if not log.exists():
+            log = p.with_name(p.name + ".log")
+        if not log.exists():
+            raise InputError(f"{p} has no log yet (looked for {p}/log and {p.name}.log; is the job still pending?)")
+        return log.resolve(), p
+    if p.is_file():
+        d = p.with_suffix("") if p.suffix == ".log" else None
+        return p, d if d and d.is_dir() else None
+    if "/" in job or not job.strip():
+        raise InputError(f"no such job, directory or log: {job}")
+    if not workspace.is_dir():
+        raise InputError(f"workspace {workspace} does not exist (set --workspace or JOB_WORKSPACE)")
+    names = [job] if job.endswith(".log") else [f"{job}.log"]
+    logs = [workspace / n for n in names if (workspace / n).is_file()]
+    logs = logs or sorted(workspace.glob(f"{glob_escape(job)}-JAX-*.log"), key=lambda q: q.stat().st_mtime)
+    if logs:
+        log = logs[-1]
+        d = log.with_suffix("")
+        return log, d if d.is_dir() else None
+    dirs = sorted(workspace.glob(f"{glob_escape(job)}-JAX-*"), key=lambda q: q.stat().st_mtime)
+    if dirs and dirs[-1].is_dir():
+        return locate(str(dirs[-1]), workspace)
+    raise InputError(f"no job '{job}' in {workspace} (looked for {job}-JAX-*.log)")
+
+
+def glob_escape(s: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", s)
+
+
+def scheduler_state(job_id: str) -> str | None:
+    """Slurm's JobState for a job id, or None when Slurm cannot tell (no scontrol, unknown id)."""
+    if not re.fullmatch(r"\d+(_\d+)?", job_id or "") or not shutil.which("scontrol"):
+        return None
+    try:
+        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
+                             timeout=5, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"\bJobState=([A-Z_]+)", out)
+    return m.group(1) if m else None
+
+
+# --- numbers ------------------------------------------------------------------------------
+def median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def binary_segmentation(x: list[float], min_len: int, rel: float) -> list[tuple[int, int]]:
+    """Split x into segments [a, b) where its level changes.
+
+    Repeatedly cuts a segment where the cut most reduces the sum of squared deviations from the
+    segment means, keeping both sides at least min_len long; a cut is kept only when the medians
+    of the two sides differ by at least rel (relative) and by at least three standard errors
+    (so a noisy series is not cut into phases). Neighbours that do not differ are merged."""
+    n = len(x)
+    pre, pre2 = [0.0], [0.0]
+    for v in x:
+        pre.append(pre[-1] + v)
+        pre2.append(pre2[-1] + v * v)
+
+    def sse(a: int, b: int) -> float:
+        s = pre[b] - pre[a]
+        return (pre2[b] - pre2[a]) - s * s / (b - a)
+
+    def spread(v: list[float], m: float) -> float:
+        """Standard error of a median, from the median absolute deviation (robust to spikes)."""
+        return 1.4826 * 1.2533 * statistics.median(abs(t - m) for t in v) / math.sqrt(len(v))
+
+    def differs(a: list[float], b: list[float]) -> bool:
+        ma, mb = statistics.median(a), statistics.median(b)
+        big = abs(ma - mb) / max(abs(ma), abs(mb), 1e-12) >= rel
+        return big and abs(ma - mb) >= 3 * (spread(a, ma) + spread(b, mb))
+
+    done, todo = [], [(0, n)]
+    while todo:
+        a, b = todo.pop()
+        best = None
+        if b - a >= 2 * min_len:
+            total = sse(a, b)
+            for k in range(a + min_len, b - min_len + 1):
+                gain = total - sse(a, k) - sse(k, b)
+                if best is None or gain > best[0]:
+                    best = (gain, k)
+        if best and differs(x[a:best[1]], x[best[1]:b]):
+            todo += [(best[1], b), (a, best[1])]
+        else:
+            done.append((a, b))
+    done.sort()
+    merged = [done[0]] if done else []
+    for a, b in done[1:]:
+        pa, _ = merged[-1]
+        if differs(x[pa:a], x[a:b]):
+            merged.append((a, b))
+        else:
+            merged[-1] = (pa, b)
+    return merged
+
+
+def throughput_phases(steps: list[int], rates: list[float], min_steps: int, rel: float) -> list[dict]:
+    """[{start_step, end_step, mean}] of the per-step rate; long series are first reduced to at most
+    4000 bucket medians (so one slow step never makes a phase and the search stays fast)."""
+    n = len(rates)
+    if not n:
+        return []
+    k = max(1, math.ceil(n / 4000))
+    pts = [statistics.median(rates[i:i + k]) for i in range(0, n, k)]
+    segs = binary_segmentation(pts, max(2, math.ceil(min_steps / k)), rel)
+    out = []
+    for a, b in segs:
+        lo, hi = a * k, min(b * k, n)
+        out.append({"start_step": steps[lo], "end_step": steps[hi - 1], "mean": round(statistics.fmean(rates[lo:hi]), 3)})
+    return out
+
+
+# --- the analysis -------------------------------------------------------------------------
+@dataclasses.dataclass
+class Host:
+    name: str
+    rank: int | None
+    last_step: int | None = None
+    last_step_ts: float | None = None
+    last_step_line: int | None = None
+    last_ts: float | None = None
+    exit: int | None = None
+    reason: str | None = None       # exit | timeout | stopped (stage record) or exit (srun / summary)
+    end: float | None = None
+    record: str | None = None
+    events: list[joblog.Event] = dataclasses.field(default_factory=list)
+
+    def first(self, *kinds: str) -> joblog.Event | None:
+        """The first event of these kinds, preferring lines the host printed itself over lines
+        attributed to it (unprefixed notices of a one-node job)."""
+        ranked = sorted((e for e in self.events if e.kind in kinds),
+                        key=lambda e: (e.host is None, bool(_JOBCTL.match(e.text)), e.line))
+        return ranked[0] if ranked else None
+
+
+def exception_kind(text: str) -> str:
+    if _CONFIG_EXC.search(text):
+        return "config_error"
+    if _OOM_DEV.search(text):
+        return "oom_device"
+    if _COLLECTIVE.search(text):
+        return "collective"
+    if _INTERRUPT.match(text):
+        return "interrupt"
+    if _COORD.search(text):
+        return "coordination"
+    return "python_exception"
+
+
+def message(e: joblog.Event | None) -> str:
+    """An event's text without the absl prefix, for one-line summaries."""
+    return _ABSL_PREFIX.sub("", e.text).strip()[:200] if e else ""
+
+
+def iso(ts: float | None) -> str | None:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts)) if ts is not None else None
+
+
+class Triage:
+    def __init__(self, log: Path, job_dir: Path | None, opts: Options) -> None:
+        self.log, self.opts = log, opts
+        try:
+            self.scan = joblog.scan(log)
+        except joblog.NotALog as e:
+            raise InputError(str(e)) from None
+        except OSError as e:
+            raise InputError(f"cannot read {log}: {e.strerror or e}") from None
+        if not joblog.looks_like_job_log(self.scan):
+            raise InputError(f"{log} is not a job log (no JOB header, step line or known error line)")
+        s = self.scan
+        if job_dir is None and s.header.get("job_dir") and Path(s.header["job_dir"]).is_dir():
+            job_dir = Path(s.header["job_dir"])
+        self.job_dir = job_dir
+        self.now = opts.now if opts.now is not None else time.time()
+        self.notes: list[str] = []
+        self.evidence: list[dict] = []
+        self.records = joblog.read_records(job_dir) if job_dir else {}
+        self.stage = s.summary.get("stage") or (list(self.records)[-1] if self.records else None)
+        self.job_id = (s.header.get("job") or s.summary.get("job") or "").split(" ")[0] or log.name.split("-JAX-")[0]
+        self.job_name = ((s.header.get("job") or "").split(" ") + [""])[1] or log.name.removesuffix(".log")
+        self.sched = None
+        if opts.scheduler and not s.summary and s.header.get("scheduler") == "slurm":
+            self.sched = scheduler_state(self.job_id)
+        self.hosts = self._hosts()
+
+    # hosts ------------------------------------------------------------------------------
+    def _hosts(self) -> dict[str, Host]:
+        s = self.scan
+        nodes = s.nodes()
+        seen = [h for h in s.hosts if h is not None and h not in nodes]
+        hosts = {h: Host(h, i) for i, h in enumerate(nodes)}
+        for h in seen:
+            hosts[h] = Host(h, None)
+        single = nodes[0] if len(nodes) == 1 else None
+        for key, hs in s.hosts.items():
+            name = key if key is not None else single
+            if name is None:
+                continue
+            h = hosts.setdefault(name, Host(name, None))
+            h.last_step, h.last_step_ts, h.last_step_line = hs.last_step, hs.last_step_ts, hs.last_step_line
+            h.last_ts = hs.last_ts
+        for e in s.events:
+            name = e.host if e.host is not None else single
+            if name in hosts:
+                hosts[name].events.append(e)
+        failed = joblog.parse_failed_nodes(s.summary.get("failed_nodes", ""))
+        for e in s.events:
+            if e.kind == "srun_exit" and e.host in hosts and e.data.get("exit") is not None:
+                hosts[e.host].exit, hosts[e.host].reason = e.data["exit"], "exit"
+        for name, (rc, why) in failed.items():
+            if name in hosts:
+                hosts[name].exit, hosts[name].reason = rc, why
+        for name, rec in self.records.get(self.stage or "", {}).items():
+            h = hosts.setdefault(name, Host(name, None))
+            h.exit, h.reason, h.end, h.record = rec["rc"], rec["reason"], rec["end"], rec["file"]
+        return hosts
+
+    # status -----------------------------------------------------------------------------
+    def status(self) -> str:
+        s = self.scan
+        st = s.summary.get("status")
+        if st:
+            return {"completed": "completed", "cancelled": "cancelled", "failed": "failed",
+                    "stage_timeout": "failed", "timeout": "failed"}.get(st, "unknown")
+        if self.sched:
+            if self.sched in RUNNING_STATES:
+                return "running"
+            self.notes.append(f"Slurm says the job ended ({self.sched}) but the log has no JOB SUMMARY")
+            return {"COMPLETED": "completed", "CANCELLED": "cancelled"}.get(self.sched, "failed")
+        if self.job_dir is None:
+            self.notes.append("no job directory and no JOB SUMMARY: cannot tell whether the job still runs")
+            return "unknown"
+        recs = self.records.get(self.stage or "", {})
+        nodes = s.nodes()
+        if not self.records or (nodes and len(recs) < len(nodes)) or self.stage != "train":
+            return "running"
+        self.notes.append("every node has an exit record but the log has no JOB SUMMARY yet")
+        return "failed" if any(r["rc"] != 0 for r in recs.values()) else "completed"
+
+    # steps, progress, throughput --------------------------------------------------------
+    def steady_rows(self) -> tuple[list[int], int]:
+        """Rows of the reference host's steps after ramp-up and the first warm-up steps (compilation,
+        first data): (rows, number of warm-up steps left out; at most all but one)."""
+        st = self.scan.steps
+        idx = [i for i in range(len(st.step)) if st.tokens[i] is not None or not st.rampup]
+        skip = min(self.opts.warmup_steps, max(0, len(idx) - 1))
+        first = {st.step[i] for i in idx[:skip]}
+        return [i for i in idx if st.step[i] not in first], skip
+
+    def throughput(self) -> tuple[dict, list[int]]:
+        st = self.scan.steps
+        rows, skipped = self.steady_rows()
+        rates = [st.tokens[i] for i in rows if st.tokens[i] is not None]
+        steps = [st.step[i] for i in rows if st.tokens[i] is not None]
+        tgs = {"steady": round(statistics.median(rates), 3) if rates else None,
+               "warmup_steps_excluded": skipped,
+               "phases": throughput_phases(steps, rates, self.opts.phase_min_steps, self.opts.phase_threshold),
+               "host": st.host}
+        return tgs, rows
+
+    def step_period(self, rows: list[int]) -> float | None:
+        st = self.scan.steps
+        recent = rows[-1000:]  # the current step period; also bounds the work on huge logs
+        ts = [(st.step[i], t) for i in recent for t in [st.ts(i)] if t is not None]
+        diffs = [(t2 - t1) / (s2 - s1) for (s1, t1), (s2, t2) in zip(ts, ts[1:], strict=False) if s2 > s1]
+        if diffs:
+            return statistics.median(diffs)
+        return median([st.seconds[i] for i in recent])
+
+    def progress(self, status: str, tgs: dict, rows: list[int]) -> dict:
+        st = self.scan.steps
+        last = max([h.last_step for h in self.hosts.values() if h.last_step is not None] + st.step[-1:], default=None)
+        total = self.total_steps()
+        rate = None
+        ts_rows = [i for i in rows if st.stamp[i]]
+        if tgs["phases"]:
+            start = tgs["phases"][-1]["start_step"]
+            ts_rows = [i for i in ts_rows if st.step[i] >= start] or ts_rows
+        pts = [(st.step[i], t) for i in ts_rows[-5000:] for t in [st.ts(i)] if t is not None]
+        gaps = [((t2 - t1), s2 - s1) for (s1, t1), (s2, t2) in zip(pts, pts[1:], strict=False) if s2 > s1]
+        if gaps:
+            # mean step period over the current phase, stalls (> 10 x the median) left out:
+            # periodic checkpoints and evals still count, a hang or a restart does not
+            typical = statistics.median(dt / ds for dt, ds in gaps)
+            kept = [(dt, ds) for dt, ds in gaps if dt / ds <= 10 * typical] or gaps
+            rate = sum(ds for _, ds in kept) / sum(dt for dt, _ in kept) if sum(dt for dt, _ in kept) > 0 else None
+        elif rows:
+            per = median([st.seconds[i] for i in rows])
+            rate = 1 / per if per else None
+        eta = None
+        if status == "completed":
+            eta = 0.0
+        elif status == "running" and rate and total is not None and last is not None:
+            eta = max(0.0, (total - (last + 1)) / rate)
+        last_ts = self.last_step_time()
+        return {"last_step": last, "total_steps": total, "steps_per_sec": round(rate, 4) if rate else None,
+                "eta_seconds": round(eta, 1) if eta is not None else None,
+                "last_step_time": iso(last_ts),
+                "last_step_age_seconds": round(self.now - last_ts, 1) if last_ts is not None else None}
+
+    def last_step_time(self) -> float | None:
+        times = [h.last_step_ts for h in self.hosts.values() if h.last_step_ts is not None]
+        st = self.scan.steps
+        if st.step and st.ts(len(st.step) - 1) is not None:
+            times.append(st.ts(len(st.step) - 1))
+        if times:
+            return max(times)
+        if self.scan.steps.step:  # steps without absl stamps: the log's mtime is the best we have
+            return self.scan.mtime
+        return None
+
+    def total_steps(self) -> int | None:
+        found = None
+        for kv in self.scan.header.get("overrides", "").split():
+            k, _, v = kv.partition("=")
+            if k == "steps" and re.fullmatch(r"-?\d+", v):
+                found = int(v)
+        if found is not None:
+            return found
+        model = self.scan.header.get("model", "").split(" ")[0]
+        if self.job_dir and model:
+            cfg = self.job_dir / "artifact" / "configs" / f"{model}.yml"
+            try:
+                m = re.search(r"(?m)^steps:\s*(-?\d+)\s*(?:#.*)?$", cfg.read_text(errors="replace"))
+            except OSError:
+                m = None
+            if m:
+                return int(m.group(1))
+        return None
+
+    # evidence helpers -------------------------------------------------------------------
+    def cite(self, line: int | None, text: str, why: str, host: str | None = None, file: str | None = None) -> None:
+        if line is None:
+            return
+        item = {"file": file or str(self.log), "line": line, "text": text[:400], "host": host, "why": why}
+        if not any(e["file"] == item["file"] and e["line"] == line for e in self.evidence):
+            self.evidence.append(item)
+
+    def cite_event(self, e: joblog.Event | None, why: str) -> None:
+        if e is not None:
+            self.cite(e.line, e.raw or e.text, why, e.host)
+
+    def cite_record(self, h: Host, why: str) -> None:
+        if h.record:
+            self.cite(1, f"rc={h.exit} end={h.end:.3f} reason={h.reason}", why, h.name, h.record)
+
+    def cite_summary(self, key: str, why: str) -> None:
+        line = self.scan.summary_lines.get(key)
+        if line:
+            self.cite(line, f"{key}: {self.scan.summary[key]}", why)
+
+    def cite_last_step(self, h: Host, why: str) -> None:
+        text = self.scan.hosts.get(h.name, self.scan.hosts.get(None, joblog.HostSeen())).last_step_text
+        if h.last_step_line:
+            self.cite(h.last_step_line, text or f"{h.name}: completed step: {h.last_step}", why, h.name)
+
+    # root causes per host ---------------------------------------------------------------
+    def root_of(self, h: Host) -> tuple[str, joblog.Event | None] | None:
+        """The host's own failure (not a consequence of another host's), by priority."""
+        exc = [e for e in h.events if e.kind == "exception"]
+        for kind in TIER1:
+            if kind == "config_error":
+                e = h.first("config_error") or next((x for x in exc if exception_kind(x.text) == "config_error"), None)
+            elif kind == "oom_device":
+                e = h.first("oom_device") or next((x for x in exc if exception_kind(x.text) == "oom_device"), None)
+            elif kind == "oom_host":
+                e = h.first("oom_host")
+            elif kind == "segfault":
+                e = h.first("segfault", "fatal")
+                if e is None and h.exit == 139 and h.reason != "stopped":
+                    return "segfault", None
+            elif kind == "python_exception":
+                e = next((x for x in exc if exception_kind(x.text) == "python_exception"), None)
+            elif kind == "killed":
+                if h.exit == 137 and h.reason == "exit":
+                    return "killed", h.first("killed")
+                e = None
+            else:  # stage_timeout
+                if h.reason == "timeout":
+                    return "stage_timeout", h.first("stage_timeout")
+                e = h.first("stage_timeout")
+            if e is not None:
+                return kind, e
+        return None
+
+    def fail_time(self, h: Host, e: joblog.Event | None) -> tuple[float, float]:
+        """Sort key: (when it failed, where in the log); unknown times sort last."""
+        t = h.end if (h.end is not None and h.reason != "stopped") else (e.ts if e and e.ts else None)
+        return (t if t is not None else math.inf, e.line if e else math.inf)
+
+    def lost_hosts(self, status: str) -> list[Host]:
+        """Nodes that vanished: named by a node-failure notice, or without an exit record once the
+        stage ended (JOB SUMMARY's no_exit_record, or Slurm NODE_FAIL)."""
+        s = self.scan
+        names = set(s.summary.get("no_exit_record", "").split())
+        names |= {e.host for e in s.events if e.kind == "node_failure" and e.host}
+        if self.sched == "NODE_FAIL" or any(e.kind == "node_failure" and not e.host for e in s.events):
+            recs = self.records.get(self.stage or "", {})
+            if recs:
+                names |= {n for n in s.nodes() if n not in recs}
+        return [self.hosts[n] for n in names if n in self.hosts]
+
+    # classification ---------------------------------------------------------------------
+    def classify(self, status: str) -> tuple[str | None, list[str], str, str | None]:
+        """(failure_class, culprits, one-line summary, confidence)."""
+        s = self.scan
+        hosts = list(self.hosts.values())
+        roots = [(h, *r) for h in hosts for r in [self.root_of(h)] if r]
+        # a config error anywhere is the cause, whatever else happened
+        cfg = [(h, k, e) for h, k, e in roots if k == "config_error"]
+        if cfg:
+            h, _, e = min(cfg, key=lambda r: self.fail_time(r[0], r[2]))
+            self.cite_event(e, "configuration rejected")
+            for x in h.events:
+                if x.kind == "exception":
+                    self.cite_event(x, "the exception")
+                    break
+            return "config_error", [h.name], f"MaxText rejected the configuration on {h.name}: {message(e)}", "high"
+        hb = self.heartbeat()
+        if roots:
+            h, kind, e = min(roots, key=lambda r: self.fail_time(r[0], r[2]))
+            return self.explain_root(h, kind, e, roots)
+        if hb:
+            return hb
+        lost = self.lost_hosts(status)
+        if lost:
+            for h in lost:
+                self.cite_event(h.first("node_failure"), "node lost")
+                self.cite_last_step(h, "its last step")
+            self.cite_summary("no_exit_record", "no exit record from these nodes")
+            names = [h.name for h in lost]
+            return "node_failure", names, f"node(s) {', '.join(names)} vanished without an exit record (node failure)", "medium"
+        coll = self.collective()
+        if coll:
+            return coll
+        cancels = [e for e in s.events if e.kind == "cancel" and e.data.get("level") == "job"]
+        limit = [e for e in cancels if e.data.get("due_to") == "TIME LIMIT"]
+        if s.summary.get("status") in ("stage_timeout", "timeout") or self.sched == "TIMEOUT" or limit:
+            self.cite_event(limit[0] if limit else None, "Slurm's time limit")
+            self.cite_summary("status", "the job summary")
+            return "stage_timeout", self.laggards(), "the job ran past its Slurm time limit", "high"
+        if status == "cancelled" or cancels or self.sched in ("CANCELLED", "PREEMPTED"):
+            preempted = self.sched == "PREEMPTED" or any(e.data.get("due_to") == "PREEMPTION" for e in cancels)
+            for e in cancels[:2]:
+                self.cite_event(e, "the stop request")
+            self.cite_summary("status", "the job summary")
+            how = "preempted by the scheduler" if preempted else "cancelled (scancel or a stop signal)"
+            return "cancelled", [], f"the job was {how}; no node failed first", "high"
+        pre = [h for h in hosts if h.first("preflight")]
+        if pre:
+            for h in pre:
+                self.cite_event(h.first("preflight"), "preflight check failed")
+            e = pre[0].first("preflight")
+            return None, [h.name for h in pre], f"preflight failed on {', '.join(h.name for h in pre)}: {message(e)}", "high"
+        if status == "failed":
+            bad = [h for h in hosts if h.exit not in (None, 0) and h.reason != "stopped"]
+            self.cite_summary("first_error", "the launcher's guess at the first error")
+            if bad:
+                h = min(bad, key=lambda x: self.fail_time(x, None))
+                self.cite_record(h, "exit record")
+                return None, [h.name], f"{h.name} exited with code {h.exit}; no known error signature in the log", "low"
+            return None, [], "the job failed but the log names no cause", "low"
+        return None, [], "", None
+
+    def explain_root(self, h: Host, kind: str, e: joblog.Event | None, roots: list) -> tuple:
+        s = self.scan
+        names = [h.name]
+        if kind == "stage_timeout":
+            self.cite_event(e, "stage time limit")
+            self.cite_record(h, "exit record")
+            lag = self.laggards()
+            last = self.last_step_time()
+            extra = ""
+            if last is not None and h.end:
+                extra = f"; the last step was {h.end - last:.0f} s before the limit hit"
+            return "stage_timeout", lag, f"stage '{self.stage}' ran past its time limit{extra}", "high"
+        if kind != "killed":
+            self.cite_event(e, "the first error on the culprit")
+        self.cite_record(h, "exit record of the first node that failed")
+        if kind == "python_exception":
+            for x in h.events:
+                if x.kind == "exception":
+                    self.cite_event(x, "the exception")
+                    break
+        self.cite_last_step(h, "the culprit's last step")
+        self.cite_summary("first_failure", "first node to fail (job summary)")
+        others = [x for x in self.hosts.values() if x is not h]
+        for x in others:
+            c = x.first("collective") or next((y for y in x.events if y.kind == "exception"
+                                               and exception_kind(y.text) == "collective"), None)
+            if c:
+                self.cite_event(c, "a survivor's collective error (consequence)")
+                break
+        text = {
+            "oom_device": f"device memory exhausted on {h.name}",
+            "oom_host": f"{h.name} ran out of host memory (the kernel/cgroup OOM killer ended it)",
+            "segfault": f"native crash on {h.name}" + (f" (exit {h.exit})" if h.exit else ""),
+            "python_exception": f"Python exception on {h.name}",
+        }
+        if kind == "killed":
+            self.cite_event(h.first("killed") or s.events and next((x for x in s.events if x.kind == "killed"), None),
+                            "bash: the stage's process was killed")
+            return ("oom_host", names, f"{h.name} was killed by SIGKILL (exit 137) and printed no error of its own: "
+                    "the usual cause is the kernel OOM killer, but kill -9 or the scheduler look the same", "low")
+        detail = f": {message(e)}" if e else ""
+        return kind, names, text[kind] + detail, "high" if e else "medium"
+
+    def heartbeat(self) -> tuple | None:
+        s = self.scan
+        claims = [e for e in s.events if e.kind in ("hb_claim", "hb_task") and e.data.get("tasks")]
+        if not claims:
+            return None
+        nodes = s.nodes()
+        times = [e.ts for e in claims if e.ts is not None]
+        t_claim = min(times) if times else None
+        tasks = sorted({t for e in claims for t in e.data["tasks"]})
+        accused = [self.hosts[nodes[t]] for t in tasks if t < len(nodes) and nodes[t] in self.hosts]
+        first = min(claims, key=lambda e: (e.ts if e.ts is not None else math.inf, e.line))
+        self.cite_event(first, "the coordination service's claim")
+        if not accused:
+            return "heartbeat_timeout", [], f"JAX reported tasks {tasks} unhealthy (not mapped to hosts)", "medium"
+        alive = []
+        for h in accused:
+            later = t_claim is not None and h.last_step_ts is not None and h.last_step_ts > t_claim
+            notice = next((e for e in h.events if e.kind == "death_notice"
+                           and (t_claim is None or e.ts is None or e.ts >= t_claim)), None)
+            if later:
+                self.cite_last_step(h, "the accused host logged a step after the claimed time")
+            if notice:
+                self.cite_event(notice, "the accused host logged its own death notice")
+            if later or notice:
+                alive.append(h)
+        names = [h.name for h in accused]
+        coord = nodes[0] if nodes else None
+        if len(alive) == len(accused):
+            they = "they" if len(names) > 1 else "it"
+            return ("heartbeat_false_positive", names,
+                    f"JAX declared {', '.join(names)} dead (missed heartbeats) but {they} still logged after the claim, "
+                    f"so {they} did not crash: suspect the coordinator ({coord}) or the network missing heartbeats, "
+                    f"or a freeze longer than the heartbeat timeout (swap, SIGSTOP) on {', '.join(names)}", "high")
+        dead = [h for h in accused if h not in alive]
+        for h in dead:
+            self.cite_last_step(h, "the accused host's last step")
+            self.cite_record(h, "exit record")
+        return ("heartbeat_timeout", [h.name for h in dead],
+                f"{', '.join(h.name for h in dead)} stopped sending heartbeats (no output after the claim): "
+                "it died, froze or lost the network", "medium")
+
+    def collective(self) -> tuple | None:
+        reporters = [h for h in self.hosts.values()
+                     if h.first("collective") or any(e.kind == "exception" and exception_kind(e.text) == "collective"
+                                                     for e in h.events)]
+        if not reporters:
+            return None
+        for h in reporters[:2]:
+            self.cite_event(h.first("collective"), "collective error reported by a survivor")
+        peers = [h for h in self.hosts.values() if h not in reporters]
+        pool = peers or list(self.hosts.values())
+
+        def key(h: Host) -> tuple:
+            gone = h.exit is None and h.record is None
+            return (0 if h.exit not in (None, 0, 143) else 1, h.last_step if h.last_step is not None else -1,
+                    h.last_step_ts or h.last_ts or math.inf, 0 if gone else 1)
+        ordered = sorted(pool, key=key)
+        culprit = ordered[0]
+        unique = len(ordered) == 1 or key(ordered[0])[:2] != key(ordered[1])[:2]
+        self.cite_last_step(culprit, "the peer's last step (it stopped first)")
+        self.cite_record(culprit, "exit record")
+        how = "stopped printing first" if peers else "is behind the others"
+        conf = "medium" if peers and unique else "low"
+        return ("collective_error", [culprit.name] if unique or peers else [],
+                f"collective failed on {', '.join(h.name for h in reporters)}; the peer that {how} is {culprit.name}", conf)
+
+    def laggards(self) -> list[str]:
+        steps = {h.name: h.last_step for h in self.hosts.values() if h.last_step is not None}
+        if len(steps) < 2 or len(set(steps.values())) < 2:
+            return []
+        low = min(steps.values())
+        return [n for n, v in steps.items() if v == low]
+
+    # hang ---------------------------------------------------------------------------------
+    def hang_check(self, rows: list[int]) -> dict | None:
+        period = self.step_period(rows)
+        last = self.last_step_time()
+        if last is None:
+            return None
+        threshold = max(self.opts.hang_factor * (period or 0), self.opts.hang_min_seconds)
+        age = self.now - last
+        return {"threshold_seconds": round(threshold, 1), "last_step_age_seconds": round(age, 1),
+                "median_step_seconds": round(period, 4) if period else None, "hung": age > threshold}
+
+    # next steps ---------------------------------------------------------------------------
+    def next_steps(self, cls: str | None, culprits: list[str], status: str) -> list[str]:
+        log, jid = shlex.quote(str(self.log)), self.job_id
+        slurm = self.scan.header.get("scheduler") == "slurm"
+        first = culprits[0] if culprits else None
+        cmd = self.command()
+        out: list[str] = []
+        if first:
+            out.append(f"grep -a -n '^{first}: ' {log} | tail -40   # what {first} printed last")
+        if cls in ("oom_host",):
+            dmesg = "dmesg -T | grep -i -E 'out of memory|killed process|oom'"
+            out.append((f"{dmesg}" if self.scan.header.get("scheduler") == "local" else f"ssh {first or 'HOST'} \"{dmesg}\"")
+                       + "   # confirm the OOM killer")
+            if slurm:
+                out.append(f"sacct -j {jid} -o JobID,State,ExitCode,MaxRSS,MaxRSSNode   # peak host memory per step")
+            out.append("lower host memory use (smaller per_device_batch_size, fewer data-loader workers) and rerun"
+                       + (f": {cmd}" if cmd else ""))
+        elif cls == "oom_device":
+            out.append("rerun with a smaller per_device_batch_size or stronger rematerialisation (remat_policy=full)"
+                       + (f": {cmd} per_device_batch_size=<smaller>" if cmd else ""))
+        elif cls == "segfault":
+            if self.job_dir:
+                out.append(f"ls -la {shlex.quote(str(self.job_dir))}/cores/{first or '*'}   # core dumps (ENABLE_COREDUMPS=1)")
+            out.append("rerun with ENABLE_COREDUMPS=1 and open the core: gdb -batch -ex bt <python> <core>")
+        elif cls == "python_exception":
+            out.append(f"grep -a -n -B30 -m1 'Traceback' {log}   # the full traceback")
+        elif cls == "config_error":
+            out.append("fix the override named in the error (spelling, or a key MaxText does not have) and resubmit"
+                       + (f"; the job ran: {cmd}" if cmd else ""))
+        elif cls == "collective_error":
+            out.append(f"check {first or 'the peer'}: " + (f"scontrol show node {first}; " if slurm and first else "")
+                       + "dmesg, GPU/NIC errors; rerun with _env_NCCL_DEBUG=INFO for NCCL/RCCL details")
+        elif cls == "heartbeat_timeout":
+            out.append(f"check why {first or 'the host'} stopped: " + (f"scontrol show node {first}; " if slurm and first else "")
+                       + "dmesg (OOM, GPU Xid), its last lines in the log")
+        elif cls == "heartbeat_false_positive":
+            coord = (self.scan.nodes() or ["the coordinator"])[0]
+            out.append(f"inspect the coordinator host {coord} (CPU starvation, network) around the claim time; "
+                       "consider a longer jax.distributed heartbeat timeout (heartbeat_timeout_seconds)")
+        elif cls == "hang":
+            if slurm and status in ("running", "hung"):
+                out.append(f"srun --jobid {jid} --overlap -w {first or '<host>'} py-spy dump --pid "
+                           "$(pgrep -f maxtext.trainers.pre_train.train | head -1)   # where each rank is stuck")
+                out.append(f"scancel {jid}   # once stacks are collected")
+            else:
+                out.append("py-spy dump --pid $(pgrep -f maxtext.trainers.pre_train.train | head -1)   # where it is stuck")
+        elif cls == "stage_timeout":
+            out.append("if training was still progressing, raise the limit: STAGE_TIMEOUTS=train:<seconds> "
+                       + (cmd or "submit.sh ..."))
+        elif cls == "cancelled":
+            if slurm:
+                out.append(f"sacct -j {jid} -o JobID,State,ExitCode,Start,End   # who/what ended it")
+        elif cls == "node_failure":
+            if slurm:
+                out.append(f"scontrol show node {first or '<host>'}; sinfo -R   # the node's state and reason")
+                out.append(f"resubmit without it: {cmd or 'submit.sh MODEL'} (add --exclude={','.join(culprits) or '<host>'})")
+        if status in ("running", "hung"):
+            out.append(f"tail -F {log}")
+        out.append(f"{shlex.quote(str(Path(__file__).resolve()))} {jid} --json   # triage again")
+        return out
+
+    def command(self) -> str | None:
+        if not self.job_dir:
+            return None
+        try:
+            return (self.job_dir / "artifact" / ".submit" / "command.txt").read_text(errors="replace").strip() or None
+        except OSError:
+            return None
+
+    # report -------------------------------------------------------------------------------
+    def report(self) -> dict:
+        s = self.scan
+        status = self.status()
+        tgs, rows = self.throughput()
+        hang = None
+        if status == "running":
+            hang = self.hang_check(rows)
+            if hang and hang["hung"]:
+                status = "hung"
+        prog = self.progress(status, tgs, rows)
+        cls, culprits, summary, conf = (None, [], "", None)
+        if status in ("failed", "cancelled", "unknown", "running", "hung"):
+            cls, culprits, summary, conf = self.classify(status)
+            if status in ("running", "unknown") and cls is None:
+                summary = ""
+        if status == "hung" and cls is None:
+            culprits = self.laggards()
+            for n in culprits:
+                self.cite_last_step(self.hosts[n], "this host is behind the others")
+            best = max(self.hosts.values(), key=lambda h: h.last_step_ts or 0, default=None)
+            if best:
+                self.cite_last_step(best, "the newest step line in the log")
+            cls, conf = "hang", "medium" if culprits else "low"
+            summary = (f"no step for {hang['last_step_age_seconds']:.0f} s (> {hang['threshold_seconds']:.0f} s) while "
+                       f"the job still runs" + (f"; {', '.join(culprits)} is behind the others" if culprits else ""))
+        if status == "completed" and not summary:
+            summary = f"completed {prog['last_step'] + 1 if prog['last_step'] is not None else 0} steps"
+            if s.summary_lines.get("status"):
+                self.cite_summary("status", "job summary")
+        if status == "running" and not summary:
+            summary = (f"running: step {prog['last_step']}" if prog["last_step"] is not None else "running: no step yet")
+        if s.runs > 1:
+            self.notes.append(f"the log holds {s.runs} runs (requeued); this report is about the last one")
+        hosts = [{"host": h.name, "rank": h.rank, "last_step": h.last_step, "last_step_time": iso(h.last_step_ts),
+                  "exit_code": h.exit, "end_reason": h.reason} for h in self.hosts.values()]
+        return {
+            "job_id": self.job_id, "job_name": self.job_name, "log": str(self.log),
+            "job_dir": str(self.job_dir) if self.job_dir else None,
+            "scheduler": s.header.get("scheduler"), "scheduler_state": self.sched,
+            "status": status, "failure_class": cls, "culprit_hosts": culprits, "confidence": conf,
+            "summary": summary, "evidence": self.evidence, "progress": prog,
+            "tgs": {k: v for k, v in tgs.items() if k != "host"}, "hang": hang, "hosts": hosts,
+            "next_steps": self.next_steps(cls, culprits, status), "notes": self.notes,
+            "scan": {"bytes": s.size, "lines": s.lines, "seconds": round(s.seconds, 3),
+                     "mb_per_s": round(s.size / s.seconds / 1e6, 1) if s.seconds else None},
+        }
+
+
+def triage(job: str, workspace: Path | None = None, opts: Options | None = None) -> dict:
+    """The report for JOB (id, job directory or log file) as a dict (see docs/triage.md)."""
+    log, job_dir = locate(job, workspace or default_workspace())
+    return Triage(log, job_dir, opts or Options()).report()
+
+
+def render(r: dict) -> str:
+    """The report as text for people."""
+    p, t = r["progress"], r["tgs"]
+    head = f"job {r['job_id']} ({r['job_name']}): {r['status'].upper()}"
+    if r["failure_class"]:
+        head += f" - {r['failure_class']}"
+        if r["culprit_hosts"]:
+            head += f" on {', '.join(r['culprit_hosts'])}"
+        head += f" (confidence {r['confidence']})"
+    lines = [head]
+    if r["summary"]:
+        lines.append(f"  {r['summary']}")
+    if p["last_step"] is not None:
+        prog = f"progress: step {p['last_step']}"
+        if p["total_steps"]:
+            prog += f" of {p['total_steps']} ({100 * (p['last_step'] + 1) / p['total_steps']:.0f}%)"
+        if p["steps_per_sec"]:
+            prog += f", {p['steps_per_sec']:.3g} steps/s"
+        if p["eta_seconds"]:
+            prog += f", eta {p['eta_seconds'] / 3600:.1f} h" if p["eta_seconds"] > 5400 else f", eta {p['eta_seconds']:.0f} s"
+        if p["last_step_age_seconds"] is not None and r["status"] in ("running", "hung"):
+            prog += f", last step {p['last_step_age_seconds']:.0f} s ago"
+        lines.append(prog)
+    if t["steady"] is not None:
+        ph = "; ".join(f"steps {x['start_step']}-{x['end_step']}: {x['mean']:.6g}" for x in t["phases"])
+        lines.append(f"throughput: {t['steady']:.6g} tokens/s/device steady" + (f" (phases: {ph})" if len(t["phases"]) > 1 else ""))
+    if r["evidence"]:
+        lines.append("evidence:")
+        for e in r["evidence"]:
+            where = e["file"] if e["file"] != r["log"] else Path(e["file"]).name
+            lines.append(f"  {where}:{e['line']}: {e['text']}")
+            lines.append(f"      ({e['why']})")
+    for n in r["notes"]:
+        lines.append(f"note: {n}")
+    if r["next_steps"]:
+        lines.append("next steps:")
+        lines += [f"  {x}" for x in r["next_steps"]]
+    return "\n".join(lines)
+
+
+class _Help(argparse.RawDescriptionHelpFormatter):
+    def add_usage(self, usage, actions, groups, prefix=None):  # noqa: ANN001
+        super().add_usage(usage, actions, groups, prefix="Usage: ")
+
+
+def main(argv: list[str] | None = None) -> int:
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `triage.py ... | head` ends quietly
+    doc = (__doc__ or "").strip().splitlines()
+    ap = argparse.ArgumentParser(prog="triage.py", formatter_class=_Help, description="\n".join(doc[2:]))
+    ap.add_argument("job", metavar="JOB", help="job id, job directory or log file")
+    ap.add_argument("--json", action="store_true", help="print the report as JSON (for agents and scripts)")
+    ap.add_argument("--workspace", type=Path, help="where job ids are looked up (default $JOB_WORKSPACE or <repo>/outputs)")
+    ap.add_argument("--hang-factor", type=float, default=10.0, help="hung when no step for FACTOR x the median step time (default 10)")
+    ap.add_argument("--hang-min-seconds", type=float, default=120.0, help="... and for at least this long (default 120)")
+    ap.add_argument("--warmup-steps", type=int, default=3, help="first steps left out of the steady throughput (default 3)")
+    ap.add_argument("--phase-min-steps", type=int, default=20, help="shortest throughput phase in steps (default 20)")
+    ap.add_argument("--phase-threshold", type=float, default=0.10, help="relative change that starts a new phase (default 0.10)")
+    ap.add_argument("--now", type=float, help="evaluate as if at this epoch time (reproducible hang checks)")
+    ap.add_argument("--no-scheduler", action="store_true", help="do not ask Slurm (scontrol) about a job without a summary")
+    a = ap.parse_args(argv)
+    opts = Options(now=a.now, hang_factor=a.hang_factor, hang_min_seconds=a.hang_min_seconds, warmup_steps=a.warmup_steps,
+                   phase_min_steps=a.phase_min_steps, phase_threshold=a.phase_threshold, scheduler=not a.no_scheduler)
+    try:
+        r = triage(a.job, a.workspace, opts)
+    except InputError as e:
+        print(f"triage.py: {e}", file=sys.stderr)
+        return 2
+    if a.json:
+        json.dump(r, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print(render(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

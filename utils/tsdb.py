@@ -1,0 +1,162 @@
+"""A small client for a job's saved (or live) Prometheus TSDB.
+
+`Served(path)` runs `utils/prometheus.sh serve` once: that copies the TSDB (blocks hard-linked,
+WAL and head chunks copied), starts a private Prometheus on the copy and prints its URL and the
+data's time range; the server stays up until we close its stdin, so any number of queries cost
+one Prometheus start. The saved TSDB is never written.
+
+    from tsdb import Served
+    with Served("outputs/4242-JAX-llama2-7b") as prom:
+        rows = prom.query_range('avg by (host) (hw_gpu_power_watts)', prom.first, prom.last, 60)
+        for row in rows:
+            print(row["metric"]["host"], len(row["values"]))
+
+`resolve(path)` applies the same rules as utils/prometheus.sh (a job dir with prometheus/
+inside, or a TSDB dir with block dirs and/or wal/) and raises TSDBError with one line.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+import requests
+
+REPO = Path(__file__).resolve().parent.parent
+TOOL = REPO / "utils" / "prometheus.sh"
+
+
+class TSDBError(Exception):
+    """A TSDB that cannot be served or a query that failed (one line of text)."""
+
+
+def has_blocks(path: Path) -> bool:
+    return any((d / "meta.json").is_file() for d in path.iterdir() if d.is_dir()) if path.is_dir() else False
+
+
+def is_tsdb(path: Path) -> bool:
+    """A dir holding Prometheus blocks and/or a WAL."""
+    return path.is_dir() and ((path / "wal").is_dir() or has_blocks(path))
+
+
+def resolve(path: str | Path) -> Path:
+    """The TSDB dir for a job dir (its prometheus/) or a TSDB dir; TSDBError otherwise."""
+    p = Path(path)
+    want = "a job dir with prometheus/ inside, or a TSDB dir with block dirs (meta.json) and/or wal/"
+    if not p.exists():
+        raise TSDBError(f"{p} does not exist (expected {want})")
+    if not p.is_dir():
+        raise TSDBError(f"{p} is not a directory (expected {want})")
+    if (p / "prometheus").is_dir():
+        if not is_tsdb(p / "prometheus"):
+            raise TSDBError(f"{p / 'prometheus'} holds no saved metrics yet (no block dir with meta.json, no wal/)")
+        return (p / "prometheus").resolve()
+    if is_tsdb(p):
+        return p.resolve()
+    raise TSDBError(f"{p} is neither a job dir nor a TSDB (expected {want})")
+
+
+class Served:
+    """A private Prometheus on a copy of one TSDB, for as long as the `with` block runs.
+
+    Attributes once entered: url, first and last (unix seconds of the first and last sample,
+    None for an empty TSDB). Queries go over HTTP with a session that ignores proxies.
+    """
+
+    def __init__(self, path: str | Path, timeout: float = 120.0) -> None:
+        self.tsdb = resolve(path)
+        self.timeout = timeout
+        self.url = ""
+        self.first: float | None = None
+        self.last: float | None = None
+        self.queries = 0
+        self._proc: subprocess.Popen | None = None
+        self._http = requests.Session()
+        self._http.trust_env = False  # never via http_proxy: the server is ours, on loopback
+
+    def __enter__(self) -> Served:
+        self._proc = subprocess.Popen(
+            [str(TOOL), "serve", str(self.tsdb)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, env={**os.environ, "PROMETHEUS_START_TIMEOUT": str(int(self.timeout))},
+        )
+        line = self._first_line()
+        fields = dict(kv.partition("=")[::2] for kv in line.split())
+        self.url = fields.get("url", "")
+        if not self.url.startswith("http"):
+            self.close()
+            raise TSDBError(f"prometheus.sh serve printed no URL: {line[:200]!r}")
+        if fields.get("first_ms") and fields.get("last_ms"):
+            self.first, self.last = int(fields["first_ms"]) / 1000, int(fields["last_ms"]) / 1000
+        return self
+
+    def _first_line(self) -> str:
+        assert self._proc and self._proc.stdout and self._proc.stderr
+        got: list[str] = []
+        reader = threading.Thread(target=lambda: got.append(self._proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(self.timeout + 30)
+        if got and got[0].strip():
+            return got[0].strip()
+        self.close()
+        err = self._proc.stderr.read().strip().splitlines() if self._proc.stderr else []
+        raise TSDBError(err[-1] if err else "prometheus.sh serve did not start")
+
+    def close(self) -> None:
+        """Stop the server (closing its stdin ends prometheus.sh serve, which cleans up)."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            if proc.stdin:
+                proc.stdin.close()
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            proc.wait(timeout=30)
+        finally:
+            for f in (proc.stdout, proc.stderr):
+                if f:
+                    f.close()
+            self._http.close()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- HTTP API -------------------------------------------------------------------------
+    def _call(self, path: str, data: dict[str, Any], method: str = "POST") -> Any:
+        self.queries += 1
+        try:
+            if method == "GET":
+                resp = self._http.get(f"{self.url}{path}", params=data, timeout=self.timeout)
+            else:
+                resp = self._http.post(f"{self.url}{path}", data=data, timeout=self.timeout)
+        except requests.RequestException as e:
+            raise TSDBError(f"prometheus did not answer {path}: {e}") from None
+        try:
+            body = resp.json()
+        except ValueError:
+            raise TSDBError(f"prometheus answered {path} with HTTP {resp.status_code}: {resp.text[:200]}") from None
+        if body.get("status") != "success":
+            raise TSDBError(f"query failed: {body.get('errorType')}: {body.get('error')} ({data.get('query', '')})")
+        return body["data"]
+
+    def query(self, expr: str, at: float) -> list[dict]:
+        """Instant query at unix time `at`: [{"metric": {...}, "value": [t, "v"]}, ...]."""
+        return self._call("/api/v1/query", {"query": expr, "time": f"{at:.3f}"})["result"]
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict]:
+        """Range query: [{"metric": {...}, "values": [[t, "v"], ...]}, ...]."""
+        data = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        return self._call("/api/v1/query_range", data)["result"]
+
+    def series(self, match: str, start: float, end: float) -> list[dict[str, str]]:
+        """Label sets of the series matching `match` with samples in [start, end]."""
+        return self._call("/api/v1/series", {"match[]": match, "start": f"{start:.3f}", "end": f"{end:.3f}"})
+
+    def label_values(self, label: str, match: str, start: float, end: float) -> list[str]:
+        """Values of `label` among the series matching `match` in [start, end] (from the index only)."""
+        return self._call(f"/api/v1/label/{label}/values", {"match[]": match, "start": f"{start:.3f}",
+                                                           "end": f"{end:.3f}"}, method="GET")
