@@ -376,3 +376,18 @@ def test_real_sigkilled_trainer(real_jobs):
     assert r["confidence"] == "low" and "SIGKILL" in r["summary"] and len(r["culprit_hosts"]) == 1
     rec = next(e for e in r["evidence"] if "/.stages/train/" in e["file"])
     assert rec["text"].startswith("rc=137 ")
+
+
+def test_cancel_of_a_job_that_had_hung_is_a_hang(tmp_path):
+    """The corpus' collective deadlock: steps stop, an hour later someone cancels the job. The
+    cancel only ended it; the cause is the hang, with the last step line as evidence."""
+    import corpus  # builds the job dir (log, stage records, TSDB) like a real RAY=1 job leaves it
+
+    inc = corpus.build("hang", tmp_path / "ws", seed=2)
+    res = run([TRIAGE, str(inc.job_dir), "--json", "--no-scheduler"])
+    assert res.returncode == 0, res.stderr
+    r = json.loads(res.stdout)
+    assert r["status"] == "cancelled" and r["failure_class"] == "hang", r["summary"]
+    assert r["hang"]["before_end"] and r["hang"]["last_step_age_seconds"] > r["hang"]["threshold_seconds"]
+    assert "completed step: " in r["evidence"][0]["text"] and "before the job was cancelled" in r["summary"]
+    assert any("diagnose.py" in n for n in r["next_steps"]), r["next_steps"]

@@ -94,7 +94,7 @@ class InputError(Exception):
 # --- data model ---------------------------------------------------------------------------
 @dataclasses.dataclass
 class Finding:
-    kind: str                           # a verdict, or host_outlier / vs_difference / throughput_phases / heartbeat_timeout
+    kind: str                           # a verdict, or host_outlier / vs_difference / heartbeat_timeout
     summary: str
     hosts: list[str]
     window: tuple[float, float] | None
@@ -423,7 +423,7 @@ def load(target: Target, prom: tsdb.Served) -> Data:
         dfuts = {k: pool.submit(prom.query, q, end) for k, q in deltas.items()}
         res = {k: f.result() for k, f in futs.items()}
         dres = {k: f.result() for k, f in dfuts.items()}
-    d.queries.update({f"delta:{k}": q for k, q in deltas.items()})
+    d.queries.update({f"delta:{k}": f"{q}   @ {end:.0f}" for k, q in deltas.items()})  # instant, at the end
     d.gauges = _per_host(res.get("gauges", []), d, ("type", "sensor"))
     d.gpu_min = _per_host(res.get("gpu_min", []), d)
     d.rates = _rates(_per_host(res.get("counters", []), d, ("mode", "kind", "severity", "counter")), step)

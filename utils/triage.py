@@ -668,8 +668,35 @@ class Triage:
         return {"threshold_seconds": round(threshold, 1), "last_step_age_seconds": round(age, 1),
                 "median_step_seconds": round(period, 4) if period else None, "hung": age > threshold}
 
+    def hang_before_end(self, rows: list[int]) -> dict | None:
+        """For a job that was cancelled or timed out: had it stopped stepping long before it ended?
+        The end is the newest stage record (written when each node's stage ended)."""
+        ends = [h.end for h in self.hosts.values() if h.end is not None]
+        last, period = self.last_step_time(), self.step_period(rows)
+        if not ends or last is None or not self.scan.steps.stamp or not any(self.scan.steps.stamp):
+            return None
+        threshold = max(self.opts.hang_factor * (period or 0), self.opts.hang_min_seconds)
+        gap = max(ends) - last
+        if gap <= threshold:
+            return None
+        return {"threshold_seconds": round(threshold, 1), "last_step_age_seconds": round(gap, 1),
+                "median_step_seconds": round(period, 4) if period else None, "hung": True, "before_end": True}
+
     # next steps ---------------------------------------------------------------------------
-    def next_steps(self, cls: str | None, culprits: list[str], status: str) -> list[str]:
+    def metrics_step(self, cls: str | None, status: str, phases: int) -> list[str]:
+        """Where the log ends and the metrics begin: a throughput change, a hang or a heartbeat claim."""
+        why = ("throughput changed during the run" if phases > 1 else
+               "the job hangs" if status == "hung" or cls == "hang" else
+               "a heartbeat claim" if cls in ("heartbeat_timeout", "heartbeat_false_positive") else "")
+        if not why or not self.job_dir:
+            return []
+        if (self.job_dir / "prometheus").is_dir():
+            diag = Path(__file__).resolve().parent / "diagnose.py"
+            return [f"{shlex.quote(str(REPO / '.venv/bin/python'))} {shlex.quote(str(diag))} "
+                    f"{shlex.quote(str(self.job_dir))}   # {why}: what the metrics say (GPU, network, host)"]
+        return [f"{why}, but the job saved no metrics: rerun it with RAY=1 to see GPU, network and host metrics"]
+
+    def next_steps(self, cls: str | None, culprits: list[str], status: str, phases: int = 1) -> list[str]:
         log, jid = shlex.quote(str(self.log)), self.job_id
         slurm = self.scan.header.get("scheduler") == "slurm"
         first = culprits[0] if culprits else None
@@ -712,8 +739,11 @@ class Triage:
                 out.append(f"srun --jobid {jid} --overlap -w {first or '<host>'} py-spy dump --pid "
                            "$(pgrep -f maxtext.trainers.pre_train.train | head -1)   # where each rank is stuck")
                 out.append(f"scancel {jid}   # once stacks are collected")
-            else:
+            elif status in ("running", "hung"):
                 out.append("py-spy dump --pid $(pgrep -f maxtext.trainers.pre_train.train | head -1)   # where it is stuck")
+            else:
+                out.append("the processes are gone: if it hangs again, triage it while it hangs and collect stacks "
+                           "(py-spy dump on each node) before cancelling")
         elif cls == "stage_timeout":
             out.append("if training was still progressing, raise the limit: STAGE_TIMEOUTS=train:<seconds> "
                        + (cmd or "submit.sh ..."))
@@ -724,6 +754,7 @@ class Triage:
             if slurm:
                 out.append(f"scontrol show node {first or '<host>'}; sinfo -R   # the node's state and reason")
                 out.append(f"resubmit without it: {cmd or 'submit.sh MODEL'} (add --exclude={','.join(culprits) or '<host>'})")
+        out += self.metrics_step(cls, status, phases)
         if status in ("running", "hung"):
             out.append(f"tail -F {log}")
         out.append(f"{shlex.quote(str(Path(__file__).resolve()))} {jid} --json   # triage again")
@@ -763,6 +794,22 @@ class Triage:
             cls, conf = "hang", "medium" if culprits else "low"
             summary = (f"no step for {hang['last_step_age_seconds']:.0f} s (> {hang['threshold_seconds']:.0f} s) while "
                        f"the job still runs" + (f"; {', '.join(culprits)} is behind the others" if culprits else ""))
+        if cls in ("cancelled", "stage_timeout") and status in ("cancelled", "failed"):
+            pre = self.hang_before_end(rows)
+            if pre:  # the cancel or the time limit only ended a job that had hung: the hang is the cause
+                hang, ended = pre, "cancelled" if cls == "cancelled" else "timed out"
+                culprits, before = self.laggards(), self.evidence
+                self.evidence = []
+                for n in culprits:
+                    self.cite_last_step(self.hosts[n], "this host is behind the others")
+                best = max(self.hosts.values(), key=lambda h: h.last_step_ts or 0, default=None)
+                if best:
+                    self.cite_last_step(best, "the newest step line: nothing after it until the end")
+                self.evidence += [e for e in before if e not in self.evidence]
+                cls, conf = "hang", "medium" if culprits else "low"
+                summary = (f"hung: no step for {pre['last_step_age_seconds']:.0f} s (> {pre['threshold_seconds']:.0f} s) "
+                           f"before the job was {ended}; the {'cancel' if ended == 'cancelled' else 'time limit'} "
+                           "only ended it" + (f"; {', '.join(culprits)} is behind the others" if culprits else ""))
         if status == "completed" and not summary:
             summary = f"completed {prog['last_step'] + 1 if prog['last_step'] is not None else 0} steps"
             if s.summary_lines.get("status"):
@@ -780,7 +827,7 @@ class Triage:
             "status": status, "failure_class": cls, "culprit_hosts": culprits, "confidence": conf,
             "summary": summary, "evidence": self.evidence, "progress": prog,
             "tgs": {k: v for k, v in tgs.items() if k != "host"}, "hang": hang, "hosts": hosts,
-            "next_steps": self.next_steps(cls, culprits, status), "notes": self.notes,
+            "next_steps": self.next_steps(cls, culprits, status, len(tgs.get("phases") or [])), "notes": self.notes,
             "scan": {"bytes": s.size, "lines": s.lines, "seconds": round(s.seconds, 3),
                      "mb_per_s": round(s.size / s.seconds / 1e6, 1) if s.seconds else None},
         }
