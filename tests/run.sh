@@ -3,7 +3,7 @@
 #
 # Sets everything up on a fresh machine and runs the whole suite:
 #   1. system packages (Debian): Slurm (slurmctld, slurmd, client), munge, Prometheus,
-#      ShellCheck, iproute2, procps — installed with apt-get when missing (needs root);
+#      ShellCheck, iproute2, procps, jq (the skills' commands), curl — installed with apt-get when missing (needs root);
 #   2. the pinned Python environment (utils/setup_env.sh; ~2-3 min the first time);
 #   3. pytest over tests/ (the tests start the local Slurm cluster themselves).
 # Extra arguments go to pytest, e.g. tests/run.sh -k slurm -x
@@ -14,7 +14,7 @@ start=$SECONDS
 
 need=()
 for pair in slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge prometheus:prometheus \
-            promtool:prometheus shellcheck:shellcheck ip:iproute2 pgrep:procps; do
+            promtool:prometheus shellcheck:shellcheck ip:iproute2 pgrep:procps jq:jq curl:curl; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || [[ -x "/usr/sbin/${pair%%:*}" ]] || need+=("${pair#*:}")
 done
 if (( ${#need[@]} )); then
