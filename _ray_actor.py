@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 
 RAY_UNUSABLE = 200
+DRAIN_WAIT = 5.0     # seconds a node's drain call may wait for output or its exit
+DRAIN_LINGER = 0.3   # seconds it then gathers more lines before answering
 
 
 def host_resource(host: str) -> str:
@@ -60,7 +62,7 @@ class NodeTrainer:
         self.env = read_env_file(env_file)
         self.command = command
         self.lines: list[str] = []
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
         self.proc: subprocess.Popen | None = None
         self.rc: int | None = None
         self.stopped = False
@@ -76,16 +78,23 @@ class NodeTrainer:
         for raw in self.proc.stdout:
             with self.lock:
                 self.lines.append(raw.decode(errors="replace").rstrip("\n"))
+                self.lock.notify_all()
         rc = self.proc.wait()
         if rc < 0:
             rc = 128 - rc
+        record(self.env.get("JOB_DIR", "."), self.host, rc, "stopped" if self.stopped else "exit")
         with self.lock:
             self.rc = rc
-        record(self.env.get("JOB_DIR", "."), self.host, rc, "stopped" if self.stopped else "exit")
+            self.lock.notify_all()
 
-    def drain(self) -> tuple[list[str], int | None]:
-        """New output lines since the last call, and the exit status once the trainer ended."""
+    def drain(self, wait: float = 0.0, linger: float = 0.0) -> tuple[list[str], int | None]:
+        """New output lines since the last call, and the exit status once the trainer ended.
+        Blocks up to `wait` seconds for either; once a line is there, gathers for `linger` more
+        seconds (fewer, larger batches), but returns at once when the trainer exits."""
         with self.lock:
+            self.lock.wait_for(lambda: self.lines or self.rc is not None, timeout=wait)
+            if self.lines and self.rc is None and linger > 0:
+                self.lock.wait_for(lambda: self.rc is not None, timeout=linger)
             lines, self.lines = self.lines, []
             return lines, self.rc
 
@@ -137,23 +146,28 @@ def main() -> int:
         return RAY_UNUSABLE
     say("trainers started: " + ", ".join(f"{h} pid {p}" for h, p in zip(hosts, pids, strict=True)))
 
+    # One outstanding drain per node, all at once: a node answers when it has output (batched for
+    # DRAIN_LINGER s) or exits, so an idle job costs one call per node per DRAIN_WAIT s and a
+    # failure is seen as soon as it happens, on 2 nodes or 1000.
     status: dict[str, int] = {}
     first_failure: str | None = None
-    while len(status) < len(hosts):
-        for host, actor in actors.items():
-            if host in status:
-                continue
-            lines, rc = ray.get(actor.drain.remote())
+    pending = {actor.drain.remote(DRAIN_WAIT, DRAIN_LINGER): host for host, actor in actors.items()}
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=DRAIN_WAIT * 2)
+        for ref in ready:
+            host = pending.pop(ref)
+            lines, rc = ray.get(ref)
             if lines:
                 sys.stdout.write("".join(f"{host}: {line}\n" for line in lines))
                 sys.stdout.flush()
-            if rc is not None:
-                status[host] = rc
-                if rc != 0 and first_failure is None:
-                    first_failure = host
-                    say(f"training on {host} exited with {rc}; stopping the other nodes")
-                    ray.get([a.stop.remote() for h, a in actors.items() if h != host])
-        time.sleep(0.2)
+            if rc is None:
+                pending[actors[host].drain.remote(DRAIN_WAIT, DRAIN_LINGER)] = host
+                continue
+            status[host] = rc
+            if rc != 0 and first_failure is None:
+                first_failure = host
+                say(f"training on {host} exited with {rc}; stopping the other nodes")
+                ray.get([a.stop.remote() for h, a in actors.items() if h != host and h not in status])
     return status[first_failure] if first_failure else 0
 
 

@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -137,3 +138,20 @@ def test_falls_back_to_the_plain_launch_when_ray_cannot_start(cluster, workspace
         assert log_has(log, rf"^{host}: .*completed step: 4,")
     assert summary(log)["status"] == "completed"
     assert trainer_pid(job_id, 0) is None
+
+
+def test_killed_rank_stops_the_ray_job_fast(cluster, workspace, venv):
+    """RAY=1: the actor of the node whose trainer dies reports it at once and the driver stops the
+    other nodes' trainers: the job ends within 30 s, the JOB SUMMARY names the node."""
+    job_id, log = submit(cluster, workspace, "tiny", "-N", "2", "--", "steps=1000000", RAY="1")
+    wait_for(lambda: log_has(log, r"^n2: .*completed step: 3,"), 240, "n2 to train")
+    pid = trainer_pid(job_id, 1)
+    assert pid, "rank 1 trainer not found"
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    wait_job_end(cluster, job_id, 60)
+    assert time.monotonic() - killed_at < 30, "the job took too long to end after the kill"
+    s = summary(log)
+    assert s["status"] == "failed" and s["failed_nodes"].startswith("n2 (exit 137)"), s
+    assert log_has(log, r"^n1: _ray_actor\.py: training on n2 exited with 137; stopping the other nodes")
+    assert trainer_pid(job_id, 0) is None, "rank 0 survived"
