@@ -50,6 +50,8 @@ def test_ray_job_leaves_a_tsdb_that_answers_afterwards(cluster, workspace, venv)
     env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     assert not [e for e in env if e.startswith(b"RAY_")], "trainer got Ray's environment"
     assert b"_raylet" not in Path(f"/proc/{pid}/maps").read_bytes(), "trainer has Ray loaded"
+    # ... and it runs at the launcher's priority, not at the nice 15 Ray gives its workers
+    assert os.getpriority(os.PRIO_PROCESS, pid) == os.getpriority(os.PRIO_PROCESS, 0), "trainer was niced"
     assert wait_job_end(cluster, job_id, 300) == "COMPLETED", log.read_text()[-3000:]
     assert summary(log)["status"] == "completed"
     assert log_has(log, r"^n1: prometheus: http://127\.0\.0\.1:\d+ +tunnel: ssh -N -L (\d+):127\.0\.0\.1:\1 n1$")

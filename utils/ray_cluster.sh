@@ -48,7 +48,9 @@ ray_addr() {
 start() {  # ADDR ARGS...: start Ray on this node with the common arguments
   local addr; addr=$(ray_addr "$1"); shift
   local metrics_port; metrics_port=$(free_port 8080)
-  "$ray_bin" start "$@" --node-ip-address="$addr" --disable-usage-stats \
+  # Ray runs its workers at nice 15, and the trainer an actor spawns inherits it (an unprivileged
+  # process cannot lower it again): the trainer would lose the CPU to every daemon on the node.
+  RAY_worker_niceness=0 "$ray_bin" start "$@" --node-ip-address="$addr" --disable-usage-stats \
     --num-cpus="${RAY_NUM_CPUS:-1}" --num-gpus=0 --resources="{\"$resource\": 1}" \
     --object-store-memory="${RAY_OBJECT_STORE_BYTES:-268435456}" \
     --metrics-export-port="$metrics_port" \
