@@ -50,7 +50,7 @@ def one_run(ray: str, steps: int, nodes: int, ws: Path, env: dict) -> tuple[floa
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[2])
     ap.add_argument("--pairs", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--steps", type=int, default=1000, help="per run; enough that start-up (Ray, Prometheus, TensorBoard coming up) is a small part of the median (default 1000)")
     ap.add_argument("--nodes", type=int, default=2)
     a = ap.parse_args()
     tool = str(REPO / "utils" / "local_cluster.sh")
