@@ -73,3 +73,15 @@ def triage(job: Path | str, cluster: dict[str, str] | None = None, *args: str) -
     res = run([str(REPO / "utils/triage.py"), str(job), "--json", *args], env=cluster)
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
     return json.loads(res.stdout)
+
+
+def bad_job_arg(kind: str, tmp_path: Path) -> str:
+    """A JOB argument of one bad kind for the tools' bad-input tests: binary, text or empty file
+    (made under tmp_path); any other kind is passed through (a missing id or path)."""
+    files = {"binary": ("x.log", b"\x7fELF\0\0\0" * 100), "text": ("notes.txt", b"shopping list\nmilk\n"),
+             "empty": ("empty.log", b"")}
+    if kind not in files:
+        return kind
+    name, data = files[kind]
+    (tmp_path / name).write_bytes(data)
+    return str(tmp_path / name)

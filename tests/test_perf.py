@@ -14,6 +14,7 @@ import logcorpus
 import numpy as np
 import pytest
 from conftest import REPO, launcher_env, run
+from jobs import bad_job_arg
 
 sys.path.insert(0, str(REPO / "utils"))
 import perf  # noqa: E402
@@ -315,16 +316,7 @@ def test_cli_bad_input_is_one_line_exit_2(bad, tmp_path):
         "warmup": [str(log), "--warmup-steps", "0"],
         "both": [str(log), "--gpu", "H100", "--peak-tflops", "9"],
     }
-    arg = bad
-    if bad == "binary":
-        arg = str(tmp_path / "x.log")
-        Path(arg).write_bytes(b"\x7fELF\0\0\0" * 100)
-    elif bad == "text":
-        arg = str(tmp_path / "notes.txt")
-        Path(arg).write_text("shopping list\nmilk\n")
-    elif bad == "empty":
-        arg = str(tmp_path / "empty.log")
-        Path(arg).write_text("")
+    arg = bad_job_arg(bad, tmp_path)
     res = run([PERF, *args.get(bad, [arg, "--workspace", str(tmp_path)])])
     assert res.returncode == 2, res.stdout
     assert res.stdout == "" and len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr

@@ -14,7 +14,7 @@ from pathlib import Path
 import logcorpus
 import pytest
 from conftest import REPO, launcher_env, run
-from jobs import log_has, wait_for
+from jobs import bad_job_arg, log_has, wait_for
 
 sys.path.insert(0, str(REPO / "utils"))
 import joblog  # noqa: E402
@@ -285,16 +285,7 @@ def test_cli_help_json_text_and_lookup(tmp_path):
 
 @pytest.mark.parametrize("bad", ["nosuchjob", "/nonexistent/x.log", "binary", "text", "empty"])
 def test_cli_bad_input_is_one_line_exit_2(bad, tmp_path):
-    arg = bad
-    if bad == "binary":
-        arg = str(tmp_path / "x.log")
-        Path(arg).write_bytes(b"\x7fELF\0\0\0" * 100)
-    elif bad == "text":
-        arg = str(tmp_path / "notes.txt")
-        Path(arg).write_text("shopping list\nmilk\n")
-    elif bad == "empty":
-        arg = str(tmp_path / "empty.log")
-        Path(arg).write_text("")
+    arg = bad_job_arg(bad, tmp_path)
     res = run([TRIAGE, arg, "--workspace", str(tmp_path)])
     assert res.returncode == 2, res.stdout
     assert res.stdout == "" and len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
