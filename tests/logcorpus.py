@@ -370,6 +370,7 @@ def body(job: Job, w: _Writer) -> tuple[list[str], _Outcome, float]:
         for h in hosts:
             out.append(f"srun: error: {h}: task {hosts.index(h)}: Exited with exit code 143")
         records = {h: (143, "stopped") for h in hosts}
+        records[hosts[-1]] = None  # seen on the local cluster: scancel ended a node before it recorded
         status = "cancelled"
     elif fail == "time_limit":
         # sbatch --time ran out: slurmstepd's notice, then _job.sbatch's trap (job state TIMEOUT)

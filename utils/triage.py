@@ -471,8 +471,14 @@ class Triage:
         """Nodes that vanished: named by a node-failure notice, or without an exit record once the
         stage ended (JOB SUMMARY's no_exit_record, or Slurm NODE_FAIL)."""
         s = self.scan
-        names = set(s.summary.get("no_exit_record", "").split())
-        names |= {e.host for e in s.events if e.kind == "node_failure" and e.host}
+        names = {e.host for e in s.events if e.kind == "node_failure" and e.host}
+        # a stop request (scancel, time limit) can end a node's stage before it records its exit:
+        # then a missing record alone is no node failure
+        stopped = (s.summary.get("status") in ("cancelled", "timeout")
+                   or any(e.kind == "cancel" and e.data.get("level") == "job" for e in s.events)
+                   or self.sched in ("CANCELLED", "PREEMPTED", "TIMEOUT"))
+        if not stopped or names or self.sched == "NODE_FAIL":
+            names |= set(s.summary.get("no_exit_record", "").split())
         if self.sched == "NODE_FAIL" or any(e.kind == "node_failure" and not e.host for e in s.events):
             recs = self.records.get(self.stage or "", {})
             if recs:
