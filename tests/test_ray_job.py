@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, run
-from jobs import log_has, submit, summary, trainer_pid, triage, wait_for, wait_job_end
+from jobs import job_state, log_has, submit, summary, trainer_pid, triage, wait_for, wait_job_end
 
 pytestmark = pytest.mark.cluster
 
@@ -157,3 +157,38 @@ def test_killed_rank_stops_the_ray_job_fast(cluster, workspace, venv):
     assert s["status"] == "failed" and s["failed_nodes"].startswith("n2 (exit 137)"), s
     assert log_has(log, r"^n1: _ray_actor\.py: training on n2 exited with 137; stopping the other nodes")
     assert trainer_pid(job_id, 0) is None, "rank 0 survived"
+
+
+def test_frozen_rank_hang_then_heartbeat_timeout(cluster, workspace, venv):
+    """A rank frozen with SIGSTOP (what a stuck driver call or a swap storm looks like). While the job
+    runs, triage says hung; once JAX's coordination service declares the task dead (~1 min), the job
+    fails and triage blames the frozen node (heartbeat_timeout, not the survivor's abort), and
+    diagnose finds the accused host really stopped (not a heartbeat false positive)."""
+    job_id, log = submit(cluster, workspace, "tiny", "-N", "2", "--", "steps=1000000", RAY="1", METRICS_INTERVAL="2")
+    wait_for(lambda: log_has(log, r"^n2: .*completed step: 30,"), 240, "n2 to train")
+    pid = trainer_pid(job_id, 1)
+    assert pid, "rank 1 trainer not found"
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(20)
+        r = triage(log, cluster, "--hang-min-seconds", "15")
+        assert r["status"] == "hung" and r["failure_class"] == "hang", r["summary"]
+        assert r["hang"]["last_step_age_seconds"] > 15 and r["scheduler_state"] == "RUNNING"
+        assert any("py-spy dump" in n for n in r["next_steps"])
+        assert wait_job_end(cluster, job_id, 180) == "FAILED", log.read_text()[-3000:]
+    finally:
+        if job_state(cluster, job_id) in ("RUNNING", "PENDING"):
+            run(["scancel", job_id], env=cluster)
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    assert log_has(log, r"stopped sending heartbeats")
+    r = triage(log, cluster)
+    assert r["failure_class"] == "heartbeat_timeout" and r["culprit_hosts"] == ["n2"], r["summary"]
+    res = run([str(venv / "bin/python"), str(REPO / "utils/diagnose.py"), str(log.with_suffix("")), "--json"], timeout=300)
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    assert d["verdict"] != "heartbeat_false_positive", d["summary"]
+    hb = [f for f in d["findings"] if f["kind"] == "heartbeat_timeout"]
+    assert hb and hb[0]["hosts"] == ["n2"], d["findings"]

@@ -573,41 +573,47 @@ def check_heartbeat(d: Data, rep: Report, prom: tsdb.Served) -> None:
     tasks = sorted({t for e in claims for t in e.data["tasks"]})
     accused = [nodes[t] for t in tasks if t < len(nodes)]
     power = d.gauges.get("hw_gpu_power_watts", {})
-    w = int(max(120, 3 * d.interval))
-    q = f"max by (host) (avg_over_time(hw_gpu_power_watts[{w}s]))"
+    # "Alive up to the claim" must hold right before it: a host that froze or died stops at least one
+    # heartbeat timeout (tens of seconds; ~56 s measured with JAX 0.12) before the claim, so a longer
+    # look-back would count the work it did before it stopped.
+    near = max(20.0, 2.5 * d.interval)
+    q = f"max by (host) (min_over_time(hw_gpu_power_watts[{int(near)}s]))"
     at_claim = {r["metric"]["host"]: float(r["value"][1]) for r in prom.query(q, t_claim) if "host" in r["metric"]} \
         if power else {}
-    # training is synchronous: a step completed shortly before the claim means every host took part in it
-    qs = f"sum(changes(tb_step[{int(0.9 * HB_TIMEOUT)}s]))"
+    # training is synchronous: a step completed just before the claim means every host took part in it
+    qs = "timestamp(tb_step)"
     rows = prom.query(qs, t_claim) if "tb_step" in d.names else []
-    steps_before = float(rows[0]["value"][1]) if rows else math.nan
+    last_tb = max((float(r["value"][1]) for r in rows), default=math.nan)
+    steps_to_claim = math.isfinite(last_tb) and last_tb >= t_claim - near
     alive, dead, values = [], [], {}
     for h in accused:
         base = nanmed(power[h][d.mask()]) if h in power else math.nan
         ratio = at_claim.get(h, math.nan) / base if base and math.isfinite(base) else math.nan
         seen = scan.hosts.get(h)
         last_step = seen.last_step_ts if seen else None
-        logged = last_step is not None and last_step >= t_claim - HB_TIMEOUT / 2
+        logged = last_step is not None and last_step >= t_claim - near
         values[h] = {"power_at_claim_w": at_claim.get(h, math.nan), "power_training_w": base,
                      "last_step_logged": last_step, "last_step": seen.last_step if seen else None}
-        (alive if (ratio >= 0.7 or logged or steps_before > 0) else dead).append(h)
+        (alive if (ratio >= 0.7 or logged or steps_to_claim) else dead).append(h)
     queries = [q + f"   @ {t_claim:.0f}"] + ([qs + f"   @ {t_claim:.0f}"] if rows else [])
     win = (t_claim - HB_TIMEOUT, t_claim)
-    vals = {"claim_time": t_claim, "tasks": tasks, "hosts": values, "steps_in_90s_before_claim": steps_before}
+    vals = {"claim_time": t_claim, "tasks": tasks, "hosts": values, "near_seconds": near,
+            "last_tb_step_time": last_tb if math.isfinite(last_tb) else None}
     if accused and not dead:
         rep.findings.append(Finding(
             "heartbeat_false_positive",
             f"JAX declared task(s) {tasks} ({', '.join(accused)}) dead at {utc(t_claim)}, but they were alive up to "
-            f"the claim (GPU power {', '.join(fmt(values[h]['power_at_claim_w']) + ' W' for h in accused)}"
-            + (f"; {steps_before:.0f} steps completed in the 90 s before it" if steps_before > 0 else "")
+            f"the claim (GPU power in the last {near:.0f} s {', '.join(fmt(values[h]['power_at_claim_w']) + ' W' for h in accused)}"
+            + (f"; the last step {t_claim - last_tb:.0f} s before it" if steps_to_claim else "")
             + f"): the heartbeats were lost, not the hosts (look at the coordinator {nodes[0] if nodes else '?'} "
             "and the network around that time)",
             accused, win, queries, vals, 0.96,
             plot=series_plot("GPU power per host (max GPU)", "W", power, d, accused) if power else None))
     elif dead:
         rep.findings.append(Finding(
-            "heartbeat_timeout", f"{', '.join(dead)} stopped (GPU power fell, no steps) before JAX's "
-                                 f"heartbeat claim at {utc(t_claim)}: a real loss of the host or its process",
+            "heartbeat_timeout", f"{', '.join(dead)} stopped ({'GPU power fell, ' if power else ''}no steps"
+                                 + (f"; the last one {t_claim - last_tb:.0f} s" if math.isfinite(last_tb) else "")
+                                 + f" before JAX's heartbeat claim at {utc(t_claim)}): a real loss of the host or its process",
             dead, win, queries, vals, 0.5, decides=False))
         rep.clean("heartbeat_false_positive", "the accused hosts really stopped before the claim",
                   ["hw_gpu_power_watts", "tb_step"])
@@ -1178,7 +1184,9 @@ def _assemble(rep: Report, n_queries: int, seconds: float) -> dict:
     elif insufficient:
         summary = "insufficient evidence: the TSDB holds no hw_* or tb_* metrics (was the exporter running?)"
     else:
-        summary = "no incident found: every check with data came out clean" + (
+        hb = next((f for f in rep.findings if f.kind == "heartbeat_timeout"), None)
+        summary = ("no system cause in the metrics; " + hb.summary + " (the log tells why: utils/triage.py)" if hb else
+                   "no incident found: every check with data came out clean") + (
             f" (no data for: {', '.join(sorted(rep.missing))})" if rep.missing else "")
     return {
         "job": d.target.name, "tsdb": str(d.target.tsdb), "log": str(d.target.log) if d.target.log else None,

@@ -44,6 +44,7 @@ _OOM_DEV = re.compile(r"RESOURCE_EXHAUSTED|Out of memory while trying to allocat
 _COLLECTIVE = re.compile(r"Gloo|\b[NR]CCL\b|nccl\w*Error|Connection reset by peer|Connection closed by peer")
 _COORD = re.compile(r"heartbeat|coordination service|Barrier|DEADLINE_EXCEEDED|UNAVAILABLE|PollForError|"
                     r"distributed service|preempt", re.I)
+_ABORT = re.compile(r"Fatal Python error: Aborted|SIGABRT|Signal 6 received")
 _INTERRUPT = re.compile(r"^(?:KeyboardInterrupt|SystemExit)\b")
 _JOBCTL = re.compile(r"^\S+: line \d+: +\d+ ")          # bash: "<script>: line N: PID Killed  <command>"
 _ABSL_PREFIX = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]\s]*\] ")
@@ -446,6 +447,9 @@ class Triage:
                 e = h.first("oom_host")
             elif kind == "segfault":
                 e = h.first("segfault", "fatal")
+                notice = h.first("death_notice")
+                if e is not None and notice is not None and e.line > notice.line and _ABORT.search(e.text):
+                    e = None  # the abort that JAX's death notice (an absl fatal) ends in: a consequence
                 if e is None and h.exit == 139 and h.reason != "stopped":
                     return "segfault", None
             elif kind == "python_exception":
