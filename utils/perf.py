@@ -940,11 +940,7 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as e:
         print(f"perf.py: {e}", file=sys.stderr)
         return 2
-    if a.json:
-        json.dump(r, sys.stdout, indent=1)
-        sys.stdout.write("\n")
-    else:
-        print(render(r))
+    triage.emit(r, a.json, render)
     return 0
 
 

@@ -120,17 +120,25 @@ block_range() { # TSDB -> "FIRST_MS LAST_MS" over its blocks (meta.json maxTime 
   ' "${metas[@]}"
 }
 
-cmd_list() {
-  local ws="" d job size range first last wal_at key
+operand="" # one_operand CMD WHAT ARG...: sets operand to CMD's only argument; handles --help, options and extras
+one_operand() {
+  local cmd=$1 what=$2
+  shift 2
+  operand=""
   while (($#)); do
     case $1 in
-      -h | --help) show_help list; exit 0 ;;
-      -?*) die "unknown option $1 for list (usage: list [WORKSPACE])" ;;
-      *) [[ -z "$ws" ]] || die "list takes one WORKSPACE, got '$ws' and '$1'"; ws=$1 ;;
+      -h | --help) show_help "$cmd"; exit 0 ;;
+      -?*) die "unknown option $1 for $cmd (it takes only $what)" ;;
+      *) [[ -z "$operand" ]] || die "$cmd takes one $what, got '$operand' and '$1'"; operand=$1 ;;
     esac
     shift
   done
-  ws=${ws:-${JOB_WORKSPACE:-$repo/outputs}}
+}
+
+cmd_list() {
+  local ws d job size range first last wal_at key
+  one_operand list WORKSPACE "$@"
+  ws=${operand:-${JOB_WORKSPACE:-$repo/outputs}}
   [[ -d "$ws" ]] || die "workspace $ws is not a directory (give WORKSPACE or set JOB_WORKSPACE)"
   {
     printf '%s\t%s\t%s\t%s\t%s\t%s\n' 9999999999 JOB SIZE 'FIRST (UTC)' 'LAST (UTC)' 'WAL LAST WRITE (UTC)'
@@ -361,15 +369,9 @@ cmd_query() {
 }
 
 cmd_serve() {
-  local target="" port range rc
-  while (($#)); do
-    case $1 in
-      -h | --help) show_help serve; exit 0 ;;
-      -?*) die "unknown option $1 for serve (it takes only JOB_DIR_OR_TSDB)" ;;
-      *) [[ -z "$target" ]] || die "serve takes one JOB_DIR_OR_TSDB, got '$target' and '$1'"; target=$1 ;;
-    esac
-    shift
-  done
+  local target port range rc
+  one_operand serve JOB_DIR_OR_TSDB "$@"
+  target=$operand
   [[ -n "$target" ]] || die "serve needs JOB_DIR_OR_TSDB (a job dir or a TSDB dir)"
   resolve_tsdb "$target"
   find_prometheus

@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 if sys.version_info < (3, 11):  # noqa: UP036  (login nodes' python3 may be older than the project's)
@@ -849,6 +850,15 @@ def triage(job: str, workspace: Path | None = None, opts: Options | None = None)
     return Triage(log, job_dir, opts or Options()).report()
 
 
+def emit(report: dict, as_json: bool, text: Callable[[dict], str]) -> None:
+    """Print a tool's report: JSON for programs (--json), else text(report) for people."""
+    if as_json:
+        json.dump(report, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print(text(report))
+
+
 def render(r: dict) -> str:
     """The report as text for people."""
     p, t = r["progress"], r["tgs"]
@@ -917,11 +927,7 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as e:
         print(f"triage.py: {e}", file=sys.stderr)
         return 2
-    if a.json:
-        json.dump(r, sys.stdout, indent=1)
-        sys.stdout.write("\n")
-    else:
-        print(render(r))
+    emit(r, a.json, render)
     return 0
 
 
