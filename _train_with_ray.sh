@@ -96,8 +96,15 @@ if [[ ! -e "$ray_dir/head" ]]; then
   plain "no Ray head appeared within ${join_timeout} s"
   exit $?
 fi
-"$repo/utils/ray_cluster.sh" worker "$addr" "$(cat "$ray_dir/head")" 2> "$JOB_DIR/metrics/ray-start-$host.log" ||
-  say "could not join the Ray head (see $JOB_DIR/metrics/ray-start-$host.log); waiting for the head's decision"
+# Ray gives a raylet 30 s to register with the GCS; on a loaded node that can pass once: one more try
+# (after stopping what the first one left, only this job's Ray processes on this node).
+for attempt in 1 2; do
+  if "$repo/utils/ray_cluster.sh" worker "$addr" "$(cat "$ray_dir/head")" 2>> "$JOB_DIR/metrics/ray-start-$host.log"; then
+    break
+  fi
+  "$repo/utils/ray_cluster.sh" stop
+  say "could not join the Ray head (attempt $attempt of 2; see $JOB_DIR/metrics/ray-start-$host.log)"
+done
 until [[ -e "$ray_dir/done" || -e "$ray_dir/FAILED" ]]; do sleep 0.5; done
 if [[ -e "$ray_dir/FAILED" && ! -e "$ray_dir/done" ]]; then
   plain "the head could not run the job on Ray"
