@@ -4,6 +4,8 @@ shopt -s extglob
 #   die MSG...            print "<prog>: MSG" to stderr and exit 1
 #   port_in_use PORT      true if something listens on TCP PORT (any address, IPv4 or IPv6)
 #   free_port START [N]   print the first port >= START that nobody listens on (tries N, default 100)
+#   private_dir PARENT    create a new directory only this user can enter, print its path
+#   job_scratch           this job's private scratch on this node (labelled for preflight's cleanup)
 
 die() {
   printf '%s: %s\n' "${PROG:-${0##*/}}" "$*" >&2
@@ -34,6 +36,30 @@ free_port() {
     port=$((port + 1))
   done
   return 1
+}
+
+# private_dir PARENT: a fresh directory PARENT/mst.XXXXXXXX for one job's secrets and sockets on
+# this node. mktemp -d makes it atomically (a new random name, mode 0700) so nobody else can have
+# made it first; it is then checked (a directory, not a link, ours, mode 700) before it is used.
+# The name is short on purpose: Ray puts Unix sockets below it (107-byte path limit).
+# Dies with one line when PARENT is unusable.
+private_dir() {
+  local parent=$1 d mode
+  d=$(mktemp -d "$parent/mst.XXXXXXXX" 2>/dev/null) ||
+    die "cannot create a private directory in '$parent' (set TMPDIR to a writable node-local directory)"
+  mode=$(stat -c %a "$d" 2>/dev/null || true)
+  [[ -d "$d" && ! -L "$d" && -O "$d" && "$mode" == 700 ]] ||
+    die "'$d' is not a private directory (owner or mode $mode changed under us); refusing to use it"
+  printf '%s\n' "$d"
+}
+
+# job_scratch: a private_dir in ${TMPDIR:-/tmp} for this job on this node, labelled in its file
+# `job` with "JOB_SCHEDULER JOB_ID HOST" so preflight can tell a finished job's leftovers apart.
+job_scratch() {
+  local d
+  d=$(private_dir "${TMPDIR:-/tmp}") || exit 1
+  printf '%s %s %s\n' "${JOB_SCHEDULER:-unknown}" "${JOB_ID:-?}" "${JOB_HOSTNAME:-$(hostname)}" > "$d/job"
+  printf '%s\n' "$d"
 }
 
 # safe_name STRING: a name safe for any shell and filesystem: [A-Za-z0-9._-] only,
