@@ -41,6 +41,18 @@ while IFS= read -r kv; do
   [[ -n "$kv" ]] || continue
   export "${kv?}"; set_vars+=("${kv%%=*}")
 done <<< "${TRAIN_ENV_OVERRIDES:-}"
+# 4. MaxText overrides: credentials (SECRET_MAXTEXT_KEYS, e.g. hf_access_token) reach MaxText as
+# M_<KEY> environment variables (MaxText reads those), never in the trainer's argv (ps shows argv).
+overrides=()
+while IFS= read -r kv; do
+  [[ -n "$kv" ]] || continue
+  if is_secret_key "${kv%%=*}"; then
+    key=${kv%%=*}; key="M_${key^^}"
+    export "$key=${kv#*=}"; set_vars+=("$key")
+  else
+    overrides+=("$kv")
+  fi
+done <<< "${TRAIN_OVERRIDES:-}"
 
 # Multi-process JAX from the generic job variables (MaxText's hardware=gpu path; on CPU
 # JAX_PLATFORMS=cpu keeps it there). One process per node drives all of the node's devices.
@@ -51,7 +63,7 @@ export NNODES=${JOB_NUM_NODES:-1} NODE_RANK=${JOB_NODE_RANK:-0}
 set_vars+=(JAX_COORDINATOR_IP JAX_COORDINATOR_PORT JAX_COORDINATOR_BIND_ADDRESS NNODES NODE_RANK)
 
 if [[ "$mode" == env ]]; then
-  for v in "${set_vars[@]}"; do printf '%s=%s\n' "$v" "${!v}"; done | awk '!seen[$0]++' | redact_secrets
+  for v in "${set_vars[@]}"; do shown_kv env "$v=${!v}"; done | awk '!seen[$0]++'
   exit 0
 fi
 if [[ "$mode" == shell ]]; then
@@ -65,11 +77,10 @@ config="$repo/configs/$MODEL.yml"
 : "${JOB_DIR:?_train.sh: JOB_DIR is not set}"
 args=("$config" "run_name=${JOB_NAME:-maxtext}" "base_output_directory=$JOB_DIR"
       "jax_cache_dir=${JOB_WORKSPACE:-$JOB_DIR}/.jax_cache")
-while IFS= read -r kv; do [[ -n "$kv" ]] && args+=("$kv"); done <<< "${TRAIN_OVERRIDES:-}"
-cmd=("${MST_PYTHON:-python3}" -m maxtext.trainers.pre_train.train "${args[@]}")
+cmd=("${MST_PYTHON:-python3}" -m maxtext.trainers.pre_train.train "${args[@]}" "${overrides[@]}")
 
 if [[ "$mode" == cmd ]]; then
-  printf '%q ' "${cmd[@]}" | redact_secrets; echo
+  shown_cmd "${cmd[@]}"
   exit 0
 fi
 
@@ -83,8 +94,8 @@ if [[ "${ENABLE_COREDUMPS:-0}" == 1 ]]; then
     *) echo "_train.sh: core dumps enabled: $core_dir" >&2 ;;
   esac
 fi
-stray=$(compgen -v | grep -E '^M_[A-Z0-9_]+$' | paste -sd' ' || true)
+stray=$(compgen -v | grep -E '^M_[A-Z0-9_]+$' | grep -vxF -f <(printf '%s\n' "${set_vars[@]}") | paste -sd' ' || true)
 [[ -z "$stray" ]] || echo "_train.sh: warning: MaxText reads M_<KEY> variables as config overrides; set in this environment: $stray" >&2
-echo "_train.sh: rank $NODE_RANK/$NNODES, coordinator $JAX_COORDINATOR_IP:$JAX_COORDINATOR_PORT, env set: $(for v in "${set_vars[@]}"; do printf '%s=%s ' "$v" "${!v}"; done | redact_secrets)" >&2
-echo "_train.sh: $(printf '%q ' "${cmd[@]}" | redact_secrets)" >&2
+echo "_train.sh: rank $NODE_RANK/$NNODES, coordinator $JAX_COORDINATOR_IP:$JAX_COORDINATOR_PORT, env set: $(for v in "${set_vars[@]}"; do printf '%s=%s\n' "$v" "${!v}"; done | shown_list env)" >&2
+echo "_train.sh: $(shown_cmd "${cmd[@]}")" >&2
 exec "${cmd[@]}"

@@ -26,22 +26,39 @@ case "${1:-}" in
   -*) die "first argument must be MODEL[:TAG] or nothing (see run_local.sh --help)" ;;
 esac
 model_arg=$1; shift
-command_text="run_local.sh $model_arg$(printf ' %q' "$@")"
-if (( $# )); then
-  [[ "$1" == -- ]] || die "unexpected '$1': overrides go after --, e.g. run_local.sh $model_arg -- steps=10"
-  shift
+if [[ "${MST_OVERRIDES_IN_ENV:-}" == 1 && $# == 0 ]]; then
+  # second pass (below): the overrides came by environment, out of this process's argv
+  command_text=$MST_COMMAND_TEXT
+  unset MST_OVERRIDES_IN_ENV MST_COMMAND_TEXT
+else
+  command_text="run_local.sh $(printf '%q' "$model_arg")$(shown_args "$@")"
+  if (( $# )); then
+    [[ "$1" == -- ]] || die "unexpected '$1': overrides go after --, e.g. run_local.sh $model_arg -- steps=10"
+    shift
+  fi
+  split_overrides "$@"
+  if (( $# )); then
+    # Everyone on the machine can read a process's argv (ps): run on without the overrides in it.
+    export TRAIN_OVERRIDES TRAIN_ENV_OVERRIDES MST_OVERRIDES_IN_ENV=1 MST_COMMAND_TEXT=$command_text
+    exec "$repo/run_local.sh" "$model_arg"
+  fi
 fi
-split_overrides "$@"
 prepare_launch "$model_arg" "$repo"
+make_workspace
 
-export JOB_ID; JOB_ID="local-$(date +%Y%m%d-%H%M%S)-$$"
-export JOB_NAME="$JOB_ID-$MODEL_NAME"
-export JOB_DIR="$JOB_WORKSPACE/$JOB_NAME" JOB_LOG="$JOB_WORKSPACE/$JOB_NAME.log"
+# A new job id whose directory did not exist (mkdir is atomic): no earlier job is ever reused.
+for try in 0 1 2 3 4 5 6 7 8 9; do
+  suffix=""; (( try == 0 )) || suffix="-$try"
+  export JOB_ID; JOB_ID="local-$(date +%Y%m%d-%H%M%S)-$$$suffix"
+  export JOB_NAME="$JOB_ID-$MODEL_NAME"
+  export JOB_DIR="$JOB_WORKSPACE/$JOB_NAME" JOB_LOG="$JOB_WORKSPACE/$JOB_NAME.log"
+  [[ ! -e "$JOB_LOG" ]] && mkdir "$JOB_DIR" 2>/dev/null && break
+  (( try < 9 )) || die "could not create a new job directory in $JOB_WORKSPACE (every name tried exists)"
+done
 export JOB_COORDINATOR_PORT; JOB_COORDINATOR_PORT=$(free_port $((61440 + $$ % 4096)))
 export JOB_START_TIME; JOB_START_TIME=$(date +%s)
 export MST_REPO; MST_REPO=$("$repo/utils/snapshot.sh" "$repo" "$JOB_WORKSPACE/.snapshots" "$command_text")
 export TRAIN_OVERRIDES TRAIN_ENV_OVERRIDES
-mkdir -p "$JOB_DIR"
 ln -sfn "$MST_REPO" "$JOB_DIR/artifact"
 ln -sfn "$JOB_LOG" "$JOB_DIR/log"
 declare -A limit=()

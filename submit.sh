@@ -4,30 +4,33 @@
 # Submits MaxText training of configs/MODEL.yml to Slurm from a login node.
 #   MODEL     a config name: exact, else a unique prefix, else a unique substring
 #   TAG       added to the job name, so parallel experiments of one model stay apart
-#   -N NODES  number of nodes (default 1); other flags go to sbatch unchanged
+#   -N NODES  number of nodes (default 1); other flags go to sbatch unchanged, except those
+#             that contradict the launcher (-J/--job-name, -o/--output, -e/--error, --nodes ...)
 #   --dry-run check everything and print what would be submitted; submit and write nothing
-#   after --  KEY=VALUE is a MaxText override; _env_NAME=VALUE sets NAME in the trainer's
-#             environment (wins over the launcher defaults and configs/MODEL.env.sh)
+#   after --  KEY=VALUE is a MaxText override (checked against MaxText's schema); _env_NAME=VALUE
+#             sets NAME in the trainer's environment (wins over the launcher defaults and
+#             configs/MODEL.env.sh; the launcher's own variables are reserved)
 # Environment: JOB_WORKSPACE (default <repo>/outputs), STAGE_TIMEOUTS ("preflight:600,train:86400"),
 #   RAY=0|1, CONTAINER_RUNTIME=auto|podman|docker|none, CONTAINER_IMAGE, ENABLE_COREDUMPS=0|1.
 # Makes a read-only snapshot of this repository (code, command, git state), submits
 # _job.sbatch from it and prints the job id, the log and the job directory:
 #   $JOB_WORKSPACE/<jobid>-JAX-<model>[-<tag>].log and $JOB_WORKSPACE/<jobid>-JAX-<model>[-<tag>]/
+# Secret values (docs/security.md) are redacted wherever the command is shown or recorded.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$repo/utils/lib.sh"
 source "$repo/utils/launch_lib.sh"
 PROG=submit.sh
-usage() { sed -n '2,17p' "$repo/submit.sh" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,18p' "$repo/submit.sh" | sed 's/^# \{0,1\}//'; }
 
 case "${1:-}" in
   -h|--help) usage; exit 0 ;;
   ""|-*) die "first argument must be MODEL[:TAG] (see submit.sh --help; models: $(model_names "$repo/configs"))" ;;
 esac
 model_arg=$1; shift
-command_text="submit.sh $model_arg$(printf ' %q' "$@")"
+command_text="submit.sh $(printf '%q' "$model_arg")$(shown_args "$@")"
 
-nodes=1 sbatch_flags=() dry_run=0
+nodes=1 sbatch_flags=() dry_run=0 user_hold=0
 while (( $# )); do
   case "$1" in
     --) shift; break ;;
@@ -35,26 +38,33 @@ while (( $# )); do
     -N|--nodes) (( $# >= 2 )) || die "$1 needs a node count"; nodes=$2; shift 2 ;;
     -N*) nodes=${1#-N}; shift ;;
     --nodes=*) nodes=${1#--nodes=}; shift ;;
+    -H|--ho|--hol|--hold) user_hold=1; sbatch_flags+=("$1"); shift ;;
     *) sbatch_flags+=("$1"); shift ;;
   esac
 done
-[[ "$nodes" =~ ^[1-9][0-9]*$ ]] || die "bad node count '$nodes': -N takes a positive whole number, e.g. -N 8"
+if ! [[ "$nodes" =~ ^[1-9][0-9]{0,5}$ ]] || (( nodes > MAX_NODES )); then
+  die "bad node count '$nodes': -N takes a whole number from 1 to $MAX_NODES, e.g. -N 8"
+fi
+check_sbatch_flags "${sbatch_flags[@]}"
 split_overrides "$@"
 prepare_launch "$model_arg" "$repo"
 if (( dry_run )); then
   echo "dry run: nothing submitted"
   echo "model: $MODEL ($repo/configs/$MODEL.yml${MODEL_TAG:+, tag $MODEL_TAG})"
-  echo "sbatch: sbatch --parsable --job-name=$MODEL_NAME --nodes=$nodes --output=$JOB_WORKSPACE/%j-$MODEL_NAME.log$(printf ' %q' "${sbatch_flags[@]}") <snapshot>/_job.sbatch"
-  echo "overrides: $(tr '\n' ' ' <<< "$TRAIN_OVERRIDES")"
-  echo "env_overrides: $(tr '\n' ' ' <<< "$TRAIN_ENV_OVERRIDES" | redact_secrets)"
+  echo "sbatch: sbatch --parsable --job-name=$MODEL_NAME --nodes=$nodes --output=$JOB_WORKSPACE/%j-$MODEL_NAME.log$(shown_args "${sbatch_flags[@]}") <snapshot>/_job.sbatch"
+  echo "overrides: $(shown_list maxtext <<< "$TRAIN_OVERRIDES")"
+  echo "env_overrides: $(shown_list env <<< "$TRAIN_ENV_OVERRIDES")"
   exit 0
 fi
 command -v sbatch >/dev/null 2>&1 || die "sbatch not found: run on a Slurm login node (or start utils/local_cluster.sh and eval its env)"
 
+make_workspace
 snapshot=$("$repo/utils/snapshot.sh" "$repo" "$JOB_WORKSPACE/.snapshots" "$command_text")
 export MST_REPO=$snapshot TRAIN_OVERRIDES TRAIN_ENV_OVERRIDES
 log_pattern="$JOB_WORKSPACE/%j-$MODEL_NAME.log"
-if ! out=$(sbatch --parsable --job-name="$MODEL_NAME" --nodes="$nodes" --output="$log_pattern" \
+# Held until an earlier job's files with the same id (Slurm's ids restart after a state reset)
+# are moved aside, so the new job never appends to or replaces them.
+if ! out=$(sbatch --parsable --hold --job-name="$MODEL_NAME" --nodes="$nodes" --output="$log_pattern" \
              "${sbatch_flags[@]}" "$snapshot/_job.sbatch" 2>&1); then
   chmod -R u+w "$snapshot" && rm -rf "$snapshot"
   die "sbatch refused the job: $(tr '\n' ' ' <<< "$out")"
@@ -62,11 +72,16 @@ fi
 job_id=${out%%;*}
 job_id=${job_id##*$'\n'}
 name="$job_id-$MODEL_NAME"
+move_aside "$JOB_WORKSPACE/$name.log" log
+move_aside "$JOB_WORKSPACE/$name" "job dir"
 mkdir -p "$JOB_WORKSPACE/$name"
 ln -sfn "$snapshot" "$JOB_WORKSPACE/$name/artifact"
 ln -sfn "$JOB_WORKSPACE/$name.log" "$JOB_WORKSPACE/$name/log"
+if (( ! user_hold )) && ! out=$(scontrol release "$job_id" 2>&1); then
+  die "job $job_id is submitted but held, and 'scontrol release $job_id' failed: $(tr '\n' ' ' <<< "$out")"
+fi
 cat <<EOM
-Submitted job $job_id ($MODEL_NAME) on $nodes node(s)
+Submitted job $job_id ($MODEL_NAME) on $nodes node(s)$( (( user_hold )) && echo ", held (--hold): scontrol release $job_id")
   log:     $JOB_WORKSPACE/$name.log
   job dir: $JOB_WORKSPACE/$name
   follow:  tail -F $(printf '%q' "$JOB_WORKSPACE/$name.log")

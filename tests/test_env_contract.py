@@ -88,10 +88,14 @@ def test_env_precedence(scratch_repo: Path):
 
 
 def test_trainer_command(scratch_repo: Path):
-    res = run([str(scratch_repo / "_train.sh"), "--print-cmd"], env={
-        "MST_REPO": str(scratch_repo), "MODEL": "tiny", "JOB_DIR": "/jobs/7-JAX-tiny", "JOB_NAME": "7-JAX-tiny",
-        "JOB_WORKSPACE": "/jobs", "MST_PYTHON": "/venv/bin/python", "TRAIN_OVERRIDES": "steps=3\nper_device_batch_size=2\n"})
+    """MaxText overrides go on the command line, except credentials (argv is public: ps)."""
+    env = {"MST_REPO": str(scratch_repo), "MODEL": "tiny", "JOB_DIR": "/jobs/7-JAX-tiny", "JOB_NAME": "7-JAX-tiny",
+           "JOB_WORKSPACE": "/jobs", "MST_PYTHON": "/venv/bin/python",
+           "TRAIN_OVERRIDES": "steps=3\nhf_access_token=hf_secret7\nper_device_batch_size=2\n"}
+    res = run([str(scratch_repo / "_train.sh"), "--print-cmd"], env=env)
     assert res.returncode == 0, res.stderr
+    printed_env = run([str(scratch_repo / "_train.sh"), "--print-env"], env=env).stdout.splitlines()
+    assert "M_HF_ACCESS_TOKEN=<redacted>" in printed_env and "hf_secret7" not in "".join(printed_env)
     assert res.stdout.split() == [
         "/venv/bin/python", "-m", "maxtext.trainers.pre_train.train", f"{scratch_repo}/configs/tiny.yml",
         "run_name=7-JAX-tiny", "base_output_directory=/jobs/7-JAX-tiny", "jax_cache_dir=/jobs/.jax_cache",

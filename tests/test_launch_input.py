@@ -1,7 +1,8 @@
 """Bad input to submit.sh / run_local.sh: one clear line, non-zero exit, nothing submitted or written.
 
-A fake `sbatch` first on PATH records any call, so "nothing submitted" is checked without a
-cluster; the workspace must stay empty (no snapshot, no job directory, no log).
+A fake `sbatch` (and `scontrol`, which submit.sh uses to release its held job) first on PATH
+records any call, so "nothing submitted" is checked without a cluster; the workspace must stay
+empty (no snapshot, no job directory, no log).
 """
 
 import os
@@ -11,6 +12,7 @@ import pytest
 from conftest import REPO, launcher_env, run
 
 FAKE_SBATCH = "#!/bin/sh\necho \"$@\" >> \"$SBATCH_CALLS\"\necho 4242\n"
+FAKE_SCONTROL = "#!/bin/sh\necho \"scontrol $*\" >> \"$SBATCH_CALLS\"\n"
 
 
 @pytest.fixture()
@@ -19,6 +21,8 @@ def fake_sbatch(tmp_path: Path) -> dict[str, str]:
     bindir.mkdir()
     (bindir / "sbatch").write_text(FAKE_SBATCH)
     (bindir / "sbatch").chmod(0o755)
+    (bindir / "scontrol").write_text(FAKE_SCONTROL)
+    (bindir / "scontrol").chmod(0o755)
     calls = tmp_path / "sbatch_calls"
     return {"PATH": f"{bindir}:{os.environ['PATH']}", "SBATCH_CALLS": str(calls)}
 
@@ -42,6 +46,24 @@ CASES = [
     (["tiny", "--", "steps=3", "_env_1BAD=x"], "bad environment name"),
     (["ti*ny"], "bad model name"),
     ([], "first argument must be MODEL[:TAG]"),
+    (["tiny", "-N", "100001"], "bad node count '100001'"),
+    # the launcher's own variables cannot be set for the trainer behind the checks' back
+    (["tiny", "--", "_env_MODEL=llama2-7b"], "'_env_MODEL' sets a launcher variable"),
+    (["tiny", "--", "_env_JOB_DIR=/tmp/x"], "'_env_JOB_DIR' sets a launcher variable"),
+    (["tiny", "--", "_env_TRAIN_OVERRIDES=steps=1"], "'_env_TRAIN_OVERRIDES' sets a launcher variable"),
+    (["tiny", "--", "_env_MST_PYTHON=/tmp/evil/python"], "'_env_MST_PYTHON' sets a launcher variable"),
+    (["tiny", "--", "_env_PATH=/tmp/evil:/usr/bin"], "'_env_PATH' sets a launcher variable"),
+    # sbatch flags that would leave the printed log / job dir unwritten or the node count unchecked
+    (["tiny", "-J", "other"], "sbatch flag '-J' contradicts submit.sh"),
+    (["tiny", "--job-name=other"], "(--job-name) contradicts submit.sh"),
+    (["tiny", "--job=other"], "(--job-name) contradicts submit.sh"),
+    (["tiny", "-o", "/tmp/elsewhere.log"], "sbatch flag '-o' contradicts submit.sh"),
+    (["tiny", "--output=/tmp/elsewhere.log"], "(--output) contradicts submit.sh"),
+    (["tiny", "--out", "/tmp/elsewhere.log"], "(--output) contradicts submit.sh"),
+    (["tiny", "-e", "/tmp/err.log"], "sbatch flag '-e' contradicts submit.sh"),
+    (["tiny", "--open-mode=truncate"], "(--open-mode) contradicts submit.sh"),
+    (["tiny", "--export=NONE"], "(--export) contradicts submit.sh"),
+    (["tiny", "--node=4"], "'--node=4' (--nodes): give the node count as -N NODES"),
 ]
 
 
@@ -58,11 +80,71 @@ def test_submit_rejects(args, message, fake_sbatch, workspace, venv):
         ({"STAGE_TIMEOUTS": "compile:10"}, "STAGE_TIMEOUTS entry 'compile:10'"),
         ({"CONTAINER_RUNTIME": "singularity"}, "CONTAINER_RUNTIME='singularity'"),
         ({"RAY": "yes"}, "RAY='yes' must be 0 or 1"),
+        ({"STAGE_TIMEOUTS": "train:99999999999999999999"}, "1 <= SECONDS <= 31536000"),
+        ({"STAGE_TIMEOUTS": "preflight:60\ntrain:100"}, "STAGE_TIMEOUTS has a line break"),
+        ({"METRICS_INTERVAL": "abc"}, "METRICS_INTERVAL='abc' must be a whole number from 1 to 3600"),
+        ({"METRICS_INTERVAL": "0"}, "METRICS_INTERVAL='0' must be a whole number"),
+        ({"RAY_JOIN_TIMEOUT": "abc"}, "RAY_JOIN_TIMEOUT='abc' must be a whole number"),
+        ({"ENABLE_COREDUMPS": "yes"}, "ENABLE_COREDUMPS='yes' must be 0 or 1"),
+        ({"DASHBOARD_BIND": "0.0.0.0"}, "DASHBOARD_BIND='0.0.0.0' must be a loopback address"),
+        ({"PROMETHEUS_BIN": "/nonexistent/prometheus"}, "PROMETHEUS_BIN='/nonexistent/prometheus' is not an executable"),
     ],
 )
 def test_submit_rejects_bad_settings(env, message, fake_sbatch, workspace, venv):
     res = run([str(REPO / "submit.sh"), "tiny"], env={**fake_sbatch, **launcher_env(workspace), **env})
     assert_rejected(res, Path(fake_sbatch["SBATCH_CALLS"]), workspace, message)
+
+
+@pytest.mark.parametrize(("name", "bad"), [("my ws", " "), ("ws%j", "%"), ("it's", "'")])
+def test_workspace_with_unsafe_characters(name, bad, fake_sbatch, tmp_path, venv):
+    """A space, '%' (sbatch expands it in --output) or a quote (Prometheus' YAML) would break the job."""
+    ws = tmp_path / name
+    res = run([str(REPO / "submit.sh"), "tiny"], env={**fake_sbatch, **launcher_env(ws)})
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode != 0 and len(lines) == 1, res.stderr
+    assert f"has the character '{bad}'" in lines[0]
+    assert not ws.exists() and not Path(fake_sbatch["SBATCH_CALLS"]).exists()
+
+
+def test_overrides_too_long_for_the_environment(fake_sbatch, workspace, venv):
+    """Over 128 KiB the exec of the next tier would fail with a raw 'Argument list too long'."""
+    many = [f"key_{i:05d}=" + "x" * 60 for i in range(2000)]
+    res = run([str(REPO / "submit.sh"), "tiny", "--", *many], env={**fake_sbatch, **launcher_env(workspace)})
+    assert_rejected(res, Path(fake_sbatch["SBATCH_CALLS"]), workspace, "at most 100000 fit")
+
+
+def test_secret_values_are_redacted_whole(fake_sbatch, workspace, venv):
+    """Whole values (spaces included) of a broad set of secret names, and MaxText's credential
+    keys, are hidden in the dry run, the recorded command and the job header."""
+    secrets = {"_env_DB_PASSWORD": "correct horse battery", "_env_OPENAI_KEY": "sk-live-1",
+               "_env_GITHUB_PAT": "ghp_2", "_env_PRIVATE_KEY": "pk-3", "_env_PROXY_AUTH": "user:pw4",
+               "_env_AWS_SECRET_ACCESS_KEY": "aws5", "hf_access_token": "hf_6"}
+    words = ["correct", "horse", "battery", "sk-live-1", "ghp_2", "pk-3", "pw4", "aws5", "hf_6"]
+    args = ["tiny", "--", "steps=3", "_env_NCCL_DEBUG=INFO", *(f"{k}={v}" for k, v in secrets.items())]
+    env = {**fake_sbatch, **launcher_env(workspace)}
+    dry = run([str(REPO / "submit.sh"), args[0], "--dry-run", *args[1:]], env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert "steps=3" in dry.stdout and "NCCL_DEBUG=INFO" in dry.stdout
+    for k in secrets:
+        assert f"{k.removeprefix('_env_')}=<redacted>" in dry.stdout, k
+    res = run([str(REPO / "submit.sh"), *args], env=env)
+    assert res.returncode == 0, res.stderr
+    command = next(workspace.glob("4242-*/artifact/.submit/command.txt")).read_text()
+    assert "_env_DB_PASSWORD=<redacted>" in command and "hf_access_token=<redacted>" in command
+    header = run([str(REPO / "utils/job_header.sh")], env={
+        "TRAIN_OVERRIDES": "steps=3\nhf_access_token=hf_6\n",
+        "TRAIN_ENV_OVERRIDES": "".join(f"{k.removeprefix('_env_')}={v}\n" for k, v in secrets.items() if k.startswith("_env_"))})
+    assert "env_overrides: DB_PASSWORD=<redacted>" in header.stdout
+    for text in (dry.stdout, command, header.stdout):
+        leaked = [w for w in words if w in text]
+        assert not leaked, (leaked, text)
+
+
+def test_dry_run_creates_no_workspace(fake_sbatch, tmp_path, venv):
+    ws = tmp_path / "not_yet"
+    res = run([str(REPO / "submit.sh"), "tiny", "--dry-run"], env={**fake_sbatch, **launcher_env(ws)})
+    assert res.returncode == 0 and "dry run: nothing submitted" in res.stdout, res.stderr
+    assert not ws.exists()
 
 
 def test_unwritable_workspace(fake_sbatch, tmp_path, venv):
@@ -118,7 +200,9 @@ def test_model_resolution_order(scratch_repo, fake_sbatch, workspace):
     ]:
         res = run([str(scratch_repo / "submit.sh"), arg], env=env)
         assert res.returncode == 0, res.stderr
-        assert f"--job-name={job_name} " in calls.read_text().splitlines()[-1]
+        sbatch_call, release = calls.read_text().splitlines()[-2:]
+        assert f"--job-name={job_name} " in sbatch_call and "--hold " in sbatch_call
+        assert release == "scontrol release 4242"
         assert f"Submitted job 4242 ({job_name})" in res.stdout
         assert (workspace / f"4242-{job_name}" / "artifact" / "_job.sbatch").is_file()
 

@@ -80,3 +80,39 @@ def test_shell_has_the_job_environment(workspace, venv):
               input=script, timeout=60)
     assert res.returncode == 0, res.stderr
     assert f"PY={Path(launcher_env(workspace)['MAXTEXT_SLURM_VENV'])}/bin/python FRAC=0.93 RT=none" in res.stdout
+
+
+def test_secrets_stay_out_of_argv_and_the_record(workspace, venv):
+    """Every user can read any process's argv (ps): a credential override reaches MaxText by
+    environment (M_HF_ACCESS_TOKEN), run_local.sh drops the overrides from its own argv, and
+    neither the log nor the snapshot holds a secret value."""
+    secret, pw = "hf_Zq81SECRETx", "correct horse battery"
+    proc = subprocess.Popen([str(REPO / "run_local.sh"), "tiny", "--", "steps=40", f"hf_access_token={secret}",
+                             f"_env_DB_PASSWORD={pw}"], env={**os.environ, **launcher_env(workspace)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        log = wait_for(lambda: list(workspace.glob("local-*.log")), 60, "the log")[0]
+        job_id = log.name.split("-JAX-")[0]
+
+        def trainer() -> int | None:
+            for pid in subprocess.run(["pgrep", "-f", "maxtext.trainers"], capture_output=True, text=True).stdout.split():
+                try:
+                    if f"JOB_ID={job_id}".encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                        return int(pid)
+                except OSError:
+                    pass
+            return None
+        pid = wait_for(trainer, 90, "the trainer process")
+        argvs = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        assert secret not in argvs and "horse" not in argvs
+        assert f"M_HF_ACCESS_TOKEN={secret}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert proc.wait(timeout=300) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert summary(log)["status"] == "completed"
+    job_dir = log.with_suffix("")
+    for path in (log, job_dir / "artifact" / ".submit" / "command.txt"):
+        text = path.read_text(errors="replace")
+        assert secret not in text and "horse" not in text, path
+    assert "hf_access_token=<redacted> _env_DB_PASSWORD=<redacted>" in (job_dir / "artifact" / ".submit" / "command.txt").read_text()

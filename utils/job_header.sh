@@ -21,8 +21,8 @@ stage_timeouts: $timeouts (defaults $STAGE_TIMEOUT_DEFAULTS; set STAGE_TIMEOUTS)
 container: ${CONTAINER_RUNTIME:-auto} ${CONTAINER_IMAGE:-localhost/maxtext-slurm:latest}
 ray: ${RAY:-0}
 code: ${MST_REPO:-?}
-overrides: $(tr '\n' ' ' <<< "${TRAIN_OVERRIDES:-}" | redact_secrets)
-env_overrides: $(tr '\n' ' ' <<< "${TRAIN_ENV_OVERRIDES:-}" | redact_secrets)
+overrides: $(shown_list maxtext <<< "${TRAIN_OVERRIDES:-}")
+env_overrides: $(shown_list env <<< "${TRAIN_ENV_OVERRIDES:-}")
 job_dir: ${JOB_DIR:-?}
 log: ${JOB_LOG:-?}
 started: $(date -u +%Y-%m-%dT%H:%M:%SZ)

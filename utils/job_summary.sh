@@ -5,7 +5,8 @@
 # STATUS is what the caller saw (completed|failed|cancelled|timeout); a stage that hit its
 # time limit turns it into stage_timeout. STAGE is the last stage that ran. Per-node outcomes
 # come from $JOB_DIR/.stages/STAGE/<host> (written by run_stage.sh); the first error line is
-# the first error-looking line of the first failing node in $JOB_LOG.
+# the first error-looking line of the first failing node in $JOB_LOG, from this run's JOB header
+# on (a requeued job appends to the log of its earlier run).
 # Reads JOB_ID JOB_NAME JOB_DIR JOB_LOG JOB_NODELIST JOB_START_TIME (epoch seconds).
 set -uo pipefail
 [[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
@@ -38,11 +39,16 @@ exc_re='[A-Za-z_.]*(Error|Exception|Exit|Interrupt)(: |$)'
 error_re='(Error|Exception|error:|FAILED|FATAL|Fatal|Aborted|Segmentation fault|Killed|core dumped|exceeded its)'
 info_re='[IW][0-9]{4} [0-9:.]+ '   # absl INFO/WARNING lines are not errors
 first_error=""
+this_run() {  # the log from the last JOB header on
+  local start
+  start=$(grep -an '^==================== JOB ====================$' "$JOB_LOG" | tail -n 1 | cut -d: -f1)
+  tail -n +"${start:-1}" "$JOB_LOG"
+}
 if [[ -f "${JOB_LOG:-}" && "$status" =~ ^(failed|stage_timeout)$ ]]; then
   prefix="${culprit:+$culprit: }"
-  first_error=$(grep -a -m1 -E "^${prefix:-[^ ]*: }${exc_re}" "$JOB_LOG" | cut -c1-400)
+  first_error=$(this_run | grep -a -m1 -E "^${prefix:-[^ ]*: }${exc_re}" | cut -c1-400)
   [[ -n "$first_error" ]] ||
-    first_error=$(grep -a -E "^${prefix:-[^ ]*: }[^ ].*${error_re}" "$JOB_LOG" | grep -avE -m1 "Traceback|^[^ ]*: ${info_re}" | cut -c1-400)
+    first_error=$(this_run | grep -a -E "^${prefix:-[^ ]*: }[^ ].*${error_re}" | grep -avE -m1 "Traceback|^[^ ]*: ${info_re}" | cut -c1-400)
   if [[ -z "$first_error" && -n "$culprit" ]]; then
     rc=$(sed -n 's/.*rc=\([0-9]*\).*/\1/p' "$rec_dir/$culprit")
     (( rc > 128 )) && first_error="$culprit: killed by signal $((rc - 128)) ($(kill -l $((rc - 128)) 2>/dev/null || echo '?'))$([[ $rc == 137 ]] && echo ", e.g. the kernel OOM killer or kill -9")"

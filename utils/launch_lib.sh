@@ -2,12 +2,21 @@
 # Launch-time checks shared by submit.sh and run_local.sh (source after lib.sh).
 #   stage_timeouts [SPEC]     print "STAGE SECONDS" per stage, defaults overlaid with SPEC
 #                             (STAGE_TIMEOUTS syntax "preflight:600,train:86400"); dies on bad input
+#   check_settings            every launcher setting read from the environment, checked; dies
+#                             with a one-line reason on the first bad one
+#   check_sbatch_flags FLAG...  dies on a flag that contradicts what submit.sh sets itself
 #   prepare_launch MODEL[:TAG] REPO
 #                             resolve and check everything a launch needs before any side effect;
 #                             exports MODEL MODEL_TAG JOB_WORKSPACE MST_VENV, sets MODEL_NAME; dies
 #                             with a one-line reason on bad input
+#   make_workspace            create JOB_WORKSPACE (the first side effect of a launch)
+#   move_aside PATH WHAT      an existing PATH (an earlier job's log or dir) is renamed
+#                             PATH.earlier-<UTC time>, never overwritten; says so on stderr
 
 STAGE_TIMEOUT_DEFAULTS="preflight:600,train:86400"
+STAGE_TIMEOUT_MAX=31536000   # one year
+# shellcheck disable=SC2034  # used by submit.sh
+MAX_NODES=10000
 
 stage_timeouts() {
   local spec p
@@ -16,13 +25,93 @@ stage_timeouts() {
   IFS=, read -r -a pairs <<< "$STAGE_TIMEOUT_DEFAULTS"
   for p in "${pairs[@]}"; do order+=("${p%%:*}"); lim[${p%%:*}]=${p#*:}; done
   spec=${1:-}
+  [[ "$spec" != *$'\n'* ]] || die "STAGE_TIMEOUTS has a line break; write one line like $STAGE_TIMEOUT_DEFAULTS"
   IFS=, read -r -a pairs <<< "$spec"
   for p in "${pairs[@]}"; do
-    [[ "$p" =~ ^([a-z]+):([1-9][0-9]*)$ && -v "lim[${BASH_REMATCH[1]}]" ]] ||
-      die "STAGE_TIMEOUTS entry '$p' is not STAGE:SECONDS with STAGE one of ${order[*]} (e.g. $STAGE_TIMEOUT_DEFAULTS)"
+    if ! [[ "$p" =~ ^([a-z]+):([1-9][0-9]{0,7})$ && -v "lim[${BASH_REMATCH[1]}]" ]] || (( BASH_REMATCH[2] > STAGE_TIMEOUT_MAX )); then
+      die "STAGE_TIMEOUTS entry '$p' is not STAGE:SECONDS with STAGE one of ${order[*]} and 1 <= SECONDS <= $STAGE_TIMEOUT_MAX (e.g. $STAGE_TIMEOUT_DEFAULTS)"
+    fi
     lim[${BASH_REMATCH[1]}]=${BASH_REMATCH[2]}
   done
   for p in "${order[@]}"; do printf '%s %s\n' "$p" "${lim[$p]}"; done
+}
+
+# int_setting NAME MIN MAX: NAME, when set, is a whole number in [MIN, MAX].
+int_setting() {
+  local v=${!1-}
+  [[ -z "${!1+x}" ]] && return 0
+  if ! [[ "$v" =~ ^[0-9]{1,12}$ ]] || (( 10#$v < $2 || 10#$v > $3 )); then
+    die "$1='$v' must be a whole number from $2 to $3"
+  fi
+}
+
+check_settings() {
+  [[ "${RAY:-0}" =~ ^[01]$ ]] || die "RAY='${RAY}' must be 0 or 1"
+  [[ "${ENABLE_COREDUMPS:-0}" =~ ^[01]$ ]] || die "ENABLE_COREDUMPS='${ENABLE_COREDUMPS}' must be 0 or 1"
+  case "${CONTAINER_RUNTIME:-auto}" in auto|podman|docker|none) ;;
+    *) die "CONTAINER_RUNTIME='$CONTAINER_RUNTIME' is not one of auto, podman, docker, none" ;; esac
+  stage_timeouts "${STAGE_TIMEOUTS:-}" >/dev/null || exit 1
+  int_setting METRICS_INTERVAL 1 3600
+  int_setting RAY_JOIN_TIMEOUT 10 86400
+  int_setting RAY_NUM_CPUS 1 100000
+  int_setting RAY_OBJECT_STORE_BYTES 78643200 1099511627776   # Ray's minimum is 75 MiB
+  int_setting PREFLIGHT_MIN_FREE_GB 0 1000000
+  # Prometheus and TensorBoard have no authentication: they listen on loopback only (SSH tunnel).
+  [[ -z "${DASHBOARD_BIND+x}" || "$DASHBOARD_BIND" =~ ^(127\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}|::1|localhost)$ ]] ||
+    die "DASHBOARD_BIND='$DASHBOARD_BIND' must be a loopback address (e.g. 127.0.0.1): the dashboards have no login; reach them through an SSH tunnel"
+  if [[ -n "${PROMETHEUS_BIN:-}" && ! -x "$PROMETHEUS_BIN" ]]; then
+    die "PROMETHEUS_BIN='$PROMETHEUS_BIN' is not an executable file; point it at a prometheus binary or unset it"
+  fi
+  return 0
+}
+
+# sbatch options submit.sh sets itself (long names); a user's flag for one of them, or an
+# abbreviation sbatch would take for one (sbatch accepts unique prefixes), is refused.
+SBATCH_OWN_LONG="job-name output error open-mode nodes ntasks-per-node export wrap array"
+check_sbatch_flags() {
+  local f name o
+  for f in "$@"; do
+    case "$f" in
+      -J*|-o*|-e*) die "sbatch flag '$f' contradicts submit.sh, which names the job (MODEL:TAG) and its log (\$JOB_WORKSPACE/<jobid>-JAX-<model>.log)" ;;
+      --?*)
+        name=${f#--}; name=${name%%=*}
+        for o in $SBATCH_OWN_LONG; do
+          [[ "$o" == "$name"* ]] || continue
+          [[ "$o" == nodes ]] && die "sbatch flag '$f' (--nodes): give the node count as -N NODES"
+          die "sbatch flag '$f' (--$o) contradicts submit.sh, which sets --$o itself (see docs/security.md)"
+        done ;;
+    esac
+  done
+}
+
+# check_workspace DIR: DIR is an absolute path of plain characters, and is (or can be made) a
+# writable directory. Nothing is created.
+check_workspace() {
+  local ws=$1 bad p
+  bad=$(LC_ALL=C tr -d 'A-Za-z0-9._/+@,=-' <<< "$ws" | tr -d '\n' | cut -c1)
+  [[ -z "$bad" ]] ||
+    die "JOB_WORKSPACE '$ws' has the character '$bad'; use a path of letters, digits and . _ / + @ , = - only (sbatch, Prometheus and the links need plain paths)"
+  p=$ws
+  while [[ ! -e "$p" ]]; do p=$(dirname "$p"); done
+  [[ -d "$p" && -w "$p" && -x "$p" ]] ||
+    die "workspace '$ws' is not a writable directory; set JOB_WORKSPACE to one (on shared storage for multi-node jobs)"
+}
+
+make_workspace() {
+  local probe
+  if ! mkdir -p "$JOB_WORKSPACE" 2>/dev/null || ! probe=$(mktemp -p "$JOB_WORKSPACE" .probe.XXXXXX 2>/dev/null); then
+    die "workspace '$JOB_WORKSPACE' is not a writable directory; set JOB_WORKSPACE to one (on shared storage for multi-node jobs)"
+  fi
+  rm -f "$probe"
+}
+
+move_aside() {
+  local path=$1 what=$2 dest
+  [[ -e "$path" || -L "$path" ]] || return 0
+  dest="$path.earlier-$(date -u +%Y%m%dT%H%M%SZ)"
+  [[ -e "$dest" || -L "$dest" ]] && dest=$(mktemp -u "$dest-XXXX")
+  mv -n -- "$path" "$dest" || die "cannot move the earlier $what '$path' aside; move it yourself and retry"
+  echo "${PROG:-launch}: $what '$path' belonged to an earlier job with the same id; moved it to '$dest'" >&2
 }
 
 prepare_launch() {
@@ -39,18 +128,10 @@ prepare_launch() {
   # shellcheck disable=SC2034  # used by the scripts that source this file
   MODEL_NAME="JAX-$MODEL${MODEL_TAG:+-$MODEL_TAG}"
 
-  [[ "${RAY:-0}" =~ ^[01]$ ]] || die "RAY='${RAY}' must be 0 or 1"
-  case "${CONTAINER_RUNTIME:-auto}" in auto|podman|docker|none) ;;
-    *) die "CONTAINER_RUNTIME='$CONTAINER_RUNTIME' is not one of auto, podman, docker, none" ;; esac
-  stage_timeouts "${STAGE_TIMEOUTS:-}" >/dev/null || exit 1
-
+  check_settings
   JOB_WORKSPACE=${JOB_WORKSPACE:-$repo/outputs}
   [[ "$JOB_WORKSPACE" == /* ]] || JOB_WORKSPACE="$PWD/$JOB_WORKSPACE"
-  local probe
-  if ! mkdir -p "$JOB_WORKSPACE" 2>/dev/null || ! probe=$(mktemp -p "$JOB_WORKSPACE" .probe.XXXXXX 2>/dev/null); then
-    die "workspace '$JOB_WORKSPACE' is not a writable directory; set JOB_WORKSPACE to one (on shared storage for multi-node jobs)"
-  fi
-  rm -f "$probe"
+  check_workspace "$JOB_WORKSPACE"
 
   "$repo/utils/setup_env.sh" || die "could not set up the Python environment (see the messages above)"
   MST_VENV=${MAXTEXT_SLURM_VENV:-$repo/.venv}

@@ -54,11 +54,12 @@ private_dir() {
 }
 
 # job_scratch: a private_dir in ${TMPDIR:-/tmp} for this job on this node, labelled in its file
-# `job` with "JOB_SCHEDULER JOB_ID HOST" so preflight can tell a finished job's leftovers apart.
+# `job` with "JOB_SCHEDULER JOB_ID HOST JOB_WORKSPACE" so preflight can tell a finished job's
+# leftovers apart.
 job_scratch() {
   local d
   d=$(private_dir "${TMPDIR:-/tmp}") || exit 1
-  printf '%s %s %s\n' "${JOB_SCHEDULER:-unknown}" "${JOB_ID:-?}" "${JOB_HOSTNAME:-$(hostname)}" > "$d/job"
+  printf '%s %s %s %s\n' "${JOB_SCHEDULER:-unknown}" "${JOB_ID:-?}" "${JOB_HOSTNAME:-$(hostname)}" "${JOB_WORKSPACE:-?}" > "$d/job"
   printf '%s\n' "$d"
 }
 
@@ -99,9 +100,23 @@ resolve_model() {
   esac
 }
 
+# Variables the launcher sets and checks itself: _env_ cannot set them (the trainer would run with
+# values nobody validated). Prefixes MST_ JOB_ SLURM_ SLURMD_ SRUN_, and these names:
+RESERVED_ENV="MODEL MODEL_TAG TRAIN_OVERRIDES TRAIN_ENV_OVERRIDES STAGE_TIMEOUTS RAY ENABLE_COREDUMPS
+DASHBOARD_BIND METRICS_INTERVAL RAY_JOIN_TIMEOUT PROMETHEUS_BIN RAY_NUM_CPUS RAY_OBJECT_STORE_BYTES
+CONTAINER_RUNTIME CONTAINER_IMAGE CONTAINER_ARGS
+JAX_COORDINATOR_IP JAX_COORDINATOR_PORT JAX_COORDINATOR_BIND_ADDRESS NNODES NODE_RANK PATH"
+OVERRIDES_MAX_BYTES=100000   # each list travels as one environment variable (Linux: 128 KiB at most)
+
+# is_reserved_env NAME: true when NAME is one of the launcher's own variables.
+is_reserved_env() {
+  [[ "$1" =~ ^(MST_|JOB_|SLURM_|SLURMD_|SRUN_) || " ${RESERVED_ENV//$'\n'/ } " == *" $1 "* ]]
+}
+
 # split_overrides ARG...: sort the arguments after `--` into two newline-separated lists,
 # TRAIN_OVERRIDES (MaxText key=value) and TRAIN_ENV_OVERRIDES (NAME=VALUE from _env_NAME=VALUE).
-# Dies on an argument without '=', a bad key or a value with a newline.
+# Dies on an argument without '=', a bad key, a reserved name, a value with a newline, or lists
+# longer than OVERRIDES_MAX_BYTES.
 split_overrides() {
   local a key
   TRAIN_OVERRIDES="" TRAIN_ENV_OVERRIDES=""
@@ -111,15 +126,75 @@ split_overrides() {
     [[ "$a" != *$'\n'* ]] || die "override '$key' has a newline in its value; values must be one line"
     if [[ "$key" == _env_* ]]; then
       [[ "${key#_env_}" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || die "bad environment name in '$key=...': use _env_NAME=value with NAME like [A-Za-z_][A-Za-z0-9_]*"
+      is_reserved_env "${key#_env_}" &&
+        die "'$key' sets a launcher variable, which _env_ cannot change; reserved: MST_* JOB_* SLURM_* SLURMD_* SRUN_* ${RESERVED_ENV//$'\n'/ }"
       TRAIN_ENV_OVERRIDES+="${a#_env_}"$'\n'
     else
-      [[ "$key" =~ ^[A-Za-z_][A-Za-z0-9_.]*$ ]] || die "bad MaxText key in override '$a': keys look like per_device_batch_size=2"
+      [[ "$key" =~ ^[A-Za-z_][A-Za-z0-9_.]*$ ]] || die "bad MaxText key in override '$(shown_kv maxtext "$a")': keys look like per_device_batch_size=2"
       TRAIN_OVERRIDES+="$a"$'\n'
     fi
   done
+  local n bytes LC_ALL=C
+  for n in TRAIN_OVERRIDES TRAIN_ENV_OVERRIDES; do
+    bytes=${#n}; bytes=${!n}; bytes=${#bytes}
+    (( bytes <= OVERRIDES_MAX_BYTES )) ||
+      die "the overrides after -- take $bytes bytes ($n); at most $OVERRIDES_MAX_BYTES fit: put long settings in configs/<model>.yml"
+  done
 }
 
-# redact_secrets: read text on stdin, hide the values of NAME=VALUE pairs whose NAME looks secret.
-redact_secrets() {
-  sed -E 's/((_env_)?[A-Za-z0-9_]*(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|CREDENTIAL)[A-Za-z0-9_]*=)[^ ]*/\1<redacted>/Ig'
+# Secrets. An environment name is secret when, upper-cased, it matches SECRET_NAME_RE (HF_TOKEN,
+# AWS_SECRET_ACCESS_KEY, DB_PASSWORD, OPENAI_KEY, GITHUB_PAT, PRIVATE_KEY, BASIC_AUTH, ...); a MaxText
+# key is secret when it is one of SECRET_MAXTEXT_KEYS (MaxText's credential settings). Their whole
+# values are hidden wherever the launcher shows them (docs/security.md).
+SECRET_NAME_RE='TOKEN($|_)|SECRET|PASSW|PASSPHRASE|CREDENTIAL|COOKIE|PRIVATE|AUTH|APIKEY|(^|_)KEY($|_)|(^|_)PAT($|_)|(^|_)DSN($|_)'
+SECRET_MAXTEXT_KEYS="hf_access_token"
+
+# is_secret_env NAME / is_secret_key KEY: true when the value of that variable / MaxText key is a secret.
+is_secret_env() { [[ "${1^^}" =~ $SECRET_NAME_RE ]]; }
+is_secret_key() { [[ " $SECRET_MAXTEXT_KEYS " == *" ${1,,} "* ]]; }
+
+# shown_kv KIND NAME=VALUE: the pair as it may be shown (KIND env or maxtext); VALUE is <redacted>
+# when NAME is secret. Non-pairs pass unchanged.
+shown_kv() {
+  local kind=$1 kv=$2 name
+  [[ "$kv" == *=* ]] || { printf '%s\n' "$kv"; return 0; }
+  name=${kv%%=*}
+  if { [[ "$kind" == env ]] && is_secret_env "$name"; } || { [[ "$kind" == maxtext ]] && is_secret_key "$name"; }; then
+    printf '%s=<redacted>\n' "$name"
+  else
+    printf '%s\n' "$kv"
+  fi
+}
+
+# shown_list KIND: read a newline-separated NAME=VALUE list on stdin, print it on one line
+# (shell-quoted where needed), secret values redacted.
+shown_list() {
+  local kind=$1 kv out="" v
+  while IFS= read -r kv; do
+    [[ -n "$kv" ]] || continue
+    v=$(shown_kv "$kind" "$kv")
+    [[ "$v" == *=\<redacted\> ]] || printf -v v '%q' "$v"
+    out+="${out:+ }$v"
+  done
+  printf '%s\n' "$out"
+}
+
+# shown_args ARG...: the arguments after `--` of a launcher command line as they may be shown:
+# _env_NAME=VALUE and MaxText KEY=VALUE with secret values redacted, shell-quoted where needed.
+shown_args() {
+  local a v out=""
+  for a in "$@"; do
+    if [[ "$a" == _env_*=* ]]; then v=$(shown_kv env "${a#_env_}"); v="_env_$v"
+    else v=$(shown_kv maxtext "$a"); fi
+    [[ "$v" == *=\<redacted\> ]] || printf -v v '%q' "$v"
+    out+=" $v"
+  done
+  printf '%s\n' "$out"
+}
+
+# shown_cmd ARG...: a command line as it may be shown (shown_args without the leading space).
+shown_cmd() {
+  local s
+  s=$(shown_args "$@")
+  printf '%s\n' "${s# }"
 }

@@ -3,7 +3,7 @@
 #
 # Makes an immutable copy of REPO's code (tracked and untracked-but-not-ignored files;
 # everything but .git/.venv/outputs when REPO is not a git checkout) under
-# DEST_PARENT/<UTC time>-<pid>/, records the submit command (secrets redacted) and the
+# DEST_PARENT/<UTC time>-<pid>/, records the submit command (as shown, secrets redacted by the caller) and the
 # git state in its .submit/ folder, makes the copy read-only and prints its path.
 set -euo pipefail
 [[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
@@ -23,7 +23,7 @@ else
 fi
 
 mkdir "$dest/.submit"
-printf '%s\n' "$cmd" | redact_secrets > "$dest/.submit/command.txt"
+printf '%s\n' "$cmd" > "$dest/.submit/command.txt"
 {
   echo "submitted: $(date -u +%Y-%m-%dT%H:%M:%SZ) by ${USER:-$(id -un)} on $(hostname)"
   echo "source: $repo"
