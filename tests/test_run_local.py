@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from conftest import REPO, launcher_env, run
-from jobs import log_has, summary, wait_for
+from jobs import log_has, summary, trainer_pid, wait_for
 
 HOST = socket.gethostname()
 
@@ -52,16 +52,7 @@ def test_crash_leaves_a_core_dump_in_the_job_dir(workspace, venv):
         log = wait_for(lambda: list(workspace.glob("local-*.log")), 60, "the log")[0]
         wait_for(lambda: log_has(log, "core dumps enabled"), 60, "the trainer to start")
         job_id = log.name.split("-JAX-")[0]
-
-        def trainer() -> int | None:
-            for pid in subprocess.run(["pgrep", "-f", "maxtext.trainers"], capture_output=True, text=True).stdout.split():
-                try:
-                    if f"JOB_ID={job_id}".encode() in Path(f"/proc/{pid}/environ").read_bytes():
-                        return int(pid)
-                except OSError:
-                    pass
-            return None
-        pid = wait_for(trainer, 30, "the trainer process")
+        pid = wait_for(lambda: trainer_pid(job_id, 0), 30, "the trainer process")
         time.sleep(1)
         os.kill(pid, signal.SIGSEGV)
         assert proc.wait(timeout=120) != 0
@@ -93,16 +84,7 @@ def test_secrets_stay_out_of_argv_and_the_record(workspace, venv):
     try:
         log = wait_for(lambda: list(workspace.glob("local-*.log")), 60, "the log")[0]
         job_id = log.name.split("-JAX-")[0]
-
-        def trainer() -> int | None:
-            for pid in subprocess.run(["pgrep", "-f", "maxtext.trainers"], capture_output=True, text=True).stdout.split():
-                try:
-                    if f"JOB_ID={job_id}".encode() in Path(f"/proc/{pid}/environ").read_bytes():
-                        return int(pid)
-                except OSError:
-                    pass
-            return None
-        pid = wait_for(trainer, 90, "the trainer process")
+        pid = wait_for(lambda: trainer_pid(job_id, 0), 90, "the trainer process")
         argvs = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
         assert secret not in argvs and "horse" not in argvs
         assert f"M_HF_ACCESS_TOKEN={secret}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
