@@ -9,7 +9,8 @@
 #   --dry-run check everything and print what would be submitted; submit and write nothing
 #   after --  KEY=VALUE is a MaxText override (checked against MaxText's schema); _env_NAME=VALUE
 #             sets NAME in the trainer's environment (wins over the launcher defaults and
-#             configs/MODEL.env.sh; the launcher's own variables are reserved)
+#             configs/MODEL.env.sh; the launcher's own variables are reserved); _env_NAME alone
+#             passes NAME's value from your environment (for secrets: never on a command line)
 # Environment: JOB_WORKSPACE (default <repo>/outputs), STAGE_TIMEOUTS ("preflight:600,train:86400"),
 #   RAY=0|1, CONTAINER_RUNTIME=auto|podman|docker|none, CONTAINER_IMAGE, ENABLE_COREDUMPS=0|1.
 # Makes a read-only snapshot of this repository (code, command, git state), submits
@@ -21,7 +22,7 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$repo/utils/lib.sh"
 source "$repo/utils/launch_lib.sh"
 PROG=submit.sh
-usage() { sed -n '2,18p' "$repo/submit.sh" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,19p' "$repo/submit.sh" | sed 's/^# \{0,1\}//'; }
 
 case "${1:-}" in
   -h|--help) usage; exit 0 ;;

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, launcher_env, run
 
-FAKE_SBATCH = "#!/bin/sh\necho \"$@\" >> \"$SBATCH_CALLS\"\necho 4242\n"
+FAKE_SBATCH = ("#!/bin/sh\necho \"$@\" >> \"$SBATCH_CALLS\"\n"
+               "printf '%s' \"$TRAIN_ENV_OVERRIDES\" > \"$SBATCH_CALLS.env\"\necho 4242\n")
 FAKE_SCONTROL = "#!/bin/sh\necho \"scontrol $*\" >> \"$SBATCH_CALLS\"\n"
 
 
@@ -64,6 +65,7 @@ CASES = [
     (["tiny", "--open-mode=truncate"], "(--open-mode) contradicts submit.sh"),
     (["tiny", "--export=NONE"], "(--export) contradicts submit.sh"),
     (["tiny", "--node=4"], "'--node=4' (--nodes): give the node count as -N NODES"),
+    (["tiny", "--", "_env_NOT_SET_ANYWHERE_42"], "passes $NOT_SET_ANYWHERE_42 from your environment, but it is not set"),
 ]
 
 
@@ -138,6 +140,19 @@ def test_secret_values_are_redacted_whole(fake_sbatch, workspace, venv):
     for text in (dry.stdout, command, header.stdout):
         leaked = [w for w in words if w in text]
         assert not leaked, (leaked, text)
+
+
+def test_secret_passed_by_name_from_the_environment(fake_sbatch, workspace, venv):
+    """`_env_NAME` alone takes the value from the caller's environment: it is never on a command line."""
+    env = {**fake_sbatch, **launcher_env(workspace), "HF_TOKEN": "hf_from_env_9"}
+    res = run([str(REPO / "submit.sh"), "tiny", "--", "steps=2", "_env_HF_TOKEN"], env=env)
+    assert res.returncode == 0, res.stderr
+    command = next(workspace.glob("4242-*/artifact/.submit/command.txt")).read_text()
+    assert command.strip() == "submit.sh tiny -- steps=2 _env_HF_TOKEN"
+    # the job gets the value (sbatch passes the submitting environment on)
+    assert Path(fake_sbatch["SBATCH_CALLS"] + ".env").read_text() == "HF_TOKEN=hf_from_env_9\n"
+    header = run([str(REPO / "utils/job_header.sh")], env={"TRAIN_ENV_OVERRIDES": "HF_TOKEN=hf_from_env_9\n"})
+    assert "env_overrides: HF_TOKEN=<redacted>" in header.stdout and "hf_from_env_9" not in header.stdout
 
 
 def test_dry_run_creates_no_workspace(fake_sbatch, tmp_path, venv):

@@ -114,14 +114,21 @@ is_reserved_env() {
 }
 
 # split_overrides ARG...: sort the arguments after `--` into two newline-separated lists,
-# TRAIN_OVERRIDES (MaxText key=value) and TRAIN_ENV_OVERRIDES (NAME=VALUE from _env_NAME=VALUE).
+# TRAIN_OVERRIDES (MaxText key=value) and TRAIN_ENV_OVERRIDES (NAME=VALUE from _env_NAME=VALUE,
+# or from _env_NAME alone, which takes NAME's value from the caller's environment: a secret
+# then never appears on a command line).
 # Dies on an argument without '=', a bad key, a reserved name, a value with a newline, or lists
 # longer than OVERRIDES_MAX_BYTES.
 split_overrides() {
   local a key
   TRAIN_OVERRIDES="" TRAIN_ENV_OVERRIDES=""
   for a in "$@"; do
-    [[ "$a" == *=* ]] || die "override '$a' has no '=': write key=value (MaxText) or _env_NAME=value (environment)"
+    if [[ "$a" =~ ^_env_([A-Za-z_][A-Za-z0-9_]*)$ ]]; then
+      [[ -v "${BASH_REMATCH[1]}" ]] ||
+        die "'$a' passes \$${BASH_REMATCH[1]} from your environment, but it is not set: export ${BASH_REMATCH[1]} first, or write $a=VALUE"
+      a="$a=${!BASH_REMATCH[1]}"
+    fi
+    [[ "$a" == *=* ]] || die "override '$a' has no '=': write key=value (MaxText), _env_NAME=value or _env_NAME (environment)"
     key=${a%%=*}
     [[ "$a" != *$'\n'* ]] || die "override '$key' has a newline in its value; values must be one line"
     if [[ "$key" == _env_* ]]; then
