@@ -100,3 +100,14 @@ def test_trainer_command(scratch_repo: Path):
         "/venv/bin/python", "-m", "maxtext.trainers.pre_train.train", f"{scratch_repo}/configs/tiny.yml",
         "run_name=7-JAX-tiny", "base_output_directory=/jobs/7-JAX-tiny", "jax_cache_dir=/jobs/.jax_cache",
         "steps=3", "per_device_batch_size=2"]
+
+
+def test_every_launcher_variable_is_reserved_from_env_overrides():
+    """_env_ cannot reset what the launcher set and checked (the GPU visibility variables, which the
+    site sets and the launcher only passes through, stay the user's)."""
+    passed, host_only = documented()
+    names = (passed | host_only | container_vars()) - {"CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+                                                       "HIP_VISIBLE_DEVICES", "MAXTEXT_SLURM_VENV"}
+    script = f'source {REPO}/utils/lib.sh; for n in "$@"; do is_reserved_env "$n" || echo "$n"; done'
+    res = run(["bash", "-c", script, "bash", *sorted(names)])
+    assert res.returncode == 0 and res.stdout.split() == [], f"not reserved: {res.stdout.split()}"
