@@ -59,9 +59,7 @@ class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[mi
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
             if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark
-                )
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
@@ -379,7 +377,9 @@ def _shown(line: str, key: str, schema: dict[str, Any]) -> str:
     return repr(line if len(line) <= 100 else line[:97] + "...")
 
 
-def _preset_conflict(overrides: list[tuple[str, Any, str]], config: dict[str, Any], schema: dict[str, Any]) -> str | None:
+def _preset_conflict(
+    overrides: list[tuple[str, Any, str]], config: dict[str, Any], schema: dict[str, Any]
+) -> str | None:
     """MaxText refuses an override of a key its model preset sets (to another value) unless
     override_model_config is true."""
     merged = {**config, **{key: value for key, value, _ in overrides if "." not in key}}

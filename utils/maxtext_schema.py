@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Usage: maxtext_schema.py [--check] [--help]
+"""Usage: maxtext_schema.py [--check [FILE]] [--help]
 
 Writes requirements/maxtext-schema.json: the keys MaxText accepts in a config or as a
 key=value override, with their types, read from the installed MaxText's own pydantic model
@@ -8,8 +8,8 @@ file at submit time without importing MaxText (which takes seconds: it imports J
 
 Run it with the project's venv Python after changing the MaxText pin:
   .venv/bin/python utils/maxtext_schema.py
-  --check   write nothing; exit 1 (with a one-line reason) when the file differs from what the
-            installed MaxText gives (tests/test_overrides.py runs this)
+  --check [FILE]  write nothing; exit 1 (with a one-line reason) when the file (default: the one
+                 above) differs from what the installed MaxText gives (tests/test_overrides.py)
 """
 
 from __future__ import annotations
@@ -152,32 +152,48 @@ def render(schema: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if argv[1:] and argv[1] in ("-h", "--help"):
+    args = argv[1:]
+    if args[:1] in (["-h"], ["--help"]):
         print(__doc__.strip())
         return 0
-    if argv[1:] not in ([], ["--check"]):
-        print(f"maxtext_schema.py: unknown argument {argv[1]!r} (expected --check or --help)", file=sys.stderr)
+    if not (args == [] or (args[0] == "--check" and len(args) <= 2)):
+        print(
+            f"maxtext_schema.py: unexpected arguments {' '.join(args)!r} (expected --check [FILE] or --help)",
+            file=sys.stderr,
+        )
         return 2
     import logging
 
     logging.disable(logging.WARNING)
-    text = render(build())
-    if argv[1:] == ["--check"]:
-        old = SCHEMA_PATH.read_text(encoding="utf-8") if SCHEMA_PATH.is_file() else ""
-        if old != text:
-            new, cur = json.loads(text), json.loads(old) if old else {"fields": {}}
-            changed = sorted(k for k in new["fields"].keys() | cur["fields"].keys() if new["fields"].get(k) != cur["fields"].get(k))
-            print(
-                f"{SCHEMA_PATH.relative_to(REPO)} is out of date for the installed MaxText {new['maxtext']} "
-                f"({len(changed)} keys differ, e.g. {', '.join(changed[:5]) or 'header'}); "
-                "run .venv/bin/python utils/maxtext_schema.py",
-                file=sys.stderr,
-            )
-            return 1
+    try:
+        text = render(build())
+    except ImportError as e:
+        print(
+            f"maxtext_schema.py: cannot import MaxText ({e}); run it with the venv's Python: .venv/bin/python utils/maxtext_schema.py",
+            file=sys.stderr,
+        )
+        return 1
+    if not args:
+        SCHEMA_PATH.write_text(text, encoding="utf-8")
+        print(f"wrote {SCHEMA_PATH.relative_to(REPO)} ({len(json.loads(text)['fields'])} keys)")
         return 0
-    SCHEMA_PATH.write_text(text, encoding="utf-8")
-    print(f"wrote {SCHEMA_PATH.relative_to(REPO)} ({len(json.loads(text)['fields'])} keys)")
-    return 0
+    path = Path(args[1]) if len(args) == 2 else SCHEMA_PATH
+    old = path.read_text(encoding="utf-8") if path.is_file() else ""
+    if old == text:
+        return 0
+    new = json.loads(text)
+    try:
+        cur = json.loads(old)
+    except ValueError:
+        cur = {"fields": {}}
+    keys = new["fields"].keys() | cur.get("fields", {}).keys()
+    changed = sorted(k for k in keys if new["fields"].get(k) != cur.get("fields", {}).get(k))
+    print(
+        f"{path} is out of date for the installed MaxText {new['maxtext']} ({len(changed)} keys differ"
+        f"{', e.g. ' + ', '.join(changed[:5]) if changed else ''}); regenerate it: .venv/bin/python utils/maxtext_schema.py",
+        file=sys.stderr,
+    )
+    return 1
 
 
 if __name__ == "__main__":
