@@ -448,7 +448,10 @@ def _documented_overrides() -> list[str]:
     keys = json.loads(SCHEMA.read_text(encoding="utf-8"))["fields"]
     found = []
     for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "skills").rglob("*.md"))]:
-        for m in re.finditer(r"(?<![\w$-])([a-z][a-z0-9_.]*)=([^\s`'\"),;|]+)", path.read_text(encoding="utf-8")):
+        # Not inside quotes: docs quote refused overrides in the checker's messages.
+        for m in re.finditer(
+            r"(?<![\w$'-])([a-z][a-z0-9_.]*)=('[^'\s]*'|[^\s`'\"),;|]+)", path.read_text(encoding="utf-8")
+        ):
             if m.group(1).split(".")[0] in keys and not re.search(r"[<>{}$]|^[A-Z]+$", m.group(2)):
                 found.append(m.group(0).rstrip("."))
     return sorted(set(found))
