@@ -59,7 +59,8 @@ PARSER_ACCEPTS = [
         "attention=dot_product", "profiler=xplane", "run_name=", "tokenizer_path=", "base_output_directory=",
         "hf_access_token=", "train_data_columns=text", "ici_parallelism=[1]", "xprof_tpu_power_trace_level='1'",
         "lora.lora_rank=8", "dpo.dpo_beta=0.2", "student_overrides.anything=1", "constant_bound_config='1.0,2.0'",
-        "checkpoint_period=1000", "remat_policy=minimal", "eval_interval=-1",
+        "checkpoint_period=1000", "remat_policy=minimal", "eval_interval=-1", "run_name=run-${steps}",
+        "hf_data_dir=${oc.env:HOME}",
     ]),
     (PRESET_CONFIG, ["override_model_config=true", "base_num_decoder_layers=4", "steps=3"]),
     (PRESET_CONFIG, ["base_num_decoder_layers=32"]),  # the preset's own value
@@ -80,6 +81,8 @@ PARSER_REFUSES = [
     (TINY, ["constant_bound_config=a"]),
     (TINY, ["dropout_rate=2"]),
     (TINY, ["log_period=none"]),
+    (TINY, ["run_name=${model_name}"]),  # resolved among the command-line overrides alone
+    (TINY, ["run_name=${oops"]),
     (PRESET_CONFIG, ["base_num_decoder_layers=4"]),
 ]
 
@@ -419,7 +422,7 @@ def test_valid_overrides_of_every_kind_are_accepted(venv: Path) -> None:
         "grain_train_files=/shared/data/train*.array_record",
         "base_output_directory=/jobs/7",
         "lora.lora_rank=8",  # nested
-        "run_name=${model_name}",  # OmegaConf interpolation: resolved by MaxText
+        "run_name=run-${steps}",  # OmegaConf interpolation of another override
         "hf_access_token=",
     )
     assert res.returncode == 0 and not res.stderr and not res.stdout, res.stderr

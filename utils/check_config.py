@@ -415,13 +415,47 @@ def _presets_dir() -> str:
     return os.path.join(roots[0] if roots else "/nonexistent", "configs", "models")
 
 
+# Keys _train.sh puts on MaxText's command line before the user's overrides.
+LAUNCHER_KEYS = ("run_name", "base_output_directory", "jax_cache_dir")
+_INTERPOLATION = re.compile(r"\$\{([^${}]*)\}")
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    return []
+
+
+def _interpolation_problem(value: Any, cli_keys: set[str]) -> str | None:
+    """MaxText resolves the command-line overrides on their own first: an interpolation such as
+    ${steps} in an override must name a key that another override sets (resolvers such as
+    ${oc.env:NAME} need nothing)."""
+    for text in _strings(value):
+        if "${" not in text:
+            continue
+        if "${" in _INTERPOLATION.sub("", text):
+            return "the value has an unfinished or nested OmegaConf interpolation '${...}'; write the value itself"
+        for ref in _INTERPOLATION.findall(text):
+            name = ref.strip().split(".")[0].split("[")[0]
+            if ":" not in ref and name not in cli_keys:
+                return (
+                    f"MaxText resolves ${{{ref}}} among the command-line overrides alone and none of them "
+                    f"sets {name}; write the value itself"
+                )
+    return None
+
+
 def check_overrides(text: str, config: dict[str, Any], schema: dict[str, Any]) -> str | None:
     """Why MaxText would refuse the newline-separated key=value overrides, or None."""
     problems: list[str] = []
     parsed: list[tuple[str, Any, str]] = []
-    for line in text.split("\n"):
-        if not line:
-            continue
+    lines = [line for line in text.split("\n") if line]
+    cli_keys = {*LAUNCHER_KEYS, *(line.partition("=")[0].partition(".")[0] for line in lines)}
+    for line in lines:
         key, eq, raw = line.partition("=")
         if not eq:
             problems.append(f"bad override {line[:100]!r}: write key=value")
@@ -438,7 +472,8 @@ def check_overrides(text: str, config: dict[str, Any], schema: dict[str, Any]) -
             fix = f"; quote it: {key}='{raw}'" if takes_str and "'" not in raw and not is_secret(key, schema) else ""
             problems.append(f"bad override {_shown(line, key, schema)}: the value is not valid YAML ({what}){fix}")
             continue
-        why = check_value(key, value, schema, config, raw=raw)
+        why = key_problem(key, schema["fields"]) or _interpolation_problem(value, cli_keys)
+        why = why or check_value(key, value, schema, config, raw=raw)
         if why:
             problems.append(f"bad override {_shown(line, key, schema)}: {why}")
         else:
