@@ -430,7 +430,12 @@ def test_valid_overrides_of_every_kind_are_accepted(venv: Path) -> None:
 
 def test_values_of_credentials_are_never_shown(venv: Path) -> None:
     secret = "8675309"  # reads as a number: refused (the token is a string)
-    for override in (f"hf_access_token={secret}", f"hf_access_token=[{secret}", f"student_overrides.api_key=[{secret}"):
+    for override in (
+        f"hf_access_token={secret}",
+        f"hf_access_token=[{secret}",
+        f"hf_access_token=*{secret}",
+        f"student_overrides.api_key=[{secret}",
+    ):
         line = refused(check(venv, TINY, override))
         key = override.partition("=")[0]
         assert secret not in line and f"'{key}=<hidden>'" in line, line

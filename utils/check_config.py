@@ -463,13 +463,16 @@ def check_overrides(text: str, config: dict[str, Any], schema: dict[str, Any]) -
         try:
             value = parse_value(raw)
         except yaml.YAMLError as e:
-            what = getattr(e, "problem", None) or str(e).splitlines()[0]
+            what = getattr(e, "problem", None) or str(e).splitlines()[0]  # may quote part of the value
             unknown = key_problem(key, schema["fields"])
             if unknown:
                 problems.append(f"bad override {_shown(line, key, schema)}: {unknown}")
                 continue
+            if is_secret(key, schema):
+                problems.append(f"bad override {_shown(line, key, schema)}: the value is not valid YAML")
+                continue
             takes_str = check_value(key, "", schema, config) is None
-            fix = f"; quote it: {key}='{raw}'" if takes_str and "'" not in raw and not is_secret(key, schema) else ""
+            fix = f"; quote it: {key}='{raw}'" if takes_str and "'" not in raw else ""
             problems.append(f"bad override {_shown(line, key, schema)}: the value is not valid YAML ({what}){fix}")
             continue
         why = key_problem(key, schema["fields"]) or _interpolation_problem(value, cli_keys)
