@@ -111,3 +111,12 @@ def test_every_launcher_variable_is_reserved_from_env_overrides():
     script = f'source {REPO}/utils/lib.sh; for n in "$@"; do is_reserved_env "$n" || echo "$n"; done'
     res = run(["bash", "-c", script, "bash", *sorted(names)])
     assert res.returncode == 0 and res.stdout.split() == [], f"not reserved: {res.stdout.split()}"
+
+
+def test_secret_maxtext_keys_are_the_schemas_credentials():
+    """The launcher hides (and keeps out of argv) exactly MaxText's credential keys."""
+    import json
+
+    schema = json.loads((REPO / "requirements" / "maxtext-schema.json").read_text())
+    res = run(["bash", "-c", f'source {REPO}/utils/lib.sh; echo "$SECRET_MAXTEXT_KEYS"'])
+    assert set(res.stdout.split()) == set(schema["secret_keys"]) != set()

@@ -65,6 +65,10 @@ CASES = [
     (["tiny", "--open-mode=truncate"], "(--open-mode) contradicts submit.sh"),
     (["tiny", "--export=NONE"], "(--export) contradicts submit.sh"),
     (["tiny", "--node=4"], "'--node=4' (--nodes): give the node count as -N NODES"),
+    # MaxText overrides are judged against MaxText's schema before anything is submitted
+    (["tiny", "--", "stepz=1"], "bad override 'stepz=1': MaxText has no key 'stepz' (did you mean 'steps'?)"),
+    (["tiny", "--", "steps=ten"], "bad override 'steps=ten': steps takes an integer"),
+    (["tiny", "--", "_env_M_STEPS=abc"], "'_env_M_STEPS' would set a MaxText key behind the schema check"),
     (["tiny", "--", "_env_NOT_SET_ANYWHERE_42"], "passes $NOT_SET_ANYWHERE_42 from your environment, but it is not set"),
 ]
 

@@ -135,6 +135,8 @@ prepare_launch() {
 
   "$repo/utils/setup_env.sh" || die "could not set up the Python environment (see the messages above)"
   MST_VENV=${MAXTEXT_SLURM_VENV:-$repo/.venv}
-  "$MST_VENV/bin/python" "$repo/utils/check_config.py" "$repo/configs/$MODEL.yml" || exit 1
+  # the config's keys and the MaxText overrides against MaxText's schema (overrides by environment:
+  # they may hold secrets)
+  TRAIN_OVERRIDES=${TRAIN_OVERRIDES:-} "$MST_VENV/bin/python" "$repo/utils/check_config.py" "$repo/configs/$MODEL.yml" || exit 1
   export MODEL MODEL_TAG JOB_WORKSPACE MST_VENV
 }

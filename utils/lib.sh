@@ -133,6 +133,8 @@ split_overrides() {
     [[ "$a" != *$'\n'* ]] || die "override '$key' has a newline in its value; values must be one line"
     if [[ "$key" == _env_* ]]; then
       [[ "${key#_env_}" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || die "bad environment name in '$key=...': use _env_NAME=value with NAME like [A-Za-z_][A-Za-z0-9_]*"
+      [[ "$key" != _env_M_* ]] ||
+        die "'$key' would set a MaxText key behind the schema check (MaxText reads M_<KEY> variables); write the key as an override, e.g. steps=100"
       is_reserved_env "${key#_env_}" &&
         die "'$key' sets a launcher variable, which _env_ cannot change; reserved: MST_* JOB_* SLURM_* SLURMD_* SRUN_* ${RESERVED_ENV//$'\n'/ }"
       TRAIN_ENV_OVERRIDES+="${a#_env_}"$'\n'
@@ -158,7 +160,11 @@ SECRET_MAXTEXT_KEYS="hf_access_token"
 
 # is_secret_env NAME / is_secret_key KEY: true when the value of that variable / MaxText key is a secret.
 is_secret_env() { [[ "${1^^}" =~ $SECRET_NAME_RE ]]; }
-is_secret_key() { [[ " $SECRET_MAXTEXT_KEYS " == *" ${1,,} "* ]]; }
+is_secret_key() {  # any part of a dotted key (student_overrides.hf_access_token)
+  local part
+  for part in ${1//./ }; do [[ " $SECRET_MAXTEXT_KEYS " == *" ${part,,} "* ]] && return 0; done
+  return 1
+}
 
 # shown_kv KIND NAME=VALUE: the pair as it may be shown (KIND env or maxtext); VALUE is <redacted>
 # when NAME is secret. Non-pairs pass unchanged.
