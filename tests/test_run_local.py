@@ -33,13 +33,14 @@ def test_trains_and_summarises(workspace, venv):
     assert (job_dir / "summary.txt").read_text().startswith("==================== JOB SUMMARY")
 
 
-def test_config_error_is_reported(workspace, venv):
+def test_config_error_is_refused_before_the_run(workspace, venv):
+    """A misspelt MaxText key costs a second, not a start-up: refused against MaxText's schema."""
     res = run([str(REPO / "run_local.sh"), "tiny", "--", "per_device_batch_sizee=1"],
               env=launcher_env(workspace), timeout=300)
-    assert res.returncode != 0
-    s = summary(only_log(workspace))
-    assert s["status"] == "failed" and s["failed_nodes"] == f"{HOST} (exit 1)"
-    assert "per_device_batch_sizee" in s["first_error"], s
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode != 0 and len(lines) == 1, res.stderr
+    assert "MaxText has no key 'per_device_batch_sizee' (did you mean 'per_device_batch_size'?)" in lines[0]
+    assert not any(workspace.iterdir())
 
 
 def test_crash_leaves_a_core_dump_in_the_job_dir(workspace, venv):
