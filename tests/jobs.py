@@ -1,6 +1,7 @@
 """Helpers for tests that drive real jobs: submit, wait, read the JOB SUMMARY."""
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -76,12 +77,25 @@ def triage(job: Path | str, cluster: dict[str, str] | None = None, *args: str) -
 
 
 def bad_job_arg(kind: str, tmp_path: Path) -> str:
-    """A JOB argument of one bad kind for the tools' bad-input tests: binary, text or empty file
-    (made under tmp_path); any other kind is passed through (a missing id or path)."""
+    """A JOB argument of one bad kind for the tools' bad-input tests, made under tmp_path: binary,
+    text or empty file, "dir" (a directory that is no job directory), "fifo", "dangling" (a symlink
+    to nothing), "long" (a name longer than the file system allows); any other kind is passed
+    through (a missing id or path, '', '.')."""
     files = {"binary": ("x.log", b"\x7fELF\0\0\0" * 100), "text": ("notes.txt", b"shopping list\nmilk\n"),
              "empty": ("empty.log", b"")}
-    if kind not in files:
-        return kind
-    name, data = files[kind]
-    (tmp_path / name).write_bytes(data)
-    return str(tmp_path / name)
+    if kind in files:
+        name, data = files[kind]
+        (tmp_path / name).write_bytes(data)
+        return str(tmp_path / name)
+    if kind == "dir":
+        (tmp_path / "photos").mkdir()
+        return str(tmp_path / "photos")
+    if kind == "fifo":
+        os.mkfifo(tmp_path / "pipe.log")
+        return str(tmp_path / "pipe.log")
+    if kind == "dangling":
+        (tmp_path / "gone.log").symlink_to(tmp_path / "nothing-here")
+        return str(tmp_path / "gone.log")
+    if kind == "long":
+        return "7" * 300
+    return kind

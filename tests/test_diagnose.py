@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, VENV, run
+from jobs import bad_job_arg
 
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "utils"))
@@ -160,6 +161,9 @@ def test_cli_json_text_and_plots(network_job, tmp_path):
     assert text.returncode == 0 and "Verdict: network" in text.stdout and "Ruled out:" in text.stdout, text.stdout
     via_tsdb = cli(network_job.job_dir / "prometheus", "--json")     # the TSDB dir itself
     assert json.loads(via_tsdb.stdout)["verdict"] == "network"
+    here = cli(".", "--json", cwd=network_job.job_dir)                 # from inside the job dir
+    assert here.returncode == 0 and "Traceback" not in here.stderr, here.stderr
+    assert json.loads(here.stdout)["job"] == network_job.job_dir.name
     assert tsdb_digest(network_job.job_dir / "prometheus") == before
 
 
@@ -179,6 +183,15 @@ def test_bad_input(tmp_path, network_job):
     one_line_error(cli(network_job.job_dir, "--vs", tmp_path / "nope"), "does not exist")
     one_line_error(cli(network_job.job_dir, "--frobnicate"), "unrecognized arguments")
     one_line_error(cli(), "required")
+    # empty, '.', a file, a dangling link, a name too long: one line each, saying what to give
+    one_line_error(cli(""), "empty JOB argument", "give a job id")
+    one_line_error(cli(".", cwd=tmp_path), "neither a job dir nor a TSDB")
+    one_line_error(cli(bad_job_arg("binary", tmp_path)), "is not a directory")
+    one_line_error(cli(bad_job_arg("dangling", tmp_path)), "dangling symlink", "give a job id")
+    one_line_error(cli(bad_job_arg("long", tmp_path)), "File name too long", "give a job id")
+    one_line_error(cli(network_job.job_dir, "--vs", ""), "empty --vs argument")
+    # --plot into a file is refused before anything is served
+    one_line_error(cli(network_job.job_dir, "--plot", tmp_path / "x.log" / "png"), "is not a directory")
 
 
 # the real local RAY=1 job is diagnosed in tests/test_ray_job.py (it runs one on the local cluster)

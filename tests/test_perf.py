@@ -306,7 +306,8 @@ def test_cli_help_and_lookup(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "bad", ["nosuchjob", "/nonexistent/x.log", "binary", "text", "empty", "gpu", "peak", "warmup", "both"]
+    "bad", ["nosuchjob", "/nonexistent/x.log", "binary", "text", "empty", "", ".", "dir", "fifo", "dangling", "long",
+            "gpu", "peak", "warmup", "both"]
 )
 def test_cli_bad_input_is_one_line_exit_2(bad, tmp_path):
     log = write_log(tmp_path / "ws", {"n1": series(8, 0.5, {})})
@@ -317,7 +318,7 @@ def test_cli_bad_input_is_one_line_exit_2(bad, tmp_path):
         "both": [str(log), "--gpu", "H100", "--peak-tflops", "9"],
     }
     arg = bad_job_arg(bad, tmp_path)
-    res = run([PERF, *args.get(bad, [arg, "--workspace", str(tmp_path)])])
+    res = run([PERF, *args.get(bad, [arg, "--workspace", str(tmp_path)])], cwd=tmp_path, timeout=30)
     assert res.returncode == 2, res.stdout
     assert res.stdout == "" and len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
     assert res.stderr.startswith("perf.py: ")

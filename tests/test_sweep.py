@@ -3,6 +3,7 @@ and small real sweeps on the local Slurm cluster (batch, nodes, regress, Ctrl-C)
 
 import json
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -114,27 +115,113 @@ def test_dry_run_regress(workspace):
     res = sweep_run(workspace, "regress", "tiny", "--baseline", "77", "--dry-run", "--json")
     assert res.returncode == 0, res.stderr
     rec = as_json(res)
-    assert commands(rec) == [f"{SUBMIT} tiny:base -N 2 -t 10 -- steps=10 remat_policy=full"]
+    # the baseline's sbatch flags are shown, not replayed
+    assert commands(rec) == [f"{SUBMIT} tiny:base -N 2 -- steps=10 remat_policy=full"]
+    assert rec["params"]["not_replayed"] == {"sbatch": ["-t", "10"], "env": []}
+    assert any("NOT replayed: -t 10 (add --replay-sbatch" in n for n in rec["notes"]), rec["notes"]
     base = rec["params"]["baseline"]
     assert base["tgs_steady"] == pytest.approx(1006.0) and base["final_loss"] == pytest.approx(6.01)
-    # --steps and -N replace the recorded values; extra overrides replace by key
-    res = sweep_run(workspace, "regress", "tiny", "--baseline", "77", "--steps", "12", "-N", "1", "--dry-run",
-                    "--json", "--", "--", "remat_policy=minimal")
+    assert base["command_owner_is_you"] is True and base["command_owner"]
+    # --steps and -N replace the recorded values; extra overrides replace by key; --replay-sbatch replays -t 10
+    res = sweep_run(workspace, "regress", "tiny", "--baseline", "77", "--steps", "12", "-N", "1", "--replay-sbatch",
+                    "--dry-run", "--json", "--", "--", "remat_policy=minimal")
     assert res.returncode == 0, res.stderr
     rec = as_json(res)
     assert commands(rec) == [f"{SUBMIT} tiny:base -N 1 -t 10 -- steps=12 remat_policy=minimal"]
     assert rec["params"]["same_steps"] is False
 
 
-def test_regress_refuses_a_redacted_command(workspace):
-    fake_job(workspace, "78", "submit.sh tiny:base -N 1 -- steps=10 _env_HF_TOKEN=<redacted>")
-    res = sweep_run(workspace, "regress", "tiny", "--baseline", "78")
-    assert res.returncode == 2
-    assert "redacted" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+def test_regress_never_replays_a_redacted_value(workspace):
+    # whole-value redaction as the launcher writes it (NAME=<redacted>), next to a %q-quoted value
+    fake_job(workspace, "78", "submit.sh tiny:base -N 1 -- steps=10 run_name=a\\ b _env_HF_TOKEN=<redacted>")
+    res = sweep_run(workspace, "regress", "tiny", "--baseline", "78", "--dry-run")
+    assert res.returncode == 0, res.stderr   # the environment is not replayed: nothing redacted is submitted
+    assert f"{SUBMIT} tiny:base -N 1 -- steps=10 'run_name=a b'" in res.stdout
+    assert "_env_HF_TOKEN=<redacted>' (add --replay-env" in res.stdout, res.stdout
+    res = sweep_run(workspace, "regress", "tiny", "--baseline", "78", "--replay-env")
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "'_env_HF_TOKEN' was redacted" in res.stderr and "cannot be replayed" in res.stderr, res.stderr
+    # a value given after `-- --` replaces the redacted one
+    res = sweep_run(workspace, "regress", "tiny", "--baseline", "78", "--replay-env", "--dry-run", "--json", "--",
+                    "--", "_env_HF_TOKEN=mine")
+    assert res.returncode == 0 and commands(as_json(res))[0].endswith("_env_HF_TOKEN=mine"), res.stderr
+    # a redacted MaxText credential: MaxText overrides are replayed, so it is refused unless given
+    fake_job(workspace, "80", "submit.sh tiny:base -N 1 -- steps=10 hf_access_token=<redacted>")
+    res = sweep_run(workspace, "regress", "tiny", "--baseline", "80")
+    assert res.returncode == 2 and "'hf_access_token' was redacted" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
     fake_job(workspace, "79", "submit.sh tiny:base -N 1 -- steps=10")
     res = sweep_run(workspace, "regress", "llama3.1-8b", "--baseline", "79")
     assert res.returncode == 2 and "trained 'tiny'" in res.stderr, res.stderr
     assert not (workspace / "sweeps").exists()
+
+
+FAKE_SLURM = {  # record what submit.sh hands to sbatch (argv and environment); every job ends at once
+    "sbatch": '#!/bin/bash\nn=$(( $(cat "$CALLS/n" 2>/dev/null || echo 500) + 1 )); echo "$n" > "$CALLS/n"\n'
+              'printf "%s\\n" "$@" > "$CALLS/$n.argv"; env > "$CALLS/$n.env"; echo "$n"\n',
+    "scontrol": '#!/bin/bash\n[[ "$1" == show ]] && echo "JobId=${4:-$3} JobState=COMPLETED"; exit 0\n',
+}
+
+
+@pytest.fixture()
+def fake_slurm(tmp_path):
+    bin_dir, calls = tmp_path / "fakebin", tmp_path / "calls"
+    bin_dir.mkdir()
+    calls.mkdir()
+    for name, text in FAKE_SLURM.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(calls)}, calls
+
+
+def test_regress_replays_sbatch_flags_and_env_only_when_asked(workspace, fake_slurm, tmp_path):
+    """A teammate's (or an attacker's) command.txt in a shared workspace: its sbatch flags and
+    _env_ values are not submitted as you unless you ask for them."""
+    env, calls = fake_slurm
+    target = tmp_path / "victim" / "bashrc"
+    fake_job(workspace, "77", f"submit.sh tiny:base -N 1 --output={target} -- steps=10 _env_LD_PRELOAD=/x.so")
+
+    def regress(*flags: str) -> tuple[dict, str, str, str]:
+        before = set(calls.glob("*.argv"))
+        res = sweep_run(workspace, "regress", "tiny", "--baseline", "77", "--json", "--poll", "0.2", *flags, env=env)
+        rec = as_json(res)
+        new = sorted(set(calls.glob("*.argv")) - before)
+        argv = new[0].read_text() if new else ""
+        sb_env = new[0].with_suffix(".env").read_text() if new else ""
+        return rec, argv, sb_env, res.stderr
+
+    rec, argv, seen, err = regress()
+    job = rec["jobs"][0]
+    assert job["job_id"] and argv, (job, argv)    # submitted through submit.sh to (the fake) sbatch
+    assert str(target) not in argv and "LD_PRELOAD=/x.so" not in seen, (argv, seen)
+    assert str(target) not in job["command"] and "LD_PRELOAD" not in job["command"]
+    # ... but shown: in the record and on stderr before anything is submitted
+    assert rec["params"]["not_replayed"] == {"sbatch": [f"--output={target}"], "env": ["_env_LD_PRELOAD=/x.so"]}
+    assert any(f"NOT replayed: --output={target}" in n for n in rec["notes"]), rec["notes"]
+    assert any("NOT replayed: _env_LD_PRELOAD=/x.so" in n for n in rec["notes"]), rec["notes"]
+    assert f"note: the baseline's sbatch flags are NOT replayed: --output={target}" in err, err
+
+    rec, argv, seen, _ = regress("--replay-env")
+    assert "_env_LD_PRELOAD=/x.so" in rec["jobs"][0]["command"]
+    assert "LD_PRELOAD=/x.so" in seen and str(target) not in argv, seen
+
+    rec, argv, seen, _ = regress("--replay-sbatch")
+    job = rec["jobs"][0]
+    assert f"--output={target}" in job["command"]
+    # handed to submit.sh: sbatch gets it, or submit.sh refuses it by name (it contradicts its own --output)
+    assert f"--output={target}" in argv or (job["status"] == "submit_failed" and "--output" in job["note"]), job
+    assert not target.exists()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to give command.txt to another user")
+def test_regress_names_the_owner_of_a_foreign_command_txt(workspace):
+    fake_job(workspace, "77", "submit.sh tiny:base -N 1 -p gpu -- steps=10")
+    os.chown(workspace / "77-JAX-tiny-base" / "artifact" / ".submit" / "command.txt", 65534, 65534)
+    res = sweep_run(workspace, "regress", "tiny", "--baseline", "77", "--dry-run", "--json")
+    rec = as_json(res)
+    owner = pwd.getpwuid(65534).pw_name
+    assert rec["params"]["baseline"]["command_owner"] == owner and not rec["params"]["baseline"]["command_owner_is_you"]
+    assert any(f"is owned by {owner}, not by you" in n for n in rec["notes"]), rec["notes"]
 
 
 BAD = [
@@ -154,6 +241,12 @@ BAD = [
     (["bisect", "tiny", "--nodes", "n1,n2"], "at least 3 usable nodes"),
     (["regress", "tiny", "--baseline", "424242"], "no job '424242'"),
     (["show", "/nonexistent/record.json"], "cannot read record"),
+    (["show", ""], "is empty"),
+    (["resume", "/"], "not a regular file"),
+    (["regress", "tiny", "--baseline", ""], "empty JOB argument"),
+    (["regress", "tiny", "--baseline", "/"], "not a job directory"),
+    (["regress", "tiny", "--baseline", "7" * 300], "File name too long"),
+    (["batch", "tiny", "--values", "1", "--workspace", "/etc/passwd"], "is not a directory"),
     (["frobnicate", "tiny"], "invalid choice"),
 ]
 
@@ -166,6 +259,16 @@ def test_bad_input(cluster, workspace, args, why):
     assert why in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and not res.stdout, res.stdout + res.stderr
     assert not list(workspace.iterdir()), "nothing may be submitted or written on bad input"
+
+
+def test_incomplete_record_is_one_line(tmp_path):
+    for i, text in enumerate(['{"sweep": "batch", "version": 1}', '{"sweep": "regress", "version": 1, "jobs": [1]}']):
+        path = tmp_path / f"{i}.json"
+        path.write_text(text)
+        for kind in ("show", "resume"):
+            res = run([str(VENV / "bin" / "python"), TOOL, kind, str(path)], timeout=60)
+            assert res.returncode == 2 and "not a complete sweep record" in res.stderr, res.stderr
+            assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
 
 
 # --- the decisions, on made-up results ------------------------------------------------------------

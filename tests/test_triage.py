@@ -283,13 +283,32 @@ def test_cli_help_json_text_and_lookup(tmp_path):
     assert "evidence:" in res.stdout and "next steps:" in res.stdout
 
 
-@pytest.mark.parametrize("bad", ["nosuchjob", "/nonexistent/x.log", "binary", "text", "empty"])
+BAD_JOBS = {  # kind of JOB argument -> what the one line must say
+    "nosuchjob": "no job 'nosuchjob'", "/nonexistent/x.log": "no such job, directory or log", "binary": "binary",
+    "text": "not a job log", "empty": "not a job log", "": "empty JOB argument", ".": "not a job directory",
+    "dir": "not a job directory", "fifo": "not a regular file", "dangling": "dangling symlink",
+    "long": "File name too long",
+}
+
+
+@pytest.mark.parametrize("bad", BAD_JOBS)
 def test_cli_bad_input_is_one_line_exit_2(bad, tmp_path):
     arg = bad_job_arg(bad, tmp_path)
-    res = run([TRIAGE, arg, "--workspace", str(tmp_path)])
+    res = run([TRIAGE, arg, "--workspace", str(tmp_path)], cwd=tmp_path, timeout=30)
     assert res.returncode == 2, res.stdout
     assert res.stdout == "" and len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
-    assert res.stderr.startswith("triage.py: ")
+    assert res.stderr.startswith("triage.py: ") and BAD_JOBS[bad] in res.stderr, res.stderr
+    if bad not in ("binary", "text", "empty"):   # a file that is no log needs no hint; a wrong path does
+        assert "give a job id" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("option", [["--hang-factor", "nan"], ["--hang-factor", "0.5"], ["--warmup-steps", "-1"],
+                                    ["--phase-min-steps", "x"], ["--now=-5"], ["--hang-min-seconds", "inf"]])
+def test_cli_bad_option_is_one_line_exit_2(option, tmp_path):
+    _, log = job_for("oom_device", tmp_path)
+    res = run([TRIAGE, str(log), "--no-scheduler", *option], timeout=30)
+    assert res.returncode == 2 and res.stdout == "", res.stdout
+    assert len(res.stderr.strip().splitlines()) == 1 and res.stderr.startswith("triage.py: argument "), res.stderr
 
 
 # --- real jobs (run_local.sh) ----------------------------------------------------------------

@@ -194,14 +194,29 @@ def _log_of(job_dir: Path) -> Path | None:
     return None
 
 
-def locate(arg: str, workspace: Path) -> Target:
-    """A job id, job dir, TSDB dir or job log -> Target; InputError with one line otherwise."""
+JOB_FORMS = "give a job id, a job dir (<workspace>/<id>-JAX-<model>[-<tag>]) or a TSDB dir"
+
+
+def locate(arg: str, workspace: Path, what: str = "JOB") -> Target:
+    """A job id, job dir, TSDB dir or job log -> Target; InputError with one line otherwise
+    (what: the argument's name in that line)."""
+    if not arg.strip():
+        raise InputError(f"empty {what} argument: {JOB_FORMS}")
+    try:
+        return _locate(arg, workspace)
+    except OSError as e:  # a name too long, a permission, a symlink loop: no traceback
+        raise InputError(f"cannot look up '{arg}': {e.strerror or e} ({JOB_FORMS})") from None
+
+
+def _locate(arg: str, workspace: Path) -> Target:
     p = Path(arg)
+    if not p.exists() and os.path.lexists(p):
+        raise InputError(f"{arg} is a dangling symlink or a symlink loop: {JOB_FORMS}")
     if not p.exists() and re.fullmatch(r"[\w.-]+", arg) and "/" not in arg:
         hits = [d for d in sorted(workspace.glob(f"{glob.escape(arg)}-JAX-*")) if d.is_dir()]
         with_tsdb = [d for d in hits if (d / "prometheus").is_dir()]
         if not hits:
-            raise InputError(f"no job {arg} in {workspace} (looked for {arg}-JAX-*; pass a job dir or --workspace)")
+            raise InputError(f"no job {arg} in {workspace} (looked for {arg}-JAX-*; {JOB_FORMS}, or set --workspace)")
         if len(with_tsdb) > 1:
             raise InputError(f"job id {arg} is ambiguous in {workspace}: {', '.join(d.name for d in with_tsdb)}")
         p = (with_tsdb or hits)[0]
@@ -213,7 +228,7 @@ def locate(arg: str, workspace: Path) -> Target:
         db = tsdb.resolve(p)
     except tsdb.TSDBError as e:
         raise InputError(str(e)) from None
-    job_dir = p if (p / "prometheus").is_dir() else (db.parent if db.name == "prometheus" else None)
+    job_dir = p.resolve() if (p / "prometheus").is_dir() else (db.parent if db.name == "prometheus" else None)
     log = _log_of(job_dir) if job_dir else None
     name = job_dir.name if job_dir else db.name
     return Target(name, db, job_dir, log)
@@ -564,7 +579,12 @@ def check_heartbeat(d: Data, rep: Report, prom: tsdb.Served) -> None:
         status = joblog.parse_block(summary.read_text(errors="replace").splitlines()).get("status")
         if status == "completed":   # a heartbeat claim ends the job: a completed one had none
             return rep.clean("heartbeat_false_positive", "the job completed (summary.txt)", ["summary.txt"])
-    scan = joblog.scan(log)
+    try:
+        scan = joblog.scan(log)
+    except (OSError, ValueError) as e:   # a binary or unreadable log (joblog.NotALog is a ValueError)
+        rep.missing.add("job log")
+        rep.notes.append(f"the job log could not be read ({e}): heartbeat claims not checked")
+        return rep.skipped.append({"check": "heartbeat_false_positive", "needs": ["job log"]})
     claims = [e for e in scan.events if e.kind in ("hb_claim", "hb_task") and e.data.get("tasks") and e.ts]
     if not claims:
         return rep.clean("heartbeat_false_positive", "the log holds no heartbeat claim", ["log"])
@@ -1304,6 +1324,19 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def check_plot_dir(out: Path) -> None:
+    """InputError unless OUT is a directory or can be made one (checked before the diagnosis runs)."""
+    p = out.absolute()
+    try:
+        while not p.exists() and p != p.parent:
+            p = p.parent
+        ok = p.is_dir()
+    except OSError as e:
+        raise InputError(f"--plot {out}: {e.strerror or e} (give a directory for the PNG charts)") from None
+    if not ok:
+        raise InputError(f"--plot {out}: {p} is not a directory (give a directory for the PNG charts)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = _Parser(prog="diagnose.py", description=__doc__.split("\n", 2)[2], formatter_class=_Help,
                  usage="diagnose.py JOB [--vs OTHER_JOB] [--json] [--plot DIR] [--workspace DIR]")
@@ -1315,8 +1348,10 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     ws = a.workspace or default_workspace()
     try:
+        if a.plot is not None:
+            check_plot_dir(a.plot)
         target = locate(a.job, ws)
-        other = locate(a.vs, ws) if a.vs else None
+        other = locate(a.vs, ws, "--vs") if a.vs is not None else None
         report = diagnose(target, other)
     except InputError as e:
         print(f"diagnose.py: {e}", file=sys.stderr)
@@ -1324,7 +1359,12 @@ def main(argv: list[str] | None = None) -> int:
     except tsdb.TSDBError as e:
         print(f"diagnose.py: {e}", file=sys.stderr)
         return 1
-    pngs = plot(report, a.plot) if a.plot else []
+    try:
+        pngs = plot(report, a.plot) if a.plot else []
+    except OSError as e:
+        print(f"diagnose.py: cannot write the charts to {a.plot}: {e.strerror or e} (give a directory you can write "
+              "to, or leave out --plot)", file=sys.stderr)
+        return 2
     report.pop("_report", None)
     if pngs:
         report["plots"] = [str(p) for p in pngs]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import signal
 import sys
 import time
 from collections import Counter
@@ -697,10 +698,27 @@ def read_steps(path: str | Path, clock: AbslClock | None = None) -> StepTable:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or argv[0] in ("-h", "--help"):
-        print(__doc__.strip().splitlines()[0])
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    s = scan(argv[0])
+    usage = __doc__.strip().splitlines()[0]
+    if argv[:1] in (["-h"], ["--help"]):
+        print(usage)
+        return 0
+    if len(argv) != 1:
+        print(f"joblog.py: expected one LOG argument (a job's .log file); {usage}", file=sys.stderr)
+        return 2
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `joblog.py LOG | head` ends quietly
+    path = Path(argv[0])
+    try:
+        if not path.is_file():
+            what = "no such file" if not path.exists() else "not a regular file"
+            raise NotALog(f"'{argv[0]}': {what} (give a job's .log file)")
+        s = scan(path)
+    except OSError as e:
+        print(f"joblog.py: cannot read '{argv[0]}': {e.strerror or e} (give a job's .log file)", file=sys.stderr)
+        return 2
+    except NotALog as e:
+        print(f"joblog.py: {e}", file=sys.stderr)
+        return 2
     out = dataclasses.asdict(s)
     out["steps"] = {"host": s.steps.host, "count": len(s.steps.step), "rampup": s.steps.rampup,
                     "first": s.steps.step[:1], "last": s.steps.step[-1:]}

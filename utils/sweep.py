@@ -11,8 +11,11 @@ reports what the sweep found.
                                  per node, outliers (median absolute deviation), failing nodes
   bisect MODEL --nodes LIST      2-node jobs over disjoint pairs, then each node of a bad pair with
                                  a node of a good one: which node makes multi-node jobs slow or fail
-  regress MODEL --baseline JOB   reruns the baseline's submit command from the current code and
-                                 compares steady tokens/s/device and final loss with it
+  regress MODEL --baseline JOB   reruns the baseline's MODEL:TAG, node count and MaxText overrides
+                                 from the current code and compares steady tokens/s/device and
+                                 final loss with it; the baseline's recorded sbatch flags and
+                                 _env_ values are shown, and replayed only with --replay-sbatch /
+                                 --replay-env (never a <redacted> value)
   resume RECORD                  continues an interrupted sweep from its record
   show RECORD                    prints a record's report again (submits nothing)
 
@@ -32,6 +35,7 @@ import calendar
 import dataclasses
 import json
 import os
+import pwd
 import re
 import shlex
 import shutil
@@ -161,6 +165,12 @@ def positive_int(text: str) -> int:
     if not re.fullmatch(r"[1-9]\d*", text.strip()):
         raise argparse.ArgumentTypeError(f"'{text}' is not a positive whole number")
     return int(text)
+
+
+def nonempty_path(text: str) -> Path:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty (give a path)")
+    return Path(text)
 
 
 def positive_float(text: str) -> float:
@@ -361,11 +371,15 @@ class Sweep:
                 "options": {"timeout": self.opts.timeout, "max_parallel": self.opts.max_parallel,
                             "poll": self.opts.poll},
                 "argv": self.argv, "params": self.params, "jobs": [j.to_json() for j in self.jobs],
-                "result": self.result}
+                "result": self.result, "notes": list(self.params.get("notes", []))}
 
     def open_record(self) -> None:
         folder = self.opts.workspace / "sweeps"
-        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise InputError(f"cannot make {folder} for the sweep's record: {e.strerror or e} (set --workspace to a "
+                             "directory you can write)") from None
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.started_at))
         for n in range(1, 1000):
             path = folder / f"{stamp}{'' if n == 1 else f'-{n}'}-{self.kind}.json"
@@ -714,6 +728,9 @@ def bisect_result(jobs: list[Job], threshold: float) -> dict:
 def parse_submit_command(text: str) -> tuple[str, int, list[str], list[str]]:
     """A recorded 'submit.sh MODEL[:TAG] [-N N] [SBATCH...] [-- OVERRIDES...]' -> its parts
     (the same argument grammar as submit.sh)."""
+    if "$'" in text:  # bash's printf %q for control characters: shlex would misread it
+        raise InputError(f"the baseline command has a $'...'-quoted value (control characters), which regress does "
+                         f"not replay: rerun it by hand: {text}")
     try:
         tokens = shlex.split(text)
     except ValueError as e:
@@ -739,8 +756,29 @@ def parse_submit_command(text: str) -> tuple[str, int, list[str], list[str]]:
     return model_arg, int(nodes), sbatch, overrides
 
 
+REDACTED = "<redacted>"
+MODEL_ARG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(:[A-Za-z0-9_][A-Za-z0-9._-]*)?")
+
+
+def owner_of(path: Path) -> tuple[int, str]:
+    """(uid, user name) of a file's owner."""
+    uid = path.stat().st_uid
+    try:
+        return uid, pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return uid, f"uid {uid}"
+
+
+def is_env(item: str) -> bool:
+    return item.startswith("_env_")
+
+
 def baseline_of(job: str, workspace: Path) -> dict:
-    """What regress needs of the baseline job; InputError when it cannot be rerun or compared."""
+    """What regress needs of the baseline job; InputError when it cannot be rerun or compared.
+
+    The recorded command is split into what regress replays by default (MODEL:TAG, node count,
+    MaxText overrides) and what it only shows unless asked (sbatch flags, _env_ values): the
+    command.txt may belong to someone else in a shared workspace."""
     try:
         log, job_dir = triage.locate(job, workspace)
     except triage.InputError as e:
@@ -749,13 +787,18 @@ def baseline_of(job: str, workspace: Path) -> dict:
         raise InputError(f"baseline {job} has no job directory next to {log} (its artifact holds the command)")
     path = job_dir / "artifact" / ".submit" / "command.txt"
     try:
+        if not path.is_file():
+            raise InputError(f"baseline {job}: no submit command at {path} (a job submitted by submit.sh has one)")
         command = path.read_text(errors="replace").strip()
-    except OSError:
-        raise InputError(f"baseline {job}: no submit command at {path}") from None
-    if "<redacted>" in command:
-        raise InputError(f"baseline {job}: its command has secrets redacted ({command}); it cannot be rerun "
-                         "as recorded: resubmit it by hand with the secret values")
+        owner_uid, owner = owner_of(path)
+    except OSError as e:
+        raise InputError(f"baseline {job}: cannot read {path}: {e.strerror or e}") from None
     model_arg, nodes, sbatch, overrides = parse_submit_command(command)
+    if not MODEL_ARG.fullmatch(model_arg):
+        raise InputError(f"baseline {job}: its command's MODEL[:TAG] '{model_arg}' is not a model name ({path})")
+    bad = [o for o in overrides if not OVERRIDE.match(o)]
+    if bad:
+        raise InputError(f"baseline {job}: its command has '{bad[0]}' after `--`, not KEY=VALUE ({path})")
     try:
         r = triage.Triage(log, job_dir, triage.Options())
         rep = r.report()
@@ -766,10 +809,21 @@ def baseline_of(job: str, workspace: Path) -> dict:
                          f"{', ' + rep['failure_class'] if rep['failure_class'] else ''})")
     steps = next((o.partition("=")[2] for o in overrides if override_key(o) == "steps"), None)
     return {"job_id": rep["job_id"], "log": str(log), "job_dir": str(job_dir), "command": command,
+            "command_file": str(path), "command_owner": owner, "command_owner_is_you": owner_uid == os.getuid(),
             "model": (r.scan.header.get("model") or "").split(" ")[0] or None, "model_arg": model_arg,
-            "nodes": nodes, "sbatch": sbatch, "overrides": overrides, "steps": steps, "status": rep["status"],
+            "nodes": nodes, "sbatch": sbatch, "overrides": [o for o in overrides if not is_env(o)],
+            "env": [o for o in overrides if is_env(o)], "steps": steps, "status": rep["status"],
             "tgs_steady": rep["tgs"]["steady"], "final_loss": final_loss(r.scan),
             "last_step": rep["progress"]["last_step"]}
+
+
+def check_not_redacted(job: str, items: list[str], how: str) -> None:
+    """A redacted value can never be replayed: InputError naming it and what to do instead."""
+    for item in items:
+        if REDACTED in item:
+            name = override_key(item) if OVERRIDE.match(item) else item
+            what = f"'{name}' was redacted in its command.txt" + (f" ({item})" if name != item else "")
+            raise InputError(f"baseline {job}: {what}; a redacted value cannot be replayed: {how.format(name=name)}")
 
 
 def drive_regress(sw: Sweep) -> None:
@@ -872,17 +926,45 @@ def regress_params(a: argparse.Namespace, passthrough: list[str], workspace: Pat
     base_model = base["model"] or resolve_model(split_model_arg(base["model_arg"])[0])
     if base_model != model:
         raise InputError(f"baseline {a.baseline} trained '{base_model}', not '{model}'")
-    sbatch, overrides = split_passthrough(passthrough)
+    sbatch, extra = split_passthrough(passthrough)
     check_sbatch_flags(sbatch, NODE_FLAGS)
-    overrides = merge_overrides(base["overrides"], overrides)
+    job = a.baseline
+    replayed = base["overrides"] + (base["env"] if a.replay_env else [])
+    overrides = merge_overrides(replayed, extra)
     if a.steps is not None:
         overrides = merge_overrides(overrides, [f"steps={a.steps}"])
+    check_not_redacted(job, [o for o in overrides if not is_env(o)],
+                       "give {name}=VALUE yourself after `-- --` (it replaces the recorded one)")
+    check_not_redacted(job, [o for o in overrides if is_env(o)],
+                       "give {name}=VALUE yourself after `-- --`, or leave out --replay-env")
+    base_sbatch = base["sbatch"] if a.replay_sbatch else []
+    if a.replay_sbatch:
+        check_not_redacted(job, base_sbatch, "give the flag yourself after `--`, or leave out --replay-sbatch")
+        try:
+            check_sbatch_flags(base_sbatch, NODE_FLAGS)
+        except InputError as e:
+            raise InputError(f"baseline {job}: {e} (leave out --replay-sbatch)") from None
     new_steps = next((o.partition("=")[2] for o in overrides if override_key(o) == "steps"), None)
     nodes = a.num_nodes or base["nodes"]
-    argv = [str(SUBMIT), base["model_arg"], "-N", str(nodes), *base["sbatch"], *sbatch]
+    argv = [str(SUBMIT), base["model_arg"], "-N", str(nodes), *base_sbatch, *sbatch]
     argv += ["--", *overrides] if overrides else []
+    notes = []
+    if not base["command_owner_is_you"]:
+        notes.append(f"the baseline's command.txt ({base['command_file']}) is owned by {base['command_owner']}, not "
+                     "by you: read what it asks for before replaying its sbatch flags or environment")
+    for what, items, flag, on in (("sbatch flags", base["sbatch"], "--replay-sbatch", a.replay_sbatch),
+                                  ("environment values (_env_)", base["env"], "--replay-env", a.replay_env)):
+        if items and on:
+            notes.append(f"replaying the baseline's {what} ({flag}): {shlex.join(items)}")
+        elif items:
+            notes.append(f"the baseline's {what} are NOT replayed: {shlex.join(items)} (add {flag} to replay them, "
+                         "or give the ones you want after `--`)")
     return {"model": model, "baseline": base, "command": shlex.join(argv), "same_steps": new_steps == base["steps"],
-            "threshold_pct": a.threshold, "loss_tolerance_pct": a.loss_tolerance}
+            "threshold_pct": a.threshold, "loss_tolerance_pct": a.loss_tolerance,
+            "replay": {"sbatch": a.replay_sbatch, "env": a.replay_env},
+            "not_replayed": {"sbatch": [] if a.replay_sbatch else base["sbatch"],
+                             "env": [] if a.replay_env else base["env"]},
+            "notes": notes}
 
 
 # --- output -----------------------------------------------------------------------------------
@@ -899,6 +981,7 @@ def render(rec: dict) -> str:
         lines += [f"  {j['command']}" for j in rec["jobs"]]
         lines += [f"note: {n}" for n in rec.get("notes", [])]
         return "\n".join(lines)
+    notes = [f"note: {n}" for n in rec.get("notes", [])]
     lines.append(f"  {'label':<22} {'job':>8} {'status':<13} {'class':<18} {'tokens/s/dev':>13} {'loss':>9}")
     for j in rec["jobs"]:
         lines.append(f"  {j['label']:<22} {j['job_id'] or '-':>8} {j['status']:<13} {j['failure_class'] or '-':<18} "
@@ -915,6 +998,7 @@ def render(rec: dict) -> str:
                      f"from the median, {o['direction']})")
     for f in res.get("failing", []):
         lines.append(f"  failing {f['node']}: job {f['job_id']} {f['status']}: {f['summary']}")
+    lines += notes
     if rec["state"] == "interrupted":
         lines.append("interrupted: the sweep cancelled its unfinished jobs; continue with: "
                      f"{Path(__file__).resolve()} resume {rec['record']}")
@@ -946,7 +1030,7 @@ def execute(sw: Sweep, as_json: bool) -> int:
         sw.state = "dry_run"
         rec = sw.to_json()
         if sw.kind == "bisect":
-            rec["notes"] = ["round 2 depends on round 1: each node of a slow or failed pair that no good pair "
+            rec["notes"] += ["round 2 depends on round 1: each node of a slow or failed pair that no good pair "
                             "cleared is run again with a node of a good pair (tag pair-NODE-GOOD)"]
         emit(rec, as_json)
         return 0
@@ -956,6 +1040,8 @@ def execute(sw: Sweep, as_json: bool) -> int:
     if sw.record is None:
         sw.open_record()
     say(f"record: {sw.record}")
+    for n in sw.params.get("notes", []):
+        say(f"note: {n}")
 
     def on_signal(signum: int, _frame: object) -> None:
         sw.stop_requested = signum
@@ -983,13 +1069,30 @@ def execute(sw: Sweep, as_json: bool) -> int:
     return exit_code(sw)
 
 
+RECORD_KEYS = {"state": str, "model": str, "workspace": str, "started_at": str, "options": dict, "argv": list,
+               "params": dict, "jobs": list, "result": dict}
+JOB_KEYS = ("label", "command", "status", "job_id", "failure_class", "tgs_steady", "final_loss")
+
+
 def load_record(path: Path) -> dict:
+    """A sweep record as written by this tool; InputError (one line) for anything else."""
+    where = "give a <workspace>/sweeps/<time>-<kind>.json file"
     try:
+        if not path.is_file():
+            raise InputError(f"cannot read record {path}: {'not a regular file' if path.exists() else 'no such file'}"
+                             f" ({where})")
         rec = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise InputError(f"cannot read record {path}: {e}") from None
+        raise InputError(f"cannot read record {path}: {getattr(e, 'strerror', None) or e} ({where})") from None
     if not isinstance(rec, dict) or rec.get("sweep") not in DRIVERS or rec.get("version") != RECORD_VERSION:
         raise InputError(f"{path} is not a sweep record (version {RECORD_VERSION})")
+    bad = [k for k, t in RECORD_KEYS.items() if not isinstance(rec.get(k), t)]
+    bad += [f"jobs[{i}]" for i, j in enumerate(rec.get("jobs") or []) if not isinstance(j, dict)
+            or any(k not in j for k in JOB_KEYS)]
+    if not bad and not all(k in rec["options"] for k in ("timeout", "max_parallel", "poll")):
+        bad = ["options"]
+    if bad:
+        raise InputError(f"{path} is not a complete sweep record (bad or missing: {', '.join(bad[:5])})")
     return rec
 
 
@@ -1030,7 +1133,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog=PROG, usage=doc.splitlines()[0].removeprefix("Usage: "),
                  description="\n".join(doc.splitlines()[2:]), formatter_class=_Help)
     common = _Parser(add_help=False)
-    common.add_argument("--workspace", type=Path, help="job workspace (default $JOB_WORKSPACE or <repo>/outputs)")
+    common.add_argument("--workspace", type=nonempty_path, help="job workspace (default $JOB_WORKSPACE or <repo>/outputs)")
     common.add_argument("--dry-run", action="store_true", help="print the submit commands; submit nothing")
     common.add_argument("--timeout", type=positive_float, default=3600.0,
                         help="seconds a job may take from submission before the sweep cancels it (default 3600)")
@@ -1071,14 +1174,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="slower than the baseline by this many percent is a regression (default 3)")
     r.add_argument("--loss-tolerance", type=positive_float, default=1.0,
                    help="final loss differing by more than this many percent is 'changed' (default 1)")
+    r.add_argument("--replay-sbatch", action="store_true",
+                   help="also replay the baseline's recorded sbatch flags (default: shown, not replayed)")
+    r.add_argument("--replay-env", action="store_true",
+                   help="also replay the baseline's recorded _env_NAME=VALUE values (default: shown, not replayed)")
 
     x = add_kind(sub, "resume", "continue an interrupted sweep", _json_only())
-    x.add_argument("record", type=Path, metavar="RECORD")
+    x.add_argument("record", type=nonempty_path, metavar="RECORD")
     x.add_argument("--timeout", type=positive_float, help="per-job timeout (default: the record's)")
     x.add_argument("--max-parallel", type=positive_int, help="jobs in flight at once (default: the record's)")
     x.add_argument("--poll", type=positive_float, help="seconds between polls (default: the record's)")
     x = add_kind(sub, "show", "print a record's report", _json_only())
-    x.add_argument("record", type=Path, metavar="RECORD")
+    x.add_argument("record", type=nonempty_path, metavar="RECORD")
     return ap
 
 
@@ -1104,6 +1211,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.kind == "resume":
             return resume(a)
         workspace = (a.workspace or Path(os.environ.get("JOB_WORKSPACE") or REPO / "outputs")).absolute()
+        if workspace.exists() and not workspace.is_dir():
+            raise InputError(f"workspace {workspace} is not a directory (set --workspace or JOB_WORKSPACE)")
         if a.kind == "regress":
             params = regress_params(a, passthrough, workspace)
         else:

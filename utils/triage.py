@@ -72,22 +72,46 @@ def default_workspace() -> Path:
     return Path(os.environ.get("JOB_WORKSPACE") or REPO / "outputs")
 
 
+JOB_FORMS = "give a job id, a job directory (<workspace>/<id>-JAX-<model>[-<tag>]) or its .log"
+
+
 def locate(job: str, workspace: Path) -> tuple[Path, Path | None]:
-    """(log, job dir or None) for a job id, a job directory or a log file."""
+    """(log, job dir or None) for a job id, a job directory or a log file; InputError (one line
+    naming what is wrong and what would be right) for anything else."""
+    if not job.strip():
+        raise InputError(f"empty JOB argument: {JOB_FORMS}")
+    try:
+        return _locate(job, workspace)
+    except OSError as e:  # a name too long, a permission, a symlink loop: no traceback
+        raise InputError(f"cannot look up '{job}': {e.strerror or e} ({JOB_FORMS})") from None
+
+
+def _locate(job: str, workspace: Path) -> tuple[Path, Path | None]:
     p = Path(job)
     if p.is_dir():
+        d = p.resolve()
         log = p / "log"
-        if not log.exists():
-            log = p.with_name(p.name + ".log")
-        if not log.exists():
-            raise InputError(f"{p} has no log yet (looked for {p}/log and {p.name}.log; is the job still pending?)")
-        return log.resolve(), p
+        sibling = d.with_name(d.name + ".log") if d.name else None
+        if not log.exists() and sibling is not None and sibling.is_file():
+            log = sibling
+        if log.exists():
+            return log.resolve(), p
+        if os.path.lexists(p / "log") or (p / "artifact").exists() or (p / ".stages").is_dir():
+            raise InputError(f"{p} has no log yet (looked for {p}/log and {d.name}.log; is the job still pending?)")
+        raise InputError(f"{job} is a directory but not a job directory (no log, artifact/ or .stages/): {JOB_FORMS}")
     if p.is_file():
         d = p.with_suffix("") if p.suffix == ".log" else None
         return p, d if d and d.is_dir() else None
-    if "/" in job or not job.strip():
-        raise InputError(f"no such job, directory or log: {job}")
-    if not workspace.is_dir():
+    if os.path.lexists(p):
+        what = "a dangling symlink or a symlink loop" if p.is_symlink() else "not a regular file or directory"
+        raise InputError(f"{job} is {what}: {JOB_FORMS}")
+    if "/" in job:
+        raise InputError(f"no such job, directory or log: {job} ({JOB_FORMS})")
+    try:
+        is_ws = workspace.is_dir()
+    except OSError as e:
+        raise InputError(f"cannot use workspace {workspace}: {e.strerror or e} (set --workspace or JOB_WORKSPACE)") from None
+    if not is_ws:
         raise InputError(f"workspace {workspace} does not exist (set --workspace or JOB_WORKSPACE)")
     names = [job] if job.endswith(".log") else [f"{job}.log"]
     logs = [workspace / n for n in names if (workspace / n).is_file()]
@@ -98,8 +122,8 @@ def locate(job: str, workspace: Path) -> tuple[Path, Path | None]:
         return log, d if d.is_dir() else None
     dirs = sorted(workspace.glob(f"{glob_escape(job)}-JAX-*"), key=lambda q: q.stat().st_mtime)
     if dirs and dirs[-1].is_dir():
-        return locate(str(dirs[-1]), workspace)
-    raise InputError(f"no job '{job}' in {workspace} (looked for {job}-JAX-*.log)")
+        return _locate(str(dirs[-1]), workspace)
+    raise InputError(f"no job '{job}' in {workspace} (looked for {job}-JAX-*.log; {JOB_FORMS})")
 
 
 def glob_escape(s: str) -> str:
@@ -904,20 +928,46 @@ class _Help(argparse.RawDescriptionHelpFormatter):
         super().add_usage(usage, actions, groups, prefix="Usage: ")
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (no usage dump)
+        print(f"triage.py: {message} (see triage.py --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _number(kind: type, least: float, what: str) -> Callable[[str], float]:
+    """An argparse type: a finite number of KIND that is at least LEAST (what: the words for the bound)."""
+    def conv(text: str) -> float:
+        try:
+            x = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is not {'a whole number' if kind is int else 'a number'}") from None
+        if not math.isfinite(x) or x < least:
+            raise argparse.ArgumentTypeError(f"'{text}' must be {what}")
+        return x
+    conv.__name__ = kind.__name__
+    return conv
+
+
 def main(argv: list[str] | None = None) -> int:
     if hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `triage.py ... | head` ends quietly
     doc = (__doc__ or "").strip().splitlines()
-    ap = argparse.ArgumentParser(prog="triage.py", formatter_class=_Help, description="\n".join(doc[2:]))
+    ap = _Parser(prog="triage.py", formatter_class=_Help, description="\n".join(doc[2:]))
     ap.add_argument("job", metavar="JOB", help="job id, job directory or log file")
     ap.add_argument("--json", action="store_true", help="print the report as JSON (for agents and scripts)")
     ap.add_argument("--workspace", type=Path, help="where job ids are looked up (default $JOB_WORKSPACE or <repo>/outputs)")
-    ap.add_argument("--hang-factor", type=float, default=10.0, help="hung when no step for FACTOR x the median step time (default 10)")
-    ap.add_argument("--hang-min-seconds", type=float, default=120.0, help="... and for at least this long (default 120)")
-    ap.add_argument("--warmup-steps", type=int, default=3, help="first steps left out of the steady throughput (default 3)")
-    ap.add_argument("--phase-min-steps", type=int, default=20, help="shortest throughput phase in steps (default 20)")
-    ap.add_argument("--phase-threshold", type=float, default=0.10, help="relative change that starts a new phase (default 0.10)")
-    ap.add_argument("--now", type=float, help="evaluate as if at this epoch time (reproducible hang checks)")
+    ap.add_argument("--hang-factor", type=_number(float, 1.0, "1 or more"), default=10.0,
+                    help="hung when no step for FACTOR x the median step time (default 10)")
+    ap.add_argument("--hang-min-seconds", type=_number(float, 0.0, "0 or more"), default=120.0,
+                    help="... and for at least this long (default 120)")
+    ap.add_argument("--warmup-steps", type=_number(int, 0, "0 or more"), default=3,
+                    help="first steps left out of the steady throughput (default 3)")
+    ap.add_argument("--phase-min-steps", type=_number(int, 2, "2 or more"), default=20,
+                    help="shortest throughput phase in steps (default 20)")
+    ap.add_argument("--phase-threshold", type=_number(float, 0.0, "0 or more"), default=0.10,
+                    help="relative change that starts a new phase (default 0.10)")
+    ap.add_argument("--now", type=_number(float, 0.0, "an epoch time (seconds since 1970, 0 or more)"),
+                    help="evaluate as if at this epoch time (reproducible hang checks)")
     ap.add_argument("--no-scheduler", action="store_true", help="do not ask Slurm (scontrol) about a job without a summary")
     a = ap.parse_args(argv)
     opts = Options(now=a.now, hang_factor=a.hang_factor, hang_min_seconds=a.hang_min_seconds, warmup_steps=a.warmup_steps,
