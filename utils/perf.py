@@ -540,10 +540,10 @@ def view_commands(t: dict) -> list[str]:
         prefix = ""
         if not _venv_has("fsspec"):
             cmds.append(
-                ".venv/bin/python -m pip install --target /tmp/tb-fsspec fsspec   # once: the profile plugin "
+                ".venv/bin/python -m pip install --target ~/.cache/maxtext-slurm/tb-fsspec fsspec   # once: the profile plugin "
                 "(xprof) needs fsspec, which the pinned .venv lacks"
             )
-            prefix = "PYTHONPATH=/tmp/tb-fsspec "
+            prefix = "PYTHONPATH=~/.cache/maxtext-slurm/tb-fsspec "
         cmds.append(
             f"{prefix}{tb} --logdir {logdir} --host 127.0.0.1 --port 6006   # then http://127.0.0.1:6006/#profile"
         )
