@@ -4,10 +4,15 @@
 Ray driver of a RAY=1 job, run on the head node by _train_with_ray.sh once every node's Ray
 worker has joined. It places one thin actor on each node (pinned by the node's custom resource
 mst_host_<host>); each actor spawns `_train.sh` as a plain subprocess with exactly the job
-environment that node's launcher saved (so the trainer has no Ray threads and sees no Ray
-variables), and hands its output back line by line. The driver prints every line as
+environment that node's launcher saved in the node's private scratch ($MST_JOB_SCRATCH/job.env;
+the actor inherits MST_JOB_SCRATCH from its node's raylet), so the trainer has no Ray threads and
+sees no Ray variables, and hands its output back line by line. The driver prints every line as
 "<host>: <line>", records each node's outcome in $JOB_DIR/.stages/train/<host>, and when one
 node's training exits non-zero it stops the others at once and exits with that status.
+
+The driver, like every Ray process of the job, authenticates with the job's token
+(RAY_AUTH_MODE=token, RAY_AUTH_TOKEN_PATH). A cluster on 127.0.0.1 (a one-node job) needs
+RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 in the driver too, which is set here.
 
 Exit status: the first failing node's status, 0 when all succeed, 200 when Ray itself could not
 run the job (the launcher then falls back to the plain launch).
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -44,6 +50,22 @@ def record(job_dir: str, host: str, rc: int, reason: str) -> None:
         pass
 
 
+def node_env_file() -> str:
+    """This node's saved job environment: job.env in the node's private scratch, which must be
+    a directory of ours with mode 0700 (not a link) and the file ours, not a link."""
+    scratch = os.environ.get("MST_JOB_SCRATCH", "")
+    path = os.path.join(scratch, "job.env")
+    try:
+        d, f = os.lstat(scratch), os.lstat(path)
+    except OSError as e:
+        raise RuntimeError(f"no saved job environment at '{path}' (MST_JOB_SCRATCH): {e.strerror}") from None
+    if not (stat.S_ISDIR(d.st_mode) and d.st_uid == os.getuid() and stat.S_IMODE(d.st_mode) == 0o700
+            and stat.S_ISREG(f.st_mode) and f.st_uid == os.getuid()):
+        raise RuntimeError(f"'{path}' is not in a private scratch directory of ours (want 0700, owned by uid "
+                           f"{os.getuid()}); not using it")
+    return path
+
+
 def read_env_file(path: str) -> dict[str, str]:
     """The NUL-separated environment a node's launcher saved (env -0)."""
     env = {}
@@ -57,9 +79,9 @@ def read_env_file(path: str) -> dict[str, str]:
 class NodeTrainer:
     """Runs on one node: spawns the trainer and buffers its output for the driver."""
 
-    def __init__(self, host: str, env_file: str, command: list[str]) -> None:
+    def __init__(self, host: str, command: list[str]) -> None:
         self.host = host
-        self.env = read_env_file(env_file)
+        self.env = read_env_file(node_env_file())
         self.command = command
         self.lines: list[str] = []
         self.lock = threading.Condition()
@@ -118,11 +140,12 @@ def main() -> int:
     if len(sys.argv) > 1:
         print(__doc__.strip())
         return 0 if sys.argv[1] in ("-h", "--help") else 2
+    if os.environ.get("RAY_ADDRESS", "").startswith("127."):  # a one-node cluster kept on loopback
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray  # only the driver and the actors import Ray; the trainer never does
 
     hosts = os.environ["JOB_NODELIST"].split()
     repo = os.environ["MST_REPO"]
-    env_file = os.environ["MST_RAY_ENV_FILE"]  # node-local path, "{host}" stands for the node
     join_timeout = float(os.environ.get("RAY_JOIN_TIMEOUT", "120"))
     say = lambda msg: print(f"_ray_actor.py: {msg}", flush=True)  # noqa: E731
 
@@ -138,7 +161,7 @@ def main() -> int:
             time.sleep(0.5)
         actor_cls = ray.remote(num_cpus=0, max_concurrency=4)(NodeTrainer)
         command = [str(Path(repo) / "_container.sh"), "_train.sh"]
-        actors = {h: actor_cls.options(resources={host_resource(h): 0.001}).remote(h, env_file.replace("{host}", h), command)
+        actors = {h: actor_cls.options(resources={host_resource(h): 0.001}).remote(h, command)
                   for h in hosts}
         pids = ray.get([a.start.remote() for a in actors.values()], timeout=120)
     except Exception as e:  # any failure before training started: let the launcher fall back

@@ -2,15 +2,18 @@
 # Usage: _train_with_ray.sh
 #
 # Training tier with observability (RAY=1), run on every node in place of _train.sh.
-# Every node: starts the metrics exporter (utils/metrics_exporter.py, bound to the node's
-# address so only the cluster can scrape it) and its part of the Ray cluster (utils/ray_cluster.sh).
+# Every node: makes its private scratch (utils/lib.sh job_scratch; no private scratch, no job),
+# saves the trainer's environment there, starts the metrics exporter (utils/metrics_exporter.py,
+# bound to the node's address so only the cluster can scrape it; 127.0.0.1 for a one-node job) and
+# its part of the Ray cluster (utils/ray_cluster.sh: token-authenticated, temp dir in the scratch).
 # Node rank 0 also starts Prometheus and TensorBoard (utils/job_services.sh), prints the OBSERVE
 # block, and runs _ray_actor.py, which trains through one thin actor per node. The other nodes
 # wait until the head reports the end ($JOB_DIR/ray/done). If Ray cannot start or nodes cannot
 # join, every node says so and falls back to the plain launch (_train.sh), metrics still on.
-# Reads the variables of docs/env-contract.md; stops only what it started.
+# At the end each node keeps its Ray logs in $JOB_DIR/ray/logs-<host> (regular files only) and
+# removes its scratch. Reads the variables of docs/env-contract.md; stops only what it started.
 set -uo pipefail
-[[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
 repo=${MST_REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}
 source "$repo/utils/lib.sh"
 PROG=_train_with_ray.sh
@@ -19,32 +22,51 @@ host=${JOB_HOSTNAME:-$(hostname)} rank=${JOB_NODE_RANK:-0}
 export JOB_HOSTNAME=$host
 read -r -a addrs <<< "${JOB_NODE_ADDRS:-}"
 addr=${addrs[$rank]:-127.0.0.1}
+(( ${JOB_NUM_NODES:-1} > 1 )) || addr=127.0.0.1  # one node: nothing outside needs to reach it
 py=${MST_PYTHON:-python3}
 ray_dir="$JOB_DIR/ray"
-base="${TMPDIR:-/tmp}/maxtext-slurm-${USER:-$(id -un)}/${JOB_SCHEDULER:-local}/$JOB_ID"
-scratch="$base/$host"
-mkdir -p "$ray_dir" "$JOB_DIR/metrics/targets" "$scratch" && chmod 700 "$scratch"
+mkdir -p "$ray_dir" "$JOB_DIR/metrics/targets"
 join_timeout=${RAY_JOIN_TIMEOUT:-120}
 say() { echo "_train_with_ray.sh: $*"; }
 
-# The trainer's environment, saved before Ray touches anything (node-local, mode 600: it may
-# hold _env_ secrets). MST_RAY_OWNER marks every process started for this node, trainers included.
+# This node's private scratch (new, 0700, ours: nobody else can have made it or look inside):
+# Ray's temp dir, the saved environment, the exporter's state and FIFOs. If it cannot be made
+# (job_scratch says why), the job fails here: it never falls back to a shared path.
+scratch=$(job_scratch) || exit 1
+
+# The trainer's environment, saved before Ray touches anything (mode 600: it may hold _env_
+# secrets; never Ray's token variables). MST_RAY_OWNER marks every process started for this node,
+# trainers included. MST_JOB_SCRATCH, exported after, reaches Ray and through it each actor,
+# which reads the environment from its own node's scratch.
 export MST_RAY_OWNER="$JOB_ID:$host"
-(umask 077; env -0 > "$scratch/job.env")
+(umask 077; env -0 -u RAY_AUTH_MODE -u RAY_AUTH_TOKEN -u RAY_AUTH_TOKEN_PATH > "$scratch/job.env")
+export MST_JOB_SCRATCH=$scratch
+unset RAY_AUTH_TOKEN  # a token from the caller's environment would win over the job's own
+
+# keep_ray_logs: this node's Ray session logs into the job dir. Only regular files are copied,
+# and no symbolic link is followed (a link in Ray's world-writable temp dir must not copy whatever
+# it points at into the job dir).
+keep_ray_logs() {
+  local s dest="$ray_dir/logs-$host"
+  for s in "$scratch/ray"/session_2*; do
+    [[ -d "$s/logs" && ! -L "$s" && ! -L "$s/logs" ]] || continue
+    mkdir -p "$dest"
+    (cd "$s/logs" && find . -type f -print0 | xargs -0 -r cp -P --parents -t "$dest") 2>/dev/null
+  done
+  return 0
+}
 
 exporter_pid=""
 cleanup() {
   trap '' TERM INT HUP
-  [[ -n "$exporter_pid" ]] && kill -TERM "$exporter_pid" 2>/dev/null
-  "$repo/utils/ray_cluster.sh" stop
+  # Prometheus first: a scrape of an exporter already gone would mark its series stale at the end
   (( rank == 0 )) && "$repo/utils/job_services.sh" stop
-  # keep this node's Ray session logs with the job (Ray's temp dir is node-local)
-  local d
-  for d in "${RAY_TMPDIR:-/tmp/ray-$JOB_ID}" /tmp/ray; do
-    [[ -d "$d/session_latest/logs" ]] || continue
-    cp -rL "$d/session_latest/logs" "$ray_dir/logs-$host" 2>/dev/null
-    break
-  done
+  [[ -n "$exporter_pid" ]] && kill -TERM "$exporter_pid" 2>/dev/null && wait "$exporter_pid" 2>/dev/null
+  "$repo/utils/ray_cluster.sh" stop
+  keep_ray_logs
+  # the token is of no use once the cluster is gone
+  (( rank == 0 )) && rm -rf -- "$ray_dir/auth"
+  rm -rf -- "$scratch"
   return 0
 }
 trap cleanup EXIT
@@ -67,12 +89,13 @@ if (( rank == 0 )); then
     plain "Ray head did not start on $host (see $JOB_DIR/metrics/ray-start-$host.log)"
     exit $?
   fi
-  read -r address dash_port <<< "$head_info"
+  read -r address dash_port token_file <<< "$head_info"
   echo "$address" > "$ray_dir/head.tmp" && mv "$ray_dir/head.tmp" "$ray_dir/head"
-  RAY_DASHBOARD_PORT=$dash_port "$repo/utils/job_services.sh" start
+  RAY_DASHBOARD_PORT=$dash_port MST_RAY_TOKEN_FILE=$token_file "$repo/utils/job_services.sh" start
   say "Ray head $address; waiting for ${JOB_NUM_NODES:-1} node(s) to join"
-  RAY_ADDRESS=$address MST_RAY_ENV_FILE="$base/{host}/job.env" RAY_JOIN_TIMEOUT=$join_timeout \
-    "$py" "$repo/_ray_actor.py"
+  # the driver authenticates with the job's token like every other Ray process (its path only)
+  RAY_ADDRESS=$address RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$token_file \
+    RAY_JOIN_TIMEOUT=$join_timeout "$py" "$repo/_ray_actor.py"
   rc=$?
   if (( rc == 200 )); then
     touch "$ray_dir/FAILED"

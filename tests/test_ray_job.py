@@ -1,18 +1,27 @@
-"""RAY=1 on the local Slurm cluster: a 2-node job whose saved TSDB answers afterwards, a whole
-job killed with SIGKILL that keeps every scraped sample, and the fallback when Ray cannot start."""
+"""RAY=1 on the local Slurm cluster: a 2-node job that is private and authenticated while it
+runs and whose saved TSDB answers afterwards, a whole job killed with SIGKILL that keeps every
+scraped sample, and the fallback when Ray cannot start."""
 
 import json
 import os
+import pwd
 import re
+import shutil
 import signal
+import stat
 import subprocess
+import tempfile
 import time
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from conftest import REPO, run
 from jobs import job_state, log_has, submit, summary, trainer_pid, triage, wait_for, wait_job_end
+from raynet import http_status, job_processes, listeners, probe, target_ports
+
+NOBODY = 65534  # the other user of the attacks below
 
 pytestmark = pytest.mark.cluster
 
@@ -43,20 +52,156 @@ def step_times(log: Path, host: str) -> dict[int, float]:
     return out
 
 
-def test_ray_job_leaves_a_tsdb_that_answers_afterwards(cluster, workspace, venv):
-    job_id, log = submit(cluster, workspace, "tiny", "-N", "2", "--", "steps=40", "log_period=5", RAY="1")
-    # while it runs: the trainer is a plain process, with no Ray in it
-    pid = wait_for(lambda: trainer_pid(job_id, 1), 240, "the rank 1 trainer")
-    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    assert not [e for e in env if e.startswith(b"RAY_")], "trainer got Ray's environment"
-    assert b"_raylet" not in Path(f"/proc/{pid}/maps").read_bytes(), "trainer has Ray loaded"
-    # ... and it runs at the launcher's priority, not at the nice 15 Ray gives its workers
-    assert os.getpriority(os.PRIO_PROCESS, pid) == os.getpriority(os.PRIO_PROCESS, 0), "trainer was niced"
-    assert wait_job_end(cluster, job_id, 300) == "COMPLETED", log.read_text()[-3000:]
+def plant_old_scratch(node_tmp: Path, job_id: str) -> list[Path]:
+    """Defect 2 as another user sets it up: the predictable per-node directories the launcher used
+    to save the trainer's environment (with its secrets) and the exporter's FIFOs in
+    (TMPDIR/maxtext-slurm-$USER/slurm/<job id>/<host>), made beforehand by that user, an empty
+    world-readable job.env and a world-writable exporter dir waiting in each."""
+    user = os.environ.get("USER") or pwd.getpwuid(os.getuid()).pw_name
+    traps = []
+    for host in ("n1", "n2"):
+        d = node_tmp / f"maxtext-slurm-{user}" / "slurm" / job_id / host
+        (d / "exporter").mkdir(parents=True)
+        (d / "job.env").touch()
+        for q in (*d.relative_to(node_tmp).parents, d.relative_to(node_tmp) / "exporter", d.relative_to(node_tmp)):
+            if q != Path("."):
+                os.chown(node_tmp / q, NOBODY, NOBODY)
+                (node_tmp / q).chmod(0o777)
+        os.chown(d / "job.env", NOBODY, NOBODY)
+        (d / "job.env").chmod(0o666)
+        traps.append(d)
+    return traps
+
+
+def plant_links(ray_temp: Path, victim: Path) -> None:
+    """Defect 3: links in Ray's temp dir (Ray makes it world-writable) to a private directory of
+    the job's owner, where the old cleanup's `cp -rL session_latest/logs` would have copied it into
+    the job dir: a link in the logs, a link to one file, and a session whose logs are a link."""
+    session = next(d for d in ray_temp.glob("session_2*") if d.is_dir() and not d.is_symlink())
+    (session / "logs" / "planted_dir").symlink_to(victim)
+    (session / "logs" / "planted.log").symlink_to(victim / "secret.txt")
+    fake = ray_temp / "session_2099-01-01_00-00-00_000000_1"
+    fake.mkdir()
+    (fake / "logs").symlink_to(victim)
+
+
+def files_containing(root: Path, needle: bytes) -> list[str]:
+    """Regular files under root (no link followed) whose content has needle."""
+    hits = []
+    for d, _, names in os.walk(root):
+        for n in names:
+            f = Path(d) / n
+            if f.is_file() and not f.is_symlink() and needle in f.read_bytes():
+                hits.append(str(f))
+    return hits
+
+
+def check_listeners_and_auth(job_dir: Path, log: Path, token: str) -> None:
+    """Every listening socket of the job's processes: off loopback only Ray's inter-node ports, each
+    refusing a caller without the token and letting one with it in, plus the read-only metrics pages
+    Prometheus scrapes (each node's exporter and Ray metrics port, the Ray dashboard's own); job
+    submission without the token refused on the dashboard and on every dashboard agent port."""
+    procs = job_processes(job_dir)
+    for pid, cmd in procs.items():
+        assert token not in cmd, f"the Ray token is in the argv of pid {pid}"
+        assert not re.search(r"ray\.util\.client\.server|autoscaler/_private/monitor\.py|log_monitor\.py", cmd), cmd
+    # srun is Slurm's: its I/O ports take only the step's credential-signed connections
+    socks = [lis for lis in listeners(procs) if not lis.cmd.startswith("srun ")]
+    assert socks and 10001 not in {lis.port for lis in socks}, socks
+    node_addr = (job_dir / "ray" / "head").read_text().strip().rsplit(":", 1)[0]
+    dashboard = [lis for lis in socks if "ray/dashboard/dashboard.py" in lis.cmd]
+    metrics_ports = target_ports(job_dir) | {lis.port for lis in dashboard if not lis.loopback}
+    verdicts = {}
+    for lis in socks:
+        if not lis.loopback:
+            verdicts[(lis.addr, lis.port, lis.cmd[:60])] = probe(lis.host(node_addr), lis.port, token)
+    open_ports = {k: v for k, v in verdicts.items()
+                  if v not in ("authenticated", "unreachable") and not (v == "metrics" and k[1] in metrics_ports)}
+    assert not open_ports, f"reachable off loopback without the token: {open_ports}"
+    assert list(verdicts.values()).count("authenticated") >= 8, verdicts  # GCS, 2 raylets x 2, 2 agents x 2, ...
+    # the dashboard's Jobs API (loopback) and every dashboard agent HTTP port (node address and loopback)
+    dash_port = re.search(r"^n1: ray_dashboard: http://127\.0\.0\.1:(\d+) ", log.read_text(), re.M).group(1)
+    url = f"http://127.0.0.1:{dash_port}/api/jobs/"
+    assert http_status("POST", url, None, b'{"entrypoint": "id"}')[0] == 401
+    assert http_status("POST", url, "0" * 64, b'{"entrypoint": "id"}')[0] == 403
+    assert http_status("POST", url, token, b"{}")[0] == 400  # let in, then refused for the missing entrypoint
+    agents = [lis for lis in socks if lis.cmd.startswith("ray::DashboardAgent") and lis.port not in metrics_ports]
+    agent_http = [lis for lis in agents if http_status("GET", f"http://{lis.host(node_addr)}:{lis.port}/")[0] is not None]
+    assert len({lis.pid for lis in agent_http}) == 2 and len(agent_http) == 4, agents  # 2 nodes x (node address, loopback)
+    for lis in agent_http:
+        url = f"http://{lis.host(node_addr)}:{lis.port}/api/job_agent/jobs/"
+        assert http_status("POST", url, None, b'{"entrypoint": "id"}')[0] == 401, url
+        assert http_status("POST", url, token, b"{}")[0] == 400, url
+
+
+def test_ray_job_is_private_authenticated_and_leaves_a_tsdb(cluster, workspace, venv, tmp_path):
+    # the nodes' TMPDIR: a /tmp of this test's own (mode 1777 like /tmp; short, for Ray's socket paths)
+    node_tmp = Path(tempfile.mkdtemp(prefix="t", dir="/tmp"))
+    node_tmp.chmod(0o1777)
+    victim = tmp_path / "cache"  # the job owner's private files (think ~/.cache/huggingface)
+    victim.mkdir(mode=0o700)
+    secret = f"PRIVATE-{uuid.uuid4().hex}".encode()
+    (victim / "secret.txt").write_bytes(secret)
+    (victim / "secret.txt").chmod(0o600)
+    job_id, log = submit(cluster, workspace, "tiny", "-N", "2", "--hold", "--", "steps=40", "log_period=5",
+                         RAY="1", TMPDIR=str(node_tmp))
+    traps: list[Path] = []
+    try:
+        traps = plant_old_scratch(node_tmp, job_id)
+        assert run(["scontrol", "release", job_id], env=cluster).returncode == 0
+        job_dir = log.with_suffix("")
+        # while it runs: the trainer is a plain process, with no Ray in it
+        pid = wait_for(lambda: trainer_pid(job_id, 1), 240, "the rank 1 trainer")
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert not [e for e in env if e.startswith(b"RAY_")], "trainer got Ray's environment"
+        assert b"_raylet" not in Path(f"/proc/{pid}/maps").read_bytes(), "trainer has Ray loaded"
+        # ... and it runs at the launcher's priority, not at the nice 15 Ray gives its workers
+        assert os.getpriority(os.PRIO_PROCESS, pid) == os.getpriority(os.PRIO_PROCESS, 0), "trainer was niced"
+
+        # each node's private scratch: ours, 0700, holding Ray's temp dir, job.env and the exporter's state
+        scratch = {(s / "job").read_text().split()[2]: s for s in node_tmp.glob("mst.*")}
+        assert sorted(scratch) == ["n1", "n2"], scratch
+        for s in scratch.values():
+            st = s.lstat()
+            assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
+            assert stat.S_IMODE((s / "job.env").stat().st_mode) == 0o600
+            assert b"RAY_AUTH" not in (s / "job.env").read_bytes()
+            assert (s / "ray").is_dir() and (s / "exporter").is_dir()
+            plant_links(s / "ray", victim)
+        # the job's Ray token: 0600 in a 0700 directory of the job dir
+        auth = job_dir / "ray" / "auth"
+        assert stat.S_IMODE(auth.lstat().st_mode) == 0o700 and stat.S_IMODE((auth / "token").lstat().st_mode) == 0o600
+        token = (auth / "token").read_text()
+        assert re.fullmatch(r"[0-9a-f]{64}", token)
+
+        wait_for(lambda: log_has(log, r"^n[12]: .*completed step: 0,"), 240, "the first step")
+        check_listeners_and_auth(job_dir, log, token)
+        assert wait_job_end(cluster, job_id, 300) == "COMPLETED", log.read_text()[-3000:]
+    finally:
+        if job_state(cluster, job_id) in ("PENDING", "RUNNING"):
+            run(["scancel", job_id], env=cluster)
+            wait_job_end(cluster, job_id, 60)
+        leftovers = sorted(p.name for p in node_tmp.glob("mst.*"))
+        trapped = [(d / "job.env").read_bytes() + b"".join(p.name.encode() for p in (d / "exporter").iterdir())
+                   for d in traps]
+        shutil.rmtree(node_tmp, ignore_errors=True)
     assert summary(log)["status"] == "completed"
-    assert log_has(log, r"^n1: prometheus: http://127\.0\.0\.1:\d+ +tunnel: ssh -N -L (\d+):127\.0\.0\.1:\1 n1$")
+    assert log_has(log, r"^n1: prometheus: http://127\.0\.0\.1:(\d+) +tunnel: ssh -N -L \1:127\.0\.0\.1:\1 n1$")
     assert log_has(log, r"^n1: ray_dashboard: http://127\.0\.0\.1:\d+ ")
+    assert log_has(log, rf"^n1: ray_token: {re.escape(str(job_dir / 'ray/auth/token'))} ")  # where, never what
     assert log_has(log, r"^n1: tsdb: .*/prometheus$")
+    # afterwards: the scratch dirs and the token are gone, the token was never written anywhere
+    assert leftovers == [], "scratch dirs left behind"
+    assert not (job_dir / "ray" / "auth").exists()
+    assert files_containing(job_dir, token.encode()) == [] and token not in log.read_text()
+    # the other user's traps got nothing (the old launcher wrote the environment and FIFOs into them)
+    assert len(trapped) == 2 and trapped == [b"", b""], trapped
+    # each node's Ray logs are kept, as regular files only; nothing the planted links pointed at
+    for host in ("n1", "n2"):
+        logs = job_dir / "ray" / f"logs-{host}"
+        assert (logs / "raylet.out").is_file(), sorted(p.name for p in logs.iterdir())
+        assert not [p for p in logs.rglob("*") if p.is_symlink() or p.name.startswith("planted")]
+    assert files_containing(job_dir, secret) == []
 
     tsdb = log.with_suffix("") / "prometheus"
     assert set(by_host(query(tsdb, "count by (host) (hw_procs_running)"))) == {"n1", "n2"}
@@ -111,16 +256,15 @@ def test_sigkill_of_the_whole_job_keeps_every_scraped_sample(cluster, workspace,
     after_restart = wait_for(lambda: live_count(), 30, "Prometheus to answer again")
     wait_for(lambda: live_count() > after_restart, 30, "scrapes after the restart")
     before = live_count()
-    # SIGKILL every process of the job (what a node crash does), Prometheus included
+    # SIGKILL every process of the job (what a node crash does), Prometheus included; found by the
+    # job dir in their environment (a job id alone may be another local cluster's job on this machine)
     killed = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                if f"JOB_ID={job_id}".encode() in (p / "environ").read_bytes().split(b"\0"):
-                    os.kill(int(p.name), signal.SIGKILL)
-                    killed.append(p.name)
-            except (OSError, ProcessLookupError):
-                pass
+    for pid in job_processes(log.with_suffix("")):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except ProcessLookupError:
+            pass
     assert killed
     run(["scancel", job_id], env=cluster)
     wait_job_end(cluster, job_id, 60)

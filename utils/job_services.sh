@@ -7,11 +7,13 @@
 #          METRICS_INTERVAL seconds (default 5) into the TSDB $JOB_DIR/prometheus (retention
 #          100y), restarted if it dies; TensorBoard over $JOB_DIR. Both bind DASHBOARD_BIND
 #          (default 127.0.0.1) on a free port from 9190 / 6006. Prints the OBSERVE block
-#          (URLs, SSH tunnel commands, where the TSDB is, how to browse it later).
+#          (URLs, SSH tunnel commands, where the TSDB is, how to browse it later; with
+#          RAY_DASHBOARD_PORT the Ray dashboard, and with MST_RAY_TOKEN_FILE where its token is:
+#          the path, never the value).
 #   stop   stops them (SIGTERM: Prometheus flushes its head block) and waits.
 # A missing Prometheus is reported and skipped: the job still runs.
 set -uo pipefail
-[[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/lib.sh"
 PROG=job_services.sh
@@ -61,6 +63,8 @@ CONF
     lines+=("tensorboard: http://$bind:$tb_port   tunnel: ssh -N -L $tb_port:$bind:$tb_port $JOB_HOSTNAME")
     [[ -n "${RAY_DASHBOARD_PORT:-}" ]] &&
       lines+=("ray_dashboard: http://$bind:$RAY_DASHBOARD_PORT   tunnel: ssh -N -L $RAY_DASHBOARD_PORT:$bind:$RAY_DASHBOARD_PORT $JOB_HOSTNAME")
+    [[ -n "${MST_RAY_TOKEN_FILE:-}" ]] &&
+      lines+=("ray_token: $MST_RAY_TOKEN_FILE   (mode 600, gone when the job ends; the dashboard asks for its content; ray CLI: RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=<that file>; HTTP: Authorization: Bearer <content>)")
     echo "==================== OBSERVE ===================="
     printf '%s\n' "${lines[@]}"
     echo "tsdb: $JOB_DIR/prometheus"

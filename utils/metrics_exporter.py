@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import collections
 import errno
-import hashlib
 import json
 import logging
 import os
@@ -30,8 +29,10 @@ import shutil
 import signal
 import socket
 import socketserver
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -646,9 +647,33 @@ def _default_host() -> str:
     return os.environ.get("METRICS_HOST") or os.environ.get("JOB_HOSTNAME") or socket.gethostname().split(".")[0]
 
 
-def _default_state_dir(job_dir: str, host: str) -> str:
-    job = os.environ.get("JOB_ID") or hashlib.sha1(os.path.abspath(job_dir).encode()).hexdigest()[:12]
-    return os.path.join(os.environ.get("TMPDIR", "/tmp"), f"metrics_exporter-{os.getuid()}-{job}-{host}")
+class StateDirError(Exception):
+    """--state-dir names a directory that is not private to this user."""
+
+
+def private_state_dir(path: str | None) -> str:
+    """The directory for the plugins' state (FIFOs among it).
+
+    None: a new directory with a random name in $TMPDIR or /tmp (tempfile.mkdtemp: created
+    atomically with mode 0700), removed again at exit. A given path is created with mode 0700 when
+    missing; either way it must then be a directory (not a symbolic link) owned by this user that
+    nobody else can enter, or StateDirError says why not."""
+    if path is None:
+        return tempfile.mkdtemp(prefix="metrics_exporter-")
+    path = os.path.abspath(path)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise StateDirError(f"--state-dir {path}: cannot create it: {e.strerror}") from None
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise StateDirError(f"--state-dir {path} is a symbolic link; give a directory of yours with mode 0700")
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise StateDirError(f"--state-dir {path} is not private (owner uid {st.st_uid}, mode "
+                            f"{stat.S_IMODE(st.st_mode):o}); give a directory of yours with mode 0700")
+    return path
 
 
 def _write_atomic(path: str, text: str) -> None:
@@ -674,8 +699,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="value of the host label (default $METRICS_HOST, $JOB_HOSTNAME or the short hostname)")
     ap.add_argument("--node-rank", default=os.environ.get("JOB_NODE_RANK", "0"),
                     help="passed to plugins as JOB_NODE_RANK (default $JOB_NODE_RANK or 0)")
-    ap.add_argument("--state-dir", help="parent of the per-plugin state dirs (default: a node-local dir in "
-                    "$TMPDIR or /tmp named after the user, $JOB_ID and host)")
+    ap.add_argument("--state-dir", help="parent of the per-plugin state dirs: a directory of yours with mode 0700, "
+                    "made if missing (default: a new private dir in $TMPDIR or /tmp, removed at exit)")
     ap.add_argument("--sysfs-root", default=os.environ.get("METRICS_SYSFS_ROOT", "/sys"))
     ap.add_argument("--procfs-root", default=os.environ.get("METRICS_PROCFS_ROOT", "/proc"))
     ap.add_argument("--port-file", help="write the port actually used to this file")
@@ -693,11 +718,25 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(filename=args.log, level=logging.INFO,
                         format="%(asctime)s metrics_exporter[%(process)d] %(levelname)s %(message)s")
     job_dir = os.path.abspath(args.job_dir)
-    cfg = Config(plugin_dir=os.path.abspath(args.plugin_dir),
-                 state_dir=os.path.abspath(args.state_dir or _default_state_dir(job_dir, args.host)),
+    try:
+        state_dir = private_state_dir(args.state_dir)
+    except StateDirError as e:
+        print(f"metrics_exporter.py: {e}", file=sys.stderr)
+        if args.log:
+            log.error("%s", e)
+        return 2
+    cfg = Config(plugin_dir=os.path.abspath(args.plugin_dir), state_dir=state_dir,
                  host=args.host, node_rank=str(args.node_rank), job_dir=job_dir, interval=args.interval,
                  timeout=args.timeout, sysfs_root=args.sysfs_root, procfs_root=args.procfs_root)
-    os.makedirs(cfg.state_dir, mode=0o700, exist_ok=True)
+    try:
+        return serve(args, cfg)
+    finally:
+        if args.state_dir is None:  # made here: nobody else knows it
+            shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def serve(args: argparse.Namespace, cfg: Config) -> int:
+    """Poll and serve until SIGTERM/SIGINT (or one poll with --once)."""
     poller = Poller(cfg)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ExporterCollector(poller))

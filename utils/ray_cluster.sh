@@ -2,26 +2,40 @@
 # Usage: utils/ray_cluster.sh head ADDR | worker ADDR HEAD_ADDRESS | stop
 #
 # Starts this node's part of a job's Ray cluster, or stops what this script started here.
-#   head ADDR            ray start --head on ADDR; prints the cluster address (ADDR:PORT)
-#   worker ADDR HEAD     ray start joining HEAD
+#   head ADDR            makes the job's Ray token, then ray start --head on ADDR; prints
+#                        "ADDR:PORT DASHBOARD_PORT TOKEN_FILE"
+#   worker ADDR HEAD     ray start joining HEAD (with the token the head made)
 #   stop                 kill the Ray processes this node started for this job (found by
 #                        the MST_RAY_OWNER marker in their environment), nothing else
+# Secure by default:
+#   - token authentication (Ray's RAY_AUTH_MODE=token) on every Ray process of the job: GCS,
+#     raylets, object managers, workers, dashboard and its agents refuse a caller without the
+#     token. The head makes it (random, 256 bits) in $JOB_DIR/ray/auth/token (directory 0700,
+#     file 0600, created before the head's address is published); every node reads it from
+#     there (RAY_AUTH_TOKEN_PATH: the value is never in an argument, a log or the environment).
+#   - no Ray client server, no autoscaler monitor, no log monitor (the job uses none of them);
+#     the dashboard (and its Jobs API) binds DASHBOARD_BIND (default 127.0.0.1).
+#   - a one-node job keeps all of Ray on 127.0.0.1; with several nodes Ray uses the node's address.
+#   - Ray's temp dir is $MST_JOB_SCRATCH/ray, inside the node's private scratch (utils/lib.sh
+#     job_scratch): Ray makes its temp dir world-writable, the scratch keeps others out of it.
+#     MST_JOB_SCRATCH reaches every Ray process (actors too) through the environment.
 # Every port is picked free (several nodes may share one machine); the node advertises the
 # custom resource mst_host_<host> so actors can be pinned to it; Ray's metrics port is
 # written as a Prometheus file_sd target to $JOB_DIR/metrics/targets/<host>-ray.json.
-# Dashboards bind to DASHBOARD_BIND (default 127.0.0.1). Needs JOB_DIR JOB_ID JOB_HOSTNAME
-# MST_PYTHON (or MST_VENV); Ray's temp dir is node-local (RAY_TMPDIR, default /tmp/ray-$JOB_ID).
+# Needs JOB_DIR JOB_ID JOB_HOSTNAME MST_JOB_SCRATCH, MST_PYTHON (or MST_VENV); JOB_NUM_NODES.
 set -euo pipefail
-[[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/lib.sh"
 PROG=ray_cluster.sh
 : "${JOB_DIR:?}" "${JOB_ID:?}" "${JOB_HOSTNAME:?}"
 host=$JOB_HOSTNAME
 export MST_RAY_OWNER="$JOB_ID:$host"
-ray_bin=$(dirname "${MST_PYTHON:-${MST_VENV:-/usr}/bin/python}")/ray
-[[ -x "$ray_bin" ]] || ray_bin=ray
+py=${MST_PYTHON:-${MST_VENV:-/usr}/bin/python}
 resource="mst_host_${host//[^A-Za-z0-9]/_}"
+token_dir="$JOB_DIR/ray/auth"
+token_file="$token_dir/token"
+single=0; (( ${JOB_NUM_NODES:-1} > 1 )) || single=1
 
 owned_pids() {
   local envf pid
@@ -33,11 +47,14 @@ owned_pids() {
   return 0
 }
 
-# Ray insists on a routable node address (it rewrites a loopback one, and refuses multi-node
-# clusters on loopback): where the scheduler gave a loopback NodeAddr (several nodes on one
-# machine), use this machine's routable address. Dashboards still bind DASHBOARD_BIND.
+# The node address Ray uses. One node: 127.0.0.1 (with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 Ray
+# keeps GCS, raylet, agents, dashboard and metrics on loopback; nothing outside needs to reach
+# them). Several nodes: the scheduler's address; Ray refuses a multi-node cluster on loopback, so
+# where the scheduler gave a loopback NodeAddr (several nodes on one machine) this machine's
+# routable address is used.
 ray_addr() {
   local a=$1
+  (( single )) && { echo 127.0.0.1; return; }
   if [[ "$a" == 127.* || "$a" == localhost ]]; then
     a=$(ip -4 route get 1.1.1.1 2>/dev/null | sed -n 's/.* src \([0-9.]*\).*/\1/p')
     [[ -n "$a" ]] || a=$(hostname -I 2>/dev/null | awk '{ print $1 }')
@@ -45,12 +62,54 @@ ray_addr() {
   printf '%s\n' "${a:-$1}"
 }
 
+# is_private PATH TYPE MODE: PATH is a TYPE (d or f), no symlink, ours, with exactly MODE
+is_private() {
+  [[ ! -L "$1" && -O "$1" && "$(stat -c %a "$1" 2>/dev/null)" == "$3" ]] || return 1
+  if [[ "$2" == d ]]; then [[ -d "$1" ]]; else [[ -f "$1" ]]; fi
+}
+
+make_token() {  # the head, before its address is published: a new 0700 dir, a new 0600 token
+  mkdir -p "$JOB_DIR/ray"
+  mkdir -m 700 "$token_dir" 2>/dev/null ||
+    die "cannot create '$token_dir' for the Ray token (it must not exist before the job starts)"
+  is_private "$token_dir" d 700 || die "'$token_dir' is not a private directory (owner or mode changed); refusing to put the Ray token there"
+  "$py" -c 'import os, secrets, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+os.write(fd, secrets.token_hex(32).encode())
+os.close(fd)' "$token_file" || die "cannot write the Ray token '$token_file'"
+}
+
+check_token() {  # every node, before ray start: the token is there and private
+  { is_private "$token_dir" d 700 && is_private "$token_file" f 600; } ||
+    die "the Ray token '$token_file' is missing or not private (want: directory 0700, file 0600, owned by $(id -un)); not starting Ray without it"
+}
+
+# `ray start` with the Ray client server left out: Ray 2.60 starts it (port 10001, with the
+# whole cluster behind it) whenever grpc is importable and offers no flag to turn it off, so the
+# CLI runs here with that check answering "not installed".
+ray_start() {
+  "$py" -c 'import sys
+import ray.scripts.scripts as cli
+cli.get_ray_client_dependency_error = lambda: ImportError("the Ray client server is off for maxtext-slurm jobs")
+sys.argv[0] = "ray"
+cli.main()' start "$@"
+}
+
 start() {  # ADDR ARGS...: start Ray on this node with the common arguments
   local addr; addr=$(ray_addr "$1"); shift
+  { [[ -n "${MST_JOB_SCRATCH:-}" ]] && is_private "$MST_JOB_SCRATCH" d 700; } ||
+    die "MST_JOB_SCRATCH='${MST_JOB_SCRATCH:-}' is not this node's private scratch (utils/lib.sh job_scratch); not starting Ray"
+  check_token
   local metrics_port; metrics_port=$(free_port 8080)
+  # Every Ray process started below (and every worker and actor they start) inherits these.
+  # RAY_AUTH_TOKEN would win over the file: a value from the caller's environment is dropped.
+  unset RAY_AUTH_TOKEN
+  export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$token_file
+  (( single )) && export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
   # Ray runs its workers at nice 15, and the trainer an actor spawns inherits it (an unprivileged
   # process cannot lower it again): the trainer would lose the CPU to every daemon on the node.
-  RAY_worker_niceness=0 "$ray_bin" start "$@" --node-ip-address="$addr" --disable-usage-stats \
+  RAY_worker_niceness=0 ray_start "$@" --node-ip-address="$addr" --disable-usage-stats \
+    --temp-dir="$MST_JOB_SCRATCH/ray" --include-log-monitor=false \
     --num-cpus="${RAY_NUM_CPUS:-1}" --num-gpus=0 --resources="{\"$resource\": 1}" \
     --object-store-memory="${RAY_OBJECT_STORE_BYTES:-268435456}" \
     --metrics-export-port="$metrics_port" \
@@ -68,12 +127,13 @@ start() {  # ADDR ARGS...: start Ray on this node with the common arguments
 case "${1:-}" in
   head)
     (( $# == 2 )) || die "usage: ray_cluster.sh head ADDR"
+    make_token
     port=$(free_port 6379)
     dash_port=$(free_port 8265)
-    start "$2" --head --port="$port" --temp-dir="${RAY_TMPDIR:-/tmp/ray-$JOB_ID}" \
-      --include-dashboard=true --dashboard-host="${DASHBOARD_BIND:-127.0.0.1}" --dashboard-port="$dash_port" \
-      --ray-client-server-port="$(free_port 10001)"
-    echo "$(ray_addr "$2"):$port $dash_port" ;;
+    # the dashboard's own metrics server (Ray's default 44227 would clash between jobs on a node)
+    DASHBOARD_METRIC_PORT=$(free_port 44227) start "$2" --head --port="$port" --no-monitor \
+      --include-dashboard=true --dashboard-host="${DASHBOARD_BIND:-127.0.0.1}" --dashboard-port="$dash_port"
+    echo "$(ray_addr "$2"):$port $dash_port $token_file" ;;
   worker)
     (( $# == 3 )) || die "usage: ray_cluster.sh worker ADDR HEAD_ADDRESS"
     start "$2" --address="$3" ;;

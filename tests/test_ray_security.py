@@ -1,0 +1,180 @@
+"""RAY=1 security without a Slurm job: the exporter's state dir (defect 2 of issue 7), a node
+whose private scratch cannot be made (the job fails, no fallback), a node that finds the Ray token
+missing or not private, and a one-node Ray cluster: all of it on loopback, token-authenticated,
+driven by the real _ray_actor.py. The 2-node job's sockets are checked in test_ray_job.py."""
+
+import os
+import pwd
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+import grpc
+import pytest
+from conftest import REPO, VENV, run
+from raynet import grpc_code, http_status, job_processes, listeners
+
+UTILS = REPO / "utils"
+NOBODY = 65534  # the other user
+
+
+def exporter_once(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """One poll of the exporter with a plugin that reports its state dir, that dir's parent's mode, and
+    leaves a file and a FIFO there (what the TensorBoard plugin keeps in it)."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir(exist_ok=True)
+    (plugins / "probe_metrics_plugin.sh").write_text(
+        'touch "$METRICS_STATE_DIR/mark"; mkfifo "$METRICS_STATE_DIR/req" 2>/dev/null\n'
+        'echo "state_info{dir=\\"$(dirname "$METRICS_STATE_DIR")\\",mode=\\"$(stat -c %a "$(dirname "$METRICS_STATE_DIR")")\\"} 1"\n')
+    return run([sys.executable, str(UTILS / "metrics_exporter.py"), "--once", "--plugin-dir", str(plugins),
+                "--host", "n1", "--job-dir", str(tmp_path), *args], env=env, timeout=60)
+
+
+def test_exporter_makes_a_private_state_dir_and_ignores_the_old_predictable_one(tmp_path):
+    node_tmp = tmp_path / "tmp"
+    node_tmp.mkdir()
+    node_tmp.chmod(0o1777)
+    # another user made the path the exporter used to take, waiting for the FIFOs
+    trap = node_tmp / f"metrics_exporter-{os.getuid()}-4242-n1"
+    trap.mkdir()
+    os.chown(trap, NOBODY, NOBODY)
+    trap.chmod(0o777)
+    res = exporter_once(tmp_path, env={"TMPDIR": str(node_tmp), "JOB_ID": "4242"})
+    assert res.returncode == 0, res.stderr
+    line = next((x for x in res.stdout.splitlines() if x.startswith("state_info{")), "")
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+    assert "dir" in labels, res.stdout
+    used, mode = labels["dir"], labels["mode"]
+    assert Path(used).parent == node_tmp and Path(used) != trap and Path(used).name.startswith("metrics_exporter-")
+    assert mode == "700"
+    assert not Path(used).exists(), "the exporter's own temporary state dir was left behind"
+    assert list(trap.iterdir()) == [], "the exporter wrote into the other user's directory"
+
+
+@pytest.mark.parametrize("kind", ["other user's", "symlink", "group-readable", "a file"])
+def test_exporter_refuses_a_state_dir_that_is_not_private(tmp_path, kind):
+    target = tmp_path / "state"
+    mine = tmp_path / "mine"  # a private dir of ours a link could point at
+    mine.mkdir(mode=0o700)
+    if kind == "other user's":
+        target.mkdir(mode=0o700)
+        os.chown(target, NOBODY, NOBODY)
+    elif kind == "symlink":
+        target.symlink_to(mine)
+    elif kind == "group-readable":
+        target.mkdir()
+        target.chmod(0o755)
+    else:
+        target.write_text("")
+    res = exporter_once(tmp_path, "--state-dir", str(target))
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"metrics_exporter.py: --state-dir {target}"), res.stderr
+    assert "mode 0700" in lines[0] and res.stdout == ""
+    assert list(mine.iterdir()) == [] and (not target.is_dir() or target.is_symlink() or list(target.iterdir()) == [])
+
+
+def test_exporter_makes_a_missing_state_dir_private(tmp_path):
+    res = exporter_once(tmp_path, "--state-dir", str(tmp_path / "new"))
+    assert res.returncode == 0, res.stderr
+    assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o700
+    assert (tmp_path / "new" / "probe" / "mark").exists()
+
+
+def job_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    job_dir = tmp_path / "job"
+    job_dir.mkdir(exist_ok=True)
+    return {"JOB_DIR": str(job_dir), "JOB_ID": f"sec-{uuid.uuid4().hex[:8]}", "JOB_HOSTNAME": "h1",
+            "JOB_NUM_NODES": "1", "JOB_NODELIST": "h1", "JOB_NODE_RANK": "0", "MST_REPO": str(REPO),
+            "MST_PYTHON": str(VENV / "bin" / "python"), **extra}
+
+
+def test_no_private_scratch_no_job(tmp_path):
+    """RAY=1 on a node where the private scratch cannot be made: one clear line, the node fails, and it
+    neither falls back to the plain launch nor starts anything."""
+    env = job_env(tmp_path, TMPDIR=str(tmp_path / "no-such-dir"))
+    res = run([str(REPO / "_train_with_ray.sh")], env=env, timeout=60)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert res.stderr.strip() == (f"_train_with_ray.sh: cannot create a private directory in '{tmp_path}/no-such-dir' "
+                                  "(set TMPDIR to a writable node-local directory)")
+    assert "falling back" not in res.stdout and not (Path(env["JOB_DIR"]) / "ray" / "head").exists()
+    assert job_processes(Path(env["JOB_DIR"])) == {}
+
+
+@pytest.mark.parametrize("flaw", ["missing", "file readable by others", "dir open to others", "other user's"])
+def test_a_node_does_not_start_ray_without_a_private_token(tmp_path, flaw):
+    env = job_env(tmp_path, JOB_NUM_NODES="2", MST_JOB_SCRATCH=tempfile.mkdtemp(dir=tmp_path))
+    auth = Path(env["JOB_DIR"]) / "ray" / "auth"
+    if flaw != "missing":
+        auth.mkdir(parents=True, mode=0o700)
+        (auth / "token").write_text("0" * 64)
+        (auth / "token").chmod(0o600)
+    if flaw == "file readable by others":
+        (auth / "token").chmod(0o644)
+    elif flaw == "dir open to others":
+        auth.chmod(0o755)
+    elif flaw == "other user's":
+        os.chown(auth / "token", NOBODY, NOBODY)
+    res = run([str(UTILS / "ray_cluster.sh"), "worker", "127.0.0.1", "127.0.0.1:6379"], env=env, timeout=60)
+    assert res.returncode == 1 and res.stdout == "", res.stdout + res.stderr
+    assert res.stderr.strip() == (f"ray_cluster.sh: the Ray token '{auth}/token' is missing or not private (want: "
+                                  f"directory 0700, file 0600, owned by {pwd.getpwuid(os.getuid()).pw_name}); "
+                                  "not starting Ray without it")
+    assert job_processes(Path(env["JOB_DIR"])) == {}
+
+
+def test_head_refuses_a_token_dir_made_before_it(tmp_path):
+    env = job_env(tmp_path, MST_JOB_SCRATCH=tempfile.mkdtemp(dir=tmp_path))
+    auth = Path(env["JOB_DIR"]) / "ray" / "auth"
+    auth.mkdir(parents=True, mode=0o777)  # someone else's, made first, where the head would put the token
+    os.chown(auth, NOBODY, NOBODY)
+    res = run([str(UTILS / "ray_cluster.sh"), "head", "127.0.0.1"], env=env, timeout=60)
+    assert res.returncode == 1 and res.stdout == "", res.stdout + res.stderr
+    assert res.stderr.strip() == (f"ray_cluster.sh: cannot create '{auth}' for the Ray token "
+                                  "(it must not exist before the job starts)")
+    assert list(auth.iterdir()) == []
+
+
+def test_one_node_ray_is_on_loopback_and_authenticated(tmp_path):
+    """The single-machine case (run_local.sh RAY=1, submit.sh -N 1): every Ray port on 127.0.0.1, each
+    refusing a caller without the token; the real driver (_ray_actor.py) connects with the token and
+    its actor finds the node's saved environment through MST_JOB_SCRATCH inherited from the raylet."""
+    scratch = Path(tempfile.mkdtemp(prefix="s", dir="/tmp"))  # short: Ray puts Unix sockets below it
+    repo = tmp_path / "repo"  # a stand-in launcher: its _container.sh is the "trainer"
+    repo.mkdir()
+    (repo / "_container.sh").write_text('#!/bin/sh\necho "trained as $WHO, $1"\n')
+    (repo / "_container.sh").chmod(0o755)
+    env = job_env(tmp_path, MST_JOB_SCRATCH=str(scratch))
+    job_dir = Path(env["JOB_DIR"])
+    (scratch / "job.env").write_bytes(f"WHO=saved-env\0JOB_DIR={job_dir}\0PATH=/usr/bin:/bin\0".encode())
+    (scratch / "job.env").chmod(0o600)
+    try:
+        res = run([str(UTILS / "ray_cluster.sh"), "head", "127.0.0.1"], env=env, timeout=180)
+        assert res.returncode == 0, res.stderr[-3000:]
+        address, dash_port, token_file = res.stdout.split()
+        assert address.startswith("127.0.0.1:") and token_file == str(job_dir / "ray" / "auth" / "token")
+        token = Path(token_file).read_text()
+        socks = listeners(job_processes(job_dir))
+        assert len(socks) >= 8 and [s for s in socks if not s.loopback] == [], socks
+        gcs_port = int(address.rsplit(":", 1)[1])
+        method = "/ray.rpc.NodeInfoGcsService/GetClusterId"
+        assert grpc_code("127.0.0.1", gcs_port, method, None) == grpc.StatusCode.UNAUTHENTICATED
+        assert grpc_code("127.0.0.1", gcs_port, method, token) == grpc.StatusCode.OK
+        url = f"http://127.0.0.1:{dash_port}/api/jobs/"
+        assert http_status("POST", url, None, b'{"entrypoint": "id"}')[0] == 401
+        assert http_status("POST", url, token, b"{}")[0] == 400
+        # the driver does not know the scratch: the actor learns it from its node's raylet
+        driver_env = {k: v for k, v in env.items() if k != "MST_JOB_SCRATCH"}
+        drv = run([str(VENV / "bin" / "python"), str(REPO / "_ray_actor.py")], timeout=180, env={
+            **driver_env, "MST_REPO": str(repo), "RAY_ADDRESS": address, "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": token_file, "RAY_JOIN_TIMEOUT": "60"})
+        assert drv.returncode == 0, drv.stdout[-2000:] + drv.stderr[-2000:]
+        assert "h1: trained as saved-env, _train.sh" in drv.stdout.splitlines(), drv.stdout
+    finally:
+        run([str(UTILS / "ray_cluster.sh"), "stop"], env=env, timeout=60)
+        shutil.rmtree(scratch, ignore_errors=True)
