@@ -274,9 +274,10 @@ def test_sigkill_of_the_whole_job_keeps_every_scraped_sample(cluster, workspace,
 
 
 def test_falls_back_to_the_plain_launch_when_ray_cannot_start(cluster, workspace, venv):
-    # an object store below Ray's minimum makes `ray start` fail on every node
+    # an object store larger than the machine's memory (1 TB; valid for the launcher, which only
+    # checks the range) makes `ray start` fail on every node
     job_id, log = submit(cluster, workspace, "tiny", "-N", "2", "--", "steps=5", RAY="1",
-                         RAY_OBJECT_STORE_BYTES="1000", RAY_JOIN_TIMEOUT="20")
+                         RAY_OBJECT_STORE_BYTES="1000000000000", RAY_JOIN_TIMEOUT="20")
     assert wait_job_end(cluster, job_id, 300) == "COMPLETED", log.read_text()[-3000:]
     assert log_has(log, r"^n1: _train_with_ray.sh: Ray head did not start on n1 .* falling back to the plain launch")
     assert log_has(log, r"^n2: _train_with_ray.sh: .*falling back to the plain launch")

@@ -331,13 +331,14 @@ def _trainer_pid(job_id: str) -> int | None:
 
 @pytest.fixture(scope="module")
 def real_jobs(tmp_path_factory, venv):
-    """Three real local jobs run side by side: steps=5, a misspelt override, and a long run whose
-    trainer is SIGKILLed after triage has looked at it while it ran."""
+    """Three real local jobs run side by side: steps=5, a config MaxText refuses at start-up (valid
+    keys and types, which the launcher's schema check lets through, but an inconsistent pair), and a
+    long run whose trainer is SIGKILLed after triage has looked at it while it ran."""
     base = tmp_path_factory.mktemp("real")
     ws = {k: base / k for k in ("ok", "config", "killed")}
     for w in ws.values():
         w.mkdir()
-    procs = {"ok": _start(ws["ok"], "steps=5"), "config": _start(ws["config"], "per_device_batch_sizee=1"),
+    procs = {"ok": _start(ws["ok"], "steps=5"), "config": _start(ws["config"], "enable_streaming_diloco=true"),
              "killed": _start(ws["killed"], "steps=100000")}
     out: dict = {}
     try:
@@ -369,7 +370,7 @@ def test_real_completed_job(real_jobs):
 def test_real_config_error(real_jobs):
     r = real_jobs["config"]
     assert r["status"] == "failed" and r["failure_class"] == "config_error", r["summary"]
-    assert "per_device_batch_sizee" in r["summary"] and r["confidence"] == "high"
+    assert "MaxText rejected the configuration" in r["summary"] and r["confidence"] == "high"
     assert any("MAXTEXT CONFIG ERROR" in e["text"] for e in r["evidence"])
 
 
