@@ -12,7 +12,7 @@
 # paths, and AMD (/dev/kfd, /dev/dri) or NVIDIA GPUs are added when the node has them.
 # Sets MST_CONTAINER (the runtime used) and MST_PYTHON (the trainer's interpreter).
 set -euo pipefail
-[[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/utils/lib.sh"; usage; exit; }
 (( $# >= 1 )) || { echo "_container.sh: expected COMMAND [ARG...] (see --help)" >&2; exit 2; }
 repo=${MST_REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}
 source "$repo/utils/lib.sh"

@@ -15,7 +15,7 @@
 set -euo pipefail
 mode=run
 case "${1:-}" in
-  -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) source "$(dirname "${BASH_SOURCE[0]}")/utils/lib.sh"; usage; exit ;;
   --shell) mode=shell ;; --print-env) mode="env" ;; --print-cmd) mode=cmd ;;
   "") ;;
   *) echo "_train.sh: unknown argument '$1' (expected --shell, --print-env, --print-cmd or --help)" >&2; exit 2 ;;

@@ -13,7 +13,7 @@
 # At the end each node keeps its Ray logs in $JOB_DIR/ray/logs-<host> (regular files only) and
 # removes its scratch. Reads the variables of docs/env-contract.md; stops only what it started.
 set -uo pipefail
-[[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/utils/lib.sh"; usage; exit; }
 repo=${MST_REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}
 source "$repo/utils/lib.sh"
 PROG=_train_with_ray.sh

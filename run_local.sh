@@ -18,7 +18,7 @@ export JOB_HOSTNAME; JOB_HOSTNAME=$(hostname)
 export JOB_NODELIST=$JOB_HOSTNAME JOB_COORDINATOR_ADDR=127.0.0.1 JOB_NODE_ADDRS=127.0.0.1
 
 case "${1:-}" in
-  -h|--help) sed -n '2,9p' "$repo/run_local.sh" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) usage; exit ;;
   "")
     "$repo/utils/setup_env.sh"
     export MST_REPO=$repo MST_VENV=${MAXTEXT_SLURM_VENV:-$repo/.venv} JOB_ID=local-shell

@@ -22,10 +22,9 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$repo/utils/lib.sh"
 source "$repo/utils/launch_lib.sh"
 PROG=submit.sh
-usage() { sed -n '2,19p' "$repo/submit.sh" | sed 's/^# \{0,1\}//'; }
 
 case "${1:-}" in
-  -h|--help) usage; exit 0 ;;
+  -h|--help) usage; exit ;;
   ""|-*) die "first argument must be MODEL[:TAG] (see submit.sh --help; models: $(model_names "$repo/configs"))" ;;
 esac
 model_arg=$1; shift

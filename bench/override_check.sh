@@ -6,7 +6,7 @@
 # median over RUNS (default 20). It must stay a small part of submit.sh's 1 s (goal: <= 0.3 s);
 # the share of a bare Python start is printed beside it.
 set -euo pipefail
-[[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/../utils/lib.sh"; usage; exit; }
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 runs=${1:-20}
 [[ "$runs" =~ ^[1-9][0-9]*$ ]] || { echo "override_check.sh: RUNS must be a positive number" >&2; exit 2; }

@@ -1,9 +1,11 @@
 """shellcheck on every shell script and ruff on every Python file of the project."""
 
 import os
+import re
 import shutil
 from pathlib import Path
 
+import pytest
 from conftest import REPO, VENV, run
 
 SKIP = {".git", ".venv", "outputs", ".local_cluster", "__pycache__", ".pytest_cache", ".ruff_cache", "fixtures"}
@@ -41,9 +43,74 @@ def test_ruff_clean():
     assert res.returncode == 0, res.stdout
 
 
-def test_every_entry_point_has_help():
-    entry = ["submit.sh", "run_local.sh", "_job.sbatch", "_container.sh", "_train.sh", "tests/run.sh"]
-    entry += [p.relative_to(REPO).as_posix() for p in (REPO / "utils").glob("*.sh") if p.stat().st_mode & 0o111]
-    for e in entry:
-        res = run([str(REPO / e), "--help"], cwd=REPO, timeout=30)
-        assert res.returncode == 0 and "Usage" in res.stdout, f"{e} --help: {res.stdout}{res.stderr}"
+def shell_entry_points() -> list[Path]:
+    """Every shell script with a #! line (sourced libraries such as utils/lib.sh have none)."""
+    return sorted(p for p in shell_scripts() if p.read_bytes().startswith(b"#!"))
+
+
+def python_entry_points() -> list[Path]:
+    """Every Python file outside tests/ that runs as a program."""
+    return sorted(
+        p
+        for p in project_files()
+        if p.suffix == ".py"
+        and "tests" not in p.relative_to(REPO).parts
+        and 'if __name__ == "__main__":' in p.read_text()
+    )
+
+
+# A shell statement at the start of a line: what a help text that runs past its header shows
+# (set -euo pipefail, repo=$(...), source ..., [[ ... ]] && ..., usage() { ..., PROG=x, esac).
+CODE_LINE = re.compile(
+    r"^(set -[euxo]|source [\"$]|\. [\"$]|exec [\"$]|export [A-Za-z_]\w*(=|;|$)|local [A-Za-z_]\w*=|local -|declare -"
+    r"|readonly [A-Za-z_]|shopt -|trap [\"']|cd [\"$]|(if|while|until) (\[\[|\(\(|! )|(if|while|until) .*; (then|do)$"
+    r"|for \w+ in |for \(\(|case \S+ in$|\[\[ |\(\( |: \"\$|\$\(|[A-Za-z_]\w*=(\$|\(|\S*$)|[A-Za-z_]\w*\(\) ?\{"
+    r"|(fi|done|esac|then|else|\}|;;)$)"
+)
+
+
+@pytest.mark.parametrize("script", shell_entry_points(), ids=lambda p: p.relative_to(REPO).as_posix())
+def test_shell_help_is_the_usage_header(script):
+    """--help prints the script's usage header (utils/lib.sh usage) and not one line of its code."""
+    rel = script.relative_to(REPO).as_posix()
+    res = run([str(script), "--help"], cwd=REPO, timeout=30)
+    assert res.returncode == 0, f"{rel} --help: exit {res.returncode}: {res.stderr}"
+    assert res.stdout.startswith("Usage: "), f"{rel} --help does not start with 'Usage: ':\n{res.stdout}"
+    assert res.stderr == "", f"{rel} --help wrote to stderr: {res.stderr}"
+    comments = {ln.rstrip() for ln in script.read_text().splitlines() if ln.startswith("#")}
+    for line in res.stdout.splitlines():
+        assert not CODE_LINE.match(line), f"{rel} --help prints a line of code: {line!r}"
+        assert f"# {line}".rstrip() in comments or f"#{line}".rstrip() in comments, (
+            f"{rel} --help prints a line that is not in its header comment: {line!r}"
+        )
+
+
+@pytest.mark.parametrize("script", python_entry_points(), ids=lambda p: p.relative_to(REPO).as_posix())
+def test_python_help(script):
+    rel = script.relative_to(REPO).as_posix()
+    res = run([str(VENV / "bin" / "python"), str(script), "--help"], cwd=REPO, timeout=60)
+    assert res.returncode == 0, f"{rel} --help: exit {res.returncode}: {res.stderr}"
+    assert "Traceback" not in res.stdout + res.stderr, f"{rel} --help: {res.stderr}"
+    assert res.stdout.lower().startswith("usage:"), f"{rel} --help: {res.stdout}"
+
+
+def test_every_entry_point_is_checked():
+    """The discovery above finds the entry points the project documents (a broken glob tests nothing)."""
+    shell = {p.relative_to(REPO).as_posix() for p in shell_entry_points()}
+    python = {p.relative_to(REPO).as_posix() for p in python_entry_points()}
+    assert {
+        "submit.sh",
+        "run_local.sh",
+        "_job.sbatch",
+        "_container.sh",
+        "_train.sh",
+        "_train_with_ray.sh",
+        "tests/run.sh",
+        ".ci/run",
+        "utils/prometheus.sh",
+        "utils/local_cluster.sh",
+    } <= shell
+    assert {"utils/gpu_metrics_plugin.sh", "utils/host_metrics_plugin.sh", "utils/tb_metrics_plugin.sh"} <= shell
+    assert len([p for p in shell if p.startswith("bench/")]) >= 3
+    assert {"_ray_actor.py", "utils/triage.py", "utils/diagnose.py", "utils/metrics_exporter.py"} <= python
+    assert not {p for p in shell if p.endswith("lib.sh")}, "a sourced library is not an entry point"

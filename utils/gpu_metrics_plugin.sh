@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# gpu_metrics_plugin.sh - GPU health as Prometheus text on stdout, with the same metric names for AMD and
+# Usage: gpu_metrics_plugin.sh [--help]
+#
+# GPU health as Prometheus text on stdout, with the same metric names for AMD and
 # NVIDIA (labels gpu=<index>, vendor=amd|nvidia):
 #   AMD    amdgpu sysfs, /sys/class/drm/card<N>/device with vendor 0x1002: hwmon temperatures and power,
 #          gpu_busy_percent, mem_busy_percent, VRAM, current sclk/mclk (pp_dpm_*), RAS error counts.
 #   NVIDIA ONE `nvidia-smi --query-gpu=... --format=csv,noheader,nounits` call per poll.
 #   Both   PCIe AER error totals and link width/speed from the GPU's PCI device in sysfs.
-#
-# Usage: gpu_metrics_plugin.sh [--help]
 # Run by metrics_exporter.py at every poll (contract: docs/plugins.md; metrics: docs/metrics.md).
 # Environment: METRICS_SYSFS_ROOT (default /sys), METRICS_PROCFS_ROOT (default /proc),
 #   NVIDIA_SMI (default nvidia-smi), METRICS_STATE_DIR (remembers the nvidia-smi field names that work).
@@ -16,12 +16,9 @@ set -euo pipefail
 export LC_ALL=C # numbers with a "." whatever the caller's locale
 
 if [[ ${1-} == -h || ${1-} == --help ]]; then
-  while IFS= read -r line; do
-    [[ $line == '#!'* ]] && continue
-    [[ $line == '#'* ]] || break
-    line=${line#\#}; printf '%s\n' "${line# }"
-  done < "${BASH_SOURCE[0]}"
-  exit 0
+  source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" # usage: the one help mechanism (needed only here)
+  usage
+  exit
 fi
 
 sys=${METRICS_SYSFS_ROOT:-/sys}

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# host_metrics_plugin.sh - node health from /proc and /sys as Prometheus text on stdout:
+# Usage: host_metrics_plugin.sh [--help]
+#
+# Node health from /proc and /sys as Prometheus text on stdout:
 #   NICs (/proc/net/dev), TCP (/proc/net/snmp, /proc/net/netstat), run queue, context switches, forks and
 #   CPU time (/proc/stat), OOM kills and major faults (/proc/vmstat), memory (/proc/meminfo), pressure stall
 #   information (/proc/pressure/*), load average, and InfiniBand/RoCE ports
 #   (/sys/class/infiniband/*/ports/*/{counters,hw_counters}).
-#
-# Usage: host_metrics_plugin.sh [--help]
 # Run by metrics_exporter.py at every poll (contract: docs/plugins.md; metrics: docs/metrics.md).
 # Environment: METRICS_PROCFS_ROOT (default /proc), METRICS_SYSFS_ROOT (default /sys).
 # All of /proc is read by one awk; the sysfs counters with bash builtins (no process per value).
@@ -14,12 +14,9 @@ set -euo pipefail
 export LC_ALL=C # numbers with a "." whatever the caller's locale
 
 if [[ ${1-} == -h || ${1-} == --help ]]; then
-  while IFS= read -r line; do
-    [[ $line == '#!'* ]] && continue
-    [[ $line == '#'* ]] || break
-    line=${line#\#}; printf '%s\n' "${line# }"
-  done < "${BASH_SOURCE[0]}"
-  exit 0
+  source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" # usage: the one help mechanism (needed only here)
+  usage
+  exit
 fi
 
 proc=${METRICS_PROCFS_ROOT:-/proc}

@@ -5,7 +5,7 @@
 # limits (with the defaults), container, code snapshot, overrides (secrets redacted), paths.
 # Reads the generic JOB_* variables and the launch variables of docs/env-contract.md.
 set -euo pipefail
-[[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"; usage; exit; }
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/lib.sh"
 source "$here/launch_lib.sh"

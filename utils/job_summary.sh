@@ -9,7 +9,7 @@
 # on (a requeued job appends to the log of its earlier run).
 # Reads JOB_ID JOB_NAME JOB_DIR JOB_LOG JOB_NODELIST JOB_START_TIME (epoch seconds).
 set -uo pipefail
-[[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"; usage; exit; }
 status=${1:?usage: job_summary.sh STATUS STAGE} stage=${2:?usage: job_summary.sh STATUS STAGE}
 rec_dir="$JOB_DIR/.stages/$stage"
 read -r -a nodes <<< "${JOB_NODELIST:-}"

@@ -1,11 +1,20 @@
 # shellcheck shell=bash
 shopt -s extglob
 # Shared helpers for the launcher scripts. Source it; it defines functions only.
+#   usage                 print the running script's usage header (its --help)
 #   die MSG...            print "<prog>: MSG" to stderr and exit 1
 #   port_in_use PORT      true if something listens on TCP PORT (any address, IPv4 or IPv6)
 #   free_port START [N]   print the first port >= START that nobody listens on (tries N, default 100)
 #   private_dir PARENT    create a new directory only this user can enter, print its path
 #   job_scratch           this job's private scratch on this node (labelled for preflight's cleanup)
+
+# The one help mechanism of every shell entry point (-h/--help): a script's usage header is its
+# comment block from the line "# Usage: ..." to the first line that is not a comment; it is printed
+# without the leading "# ". Lines before it (#!, #SBATCH) are skipped. Fails if there is no header.
+usage() {
+  awk '/^# Usage:/ { on = 1 } on && !/^#/ { exit } on { sub(/^# ?/, ""); print } END { exit !on }' \
+    "${BASH_SOURCE[-1]}"
+}
 
 die() {
   printf '%s: %s\n' "${PROG:-${0##*/}}" "$*" >&2

@@ -208,7 +208,7 @@ up() {
 }
 
 case "${1:-}" in
-  -h | --help | help) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
+  -h | --help | help) usage ;;
   up)
     (($# <= 2)) || usage_error "up takes at most one argument, NODES (got $(($# - 1)))"
     n=${2:-2}

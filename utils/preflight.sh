@@ -12,7 +12,7 @@
 #     (default 5), or when the node has GPUs (AMD /dev/kfd, NVIDIA /dev/nvidiactl) that the
 #     vendor tool cannot list (or fewer than JOB_GPUS_PER_NODE when that is set).
 set -euo pipefail
-[[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"; usage; exit; }
 : "${JOB_ID:?preflight.sh: JOB_ID is not set}" "${JOB_DIR:?preflight.sh: JOB_DIR is not set}"
 uid=$(id -u)
 problems=()

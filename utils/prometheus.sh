@@ -47,16 +47,13 @@ source "$repo/utils/lib.sh"
 work=""       # temp dir: config, log, response, tsdb/ (the copy)
 prom_pid=""   # the Prometheus this script started (the only process it ever stops)
 
-show_help() { # [COMMAND]: the header above, or the paragraph of one command
-  awk -v cmd="${1:-}" '
-    NR == 1 { next }
-    !/^#/ { exit }
-    { sub(/^# ?/, "") }
+show_help() { # [COMMAND]: the usage header above (lib.sh usage), or the paragraph of one command
+  usage | awk -v cmd="${1:-}" '
     cmd == "" { print; next }
     index($0, "utils/prometheus.sh " cmd " ") == 1 { on = 1 }
-    on && $0 == "" { exit }
-    on { print }
-  ' "${BASH_SOURCE[0]}"
+    on && $0 == "" { on = 0; done = 1 }
+    on && !done { print }
+  '
 }
 
 utc() { date -u -d "@$1" '+%Y-%m-%d %H:%M:%S'; } # SECONDS -> "YYYY-MM-DD HH:MM:SS"

@@ -24,7 +24,7 @@
 # written as a Prometheus file_sd target to $JOB_DIR/metrics/targets/<host>-ray.json.
 # Needs JOB_DIR JOB_ID JOB_HOSTNAME MST_JOB_SCRATCH, MST_PYTHON (or MST_VENV); JOB_NUM_NODES.
 set -euo pipefail
-[[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"; usage; exit; }
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/lib.sh"
 PROG=ray_cluster.sh

@@ -9,7 +9,7 @@
 # is kept (a more precise writer, e.g. the Ray actor, got there first).
 # Needs JOB_DIR; the host name is JOB_HOSTNAME or $(hostname). Exits with COMMAND's status.
 set -uo pipefail
-[[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"; usage; exit; }
 (( $# >= 3 )) || { echo "run_stage.sh: expected STAGE TIMEOUT_SECONDS COMMAND... (see --help)" >&2; exit 2; }
 [[ "$2" =~ ^[0-9]+$ && "$2" -gt 0 ]] || { echo "run_stage.sh: timeout '$2' must be a positive number of seconds" >&2; exit 2; }
 : "${JOB_DIR:?run_stage.sh: JOB_DIR is not set}"

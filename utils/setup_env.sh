@@ -14,7 +14,7 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${MAXTEXT_SLURM_VENV:-$repo/.venv}
 check=0
 case "${1:-}" in
-  -h|--help) sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) source "$repo/utils/lib.sh"; usage; exit ;;
   --check) check=1 ;;
   "") ;;
   *) echo "setup_env.sh: unknown argument '$1' (expected --check or --help)" >&2; exit 2 ;;

@@ -2,11 +2,11 @@
 # Usage: utils/snapshot.sh REPO DEST_PARENT COMMAND_TEXT
 #
 # Makes an immutable copy of REPO's code (tracked and untracked-but-not-ignored files;
-# everything but .git/.venv/outputs when REPO is not a git checkout) under
-# DEST_PARENT/<UTC time>-<pid>/, records the submit command (as shown, secrets redacted by the caller) and the
-# git state in its .submit/ folder, makes the copy read-only and prints its path.
+# everything but .git/.venv/outputs when REPO is not a git checkout) under a new directory
+# DEST_PARENT/<UTC time>-<random>/, records the submit command (as shown, secrets redacted by the
+# caller) and the git state in its .submit/ folder, makes the copy read-only and prints its path.
 set -euo pipefail
-[[ "${1:-}" == -h || "${1:-}" == --help ]] && { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"; usage; exit; }
 (( $# == 3 )) || { echo "snapshot.sh: expected REPO DEST_PARENT COMMAND_TEXT (see --help)" >&2; exit 2; }
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 repo=$1 parent=$2 cmd=$3

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# tb_metrics_plugin.sh - the running job's TensorBoard scalars as Prometheus text on stdout:
+# Usage: tb_metrics_plugin.sh [--help]
+#
+# The running job's TensorBoard scalars as Prometheus text on stdout:
 #   tb_<tag, / and other characters outside [a-zA-Z0-9_] as _>{run="<dir of the event file>"} VALUE TIMESTAMP_MS
 #   (learning/loss -> tb_learning_loss), one sample per new event, stamped with the event's wall time,
 #   plus tb_step (the step of each new step). Event files: events.out.tfevents.* anywhere under $JOB_DIR.
-#
-# Usage: tb_metrics_plugin.sh [--help]
 # Run by metrics_exporter.py at every poll (contract: docs/plugins.md; metrics: docs/metrics.md).
 # The decoding is done by utils/tb_bridge.py, started on the first poll in its own session and kept alive
 # (restarted if it died), so Python's start-up is paid once per job. The plugin talks to it through two
@@ -19,12 +19,9 @@ set -euo pipefail
 export LC_ALL=C # numbers with a "." whatever the caller's locale
 
 if [[ ${1-} == -h || ${1-} == --help ]]; then
-  while IFS= read -r line; do
-    [[ $line == '#!'* ]] && continue
-    [[ $line == '#'* ]] || break
-    line=${line#\#}; printf '%s\n' "${line# }"
-  done < "${BASH_SOURCE[0]}"
-  exit 0
+  source "$(dirname "${BASH_SOURCE[0]}")/lib.sh" # usage: the one help mechanism (needed only here)
+  usage
+  exit
 fi
 
 never_again=${METRICS_NEVER_AGAIN_EXIT:-64}
