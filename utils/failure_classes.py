@@ -122,7 +122,7 @@ def on_job_heartbeat(t: Triage, status: str) -> Verdict | None:
     tasks = sorted({x for e in claims for x in e.data["tasks"]})
     accused = [t.hosts[nodes[x]] for x in tasks if x < len(nodes) and nodes[x] in t.hosts]
     first = min(claims, key=lambda e: (e.ts if e.ts is not None else math.inf, e.line))
-    t.cite_event(first, "the coordination service's claim")
+    t.cite_event(first, HB_CLAIM)
     if not accused:
         return "heartbeat_timeout", [], explain("heartbeat_timeout", "unmapped", tasks=tasks), "medium"
     alive = []
@@ -335,9 +335,11 @@ def steps_node_failure(j: Job) -> list[str]:
 # --- the table ----------------------------------------------------------------------------
 TSDB = "[tsdb-diagnosis](../tsdb-diagnosis/SKILL.md)"
 SWEEP = "[batch-sweep](../batch-sweep/SKILL.md)"
-# what a per-host root cause cites, decisive first (the class's own first line is added in front)
+# what a per-host root cause cites, decisive first (the class's own first line is added in front); a
+# heartbeat claim is cited too when there is one (it comes after the root cause: a consequence)
+HB_CLAIM = "the coordination service's claim"
 ROOT_CITES = ("exit record of the first node that failed", "the culprit's last step",
-              "first node to fail (job summary)", "a survivor's collective error (consequence)")
+              "first node to fail (job summary)", "a survivor's collective error (consequence)", HB_CLAIM)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -431,7 +433,7 @@ REGISTRY: tuple[FailureClass, ...] = (
         "stage_timeout", priority=7, on_host=on_host_stage_timeout, rule=5, on_job=on_job_time_limit,
         summary={"": "stage '{stage}' ran past its time limit{extra}", "slurm": "the job ran past its Slurm time limit"},
         next_steps=steps_stage_timeout,
-        cites=("stage time limit", "exit record", "Slurm's time limit", "the job summary"),
+        cites=("stage time limit", "exit record", "Slurm's time limit", "the job summary", HB_CLAIM),
         host_evidence="Its stage record says `reason=timeout`, or run_stage.sh's `stage 'S' exceeded its N s limit "
                       "on HOST`.",
         decided_by="a stage record with `reason=timeout`, run_stage.sh's `exceeded its N s limit`, or the job's time "
@@ -498,8 +500,8 @@ REGISTRY: tuple[FailureClass, ...] = (
                                "{stop} only ended it{behind}"},
         next_steps=steps_hang,
         cites=("this host is behind the others", "the newest step line in the log",
-               "the newest step line: nothing after it until the end", "the stop request", "Slurm's time limit",
-               "the job summary", "the coordination service's claim"),
+               "the newest step line: nothing after it until the end",  # then what the stop had cited:
+               "the stop request", "Slurm's time limit", "the job summary", "stage time limit", "exit record", HB_CLAIM),
         decided_by="running job, no step for longer than the threshold; or a `cancelled`/`stage_timeout` job whose "
                    "last step was older than the threshold when it ended (the cancel only ended a hang)",
         culprit="hosts behind the others; none when all stopped at the same step (`low`)",
