@@ -17,10 +17,12 @@ from conftest import REPO, launcher_env, run
 from jobs import bad_job_arg, log_has, wait_for
 
 sys.path.insert(0, str(REPO / "utils"))
+import failure_classes  # noqa: E402
 import joblog  # noqa: E402
 import triage  # noqa: E402
 
 TRIAGE = str(REPO / "utils" / "triage.py")
+CLASSES_TOOL = str(REPO / "utils" / "failure_classes.py")
 HOSTS = ["n1", "n2", "n3"]
 # what each injected failure must be classified as (killed_gloo: a SIGKILLed rank, survivors print Gloo errors)
 EXPECTED = {None: None, **{f: f for f in logcorpus.FAILURES}, "killed_gloo": "oom_host", "preflight": None,
@@ -74,6 +76,9 @@ def test_failure_class(failure, fmt, tmp_path):
     if failure is not None:
         assert_evidence_lines_match(r, log)
         assert r["next_steps"]
+    if r["failure_class"]:  # the registry says what each class cites: no evidence outside it
+        cites = failure_classes.BY_NAME[r["failure_class"]].cites
+        assert {e["why"] for e in r["evidence"]} <= set(cites), (r["failure_class"], r["evidence"])
 
 
 def test_needle_search_finds_the_same(tmp_path, monkeypatch):
@@ -265,6 +270,36 @@ def test_json_schema(tmp_path):
     assert set(r["tgs"]) >= {"steady", "phases"}
     assert all(set(e) >= {"file", "line", "text"} for e in r["evidence"])
     json.dumps(r)
+
+
+# --- the failure-class registry and the docs generated from it ------------------------------
+def test_docs_tables_are_generated_from_the_registry(tmp_path):
+    res = run([CLASSES_TOOL, "--check"])
+    assert res.returncode == 0, res.stderr  # docs/triage.md and the skill's reference.md match the registry
+    assert failure_classes.stale_docs() == []
+    # a hand edit of a generated row is drift: --check names the file, a rewrite restores the table
+    for rel in failure_classes.GENERATED:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text((REPO / rel).read_text())
+    for rel, (name, table) in failure_classes.GENERATED.items():
+        text = (REPO / rel).read_text()
+        row = next(ln for ln in table() if "`oom_device`" in ln)
+        assert row in text, rel
+        (tmp_path / rel).write_text(text.replace(row, row.replace("RESOURCE_EXHAUSTED", "RESOURCE_GONE")))
+        assert failure_classes.stale_docs(tmp_path) == [rel]
+        assert failure_classes.regenerate((tmp_path / rel).read_text(), name, table()) == text
+        (tmp_path / rel).write_text(text)
+    # every class a report can carry is in the generated skill table, in the registry's order
+    rows = [ln for ln in failure_classes.class_table() if ln.startswith("| `") and not ln.startswith("| `failure_class`")]
+    assert [ln.split("`")[1] for ln in rows] == list(triage.CLASSES)
+
+
+def test_failure_classes_cli(tmp_path):
+    res = run([CLASSES_TOOL, "--help"])
+    assert res.returncode == 0 and res.stdout.startswith("Usage: failure_classes.py")
+    res = run([CLASSES_TOOL, "--bogus"])
+    assert res.returncode == 2 and res.stdout == "" and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert res.stderr.startswith("failure_classes.py: unknown arguments") and "--check" in res.stderr
 
 
 # --- the command line -----------------------------------------------------------------------

@@ -33,23 +33,15 @@ if sys.version_info < (3, 11):  # noqa: UP036  (login nodes' python3 may be olde
           f"environment's python: .venv/bin/python {sys.argv[0]} ...", file=sys.stderr)
     sys.exit(2)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import joblog  # noqa: E402  (sibling module; this file is also run as a script)
+import failure_classes as fc  # noqa: E402  (sibling modules; this file is also run as a script)
+import joblog  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-CLASSES = ("oom_host", "oom_device", "hang", "collective_error", "heartbeat_timeout", "heartbeat_false_positive",
-           "segfault", "node_failure", "python_exception", "config_error", "stage_timeout", "cancelled")
+CLASSES = fc.CLASSES
 RUNNING_STATES = {"RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "STAGE_OUT"}
-# exception texts that are a consequence of another task's death, not a cause
-_CONFIG_EXC = re.compile(r"ValidationError|yaml\.\w+\.\w+Error|'[^']+' not in '|MAXTEXT CONFIG ERROR|[Cc]onfig(?:uration)? error")
-_OOM_DEV = re.compile(r"RESOURCE_EXHAUSTED|Out of memory while trying to allocate")
-_COLLECTIVE = re.compile(r"Gloo|\b[NR]CCL\b|nccl\w*Error|Connection reset by peer|Connection closed by peer")
-_COORD = re.compile(r"heartbeat|coordination service|Barrier|DEADLINE_EXCEEDED|UNAVAILABLE|PollForError|"
-                    r"distributed service|preempt", re.I)
-_ABORT = re.compile(r"Fatal Python error: Aborted|SIGABRT|Signal 6 received")
-_INTERRUPT = re.compile(r"^(?:KeyboardInterrupt|SystemExit)\b")
+exception_kind = fc.exception_kind
 _JOBCTL = re.compile(r"^\S+: line \d+: +\d+ ")          # bash: "<script>: line N: PID Killed  <command>"
 _ABSL_PREFIX = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]\s]*\] ")
-TIER1 = ("config_error", "oom_device", "oom_host", "segfault", "python_exception", "killed", "stage_timeout")
 
 
 class InputError(Exception):
@@ -236,20 +228,6 @@ class Host:
         ranked = sorted((e for e in self.events if e.kind in kinds),
                         key=lambda e: (e.host is None, bool(_JOBCTL.match(e.text)), e.line))
         return ranked[0] if ranked else None
-
-
-def exception_kind(text: str) -> str:
-    if _CONFIG_EXC.search(text):
-        return "config_error"
-    if _OOM_DEV.search(text):
-        return "oom_device"
-    if _COLLECTIVE.search(text):
-        return "collective"
-    if _INTERRUPT.match(text):
-        return "interrupt"
-    if _COORD.search(text):
-        return "coordination"
-    return "python_exception"
 
 
 def message(e: joblog.Event | None) -> str:
@@ -461,34 +439,12 @@ class Triage:
 
     # root causes per host ---------------------------------------------------------------
     def root_of(self, h: Host) -> tuple[str, joblog.Event | None] | None:
-        """The host's own failure (not a consequence of another host's), by priority."""
-        exc = [e for e in h.events if e.kind == "exception"]
-        for kind in TIER1:
-            if kind == "config_error":
-                e = h.first("config_error") or next((x for x in exc if exception_kind(x.text) == "config_error"), None)
-            elif kind == "oom_device":
-                e = h.first("oom_device") or next((x for x in exc if exception_kind(x.text) == "oom_device"), None)
-            elif kind == "oom_host":
-                e = h.first("oom_host")
-            elif kind == "segfault":
-                e = h.first("segfault", "fatal")
-                notice = h.first("death_notice")
-                if e is not None and notice is not None and e.line > notice.line and _ABORT.search(e.text):
-                    e = None  # the abort that JAX's death notice (an absl fatal) ends in: a consequence
-                if e is None and h.exit == 139 and h.reason != "stopped":
-                    return "segfault", None
-            elif kind == "python_exception":
-                e = next((x for x in exc if exception_kind(x.text) == "python_exception"), None)
-            elif kind == "killed":
-                if h.exit == 137 and h.reason == "exit":
-                    return "killed", h.first("killed")
-                e = None
-            else:  # stage_timeout
-                if h.reason == "timeout":
-                    return "stage_timeout", h.first("stage_timeout")
-                e = h.first("stage_timeout")
-            if e is not None:
-                return kind, e
+        """The host's own failure (not a consequence of another host's): the registry's per-host
+        root cause of highest priority, and the event that shows it (None: only its exit record)."""
+        for c in fc.ROOT_CAUSES:
+            found, e = c.on_host(h)
+            if found:
+                return c.name, e
         return None
 
     def fail_time(self, h: Host, e: joblog.Event | None) -> tuple[float, float]:
@@ -496,28 +452,10 @@ class Triage:
         t = h.end if (h.end is not None and h.reason != "stopped") else (e.ts if e and e.ts else None)
         return (t if t is not None else math.inf, e.line if e else math.inf)
 
-    def lost_hosts(self, status: str) -> list[Host]:
-        """Nodes that vanished: named by a node-failure notice, or without an exit record once the
-        stage ended (JOB SUMMARY's no_exit_record, or Slurm NODE_FAIL)."""
-        s = self.scan
-        names = {e.host for e in s.events if e.kind == "node_failure" and e.host}
-        # a stop request (scancel, time limit) can end a node's stage before it records its exit:
-        # then a missing record alone is no node failure
-        stopped = (s.summary.get("status") in ("cancelled", "timeout")
-                   or any(e.kind == "cancel" and e.data.get("level") == "job" for e in s.events)
-                   or self.sched in ("CANCELLED", "PREEMPTED", "TIMEOUT"))
-        if not stopped or names or self.sched == "NODE_FAIL":
-            names |= set(s.summary.get("no_exit_record", "").split())
-        if self.sched == "NODE_FAIL" or any(e.kind == "node_failure" and not e.host for e in s.events):
-            recs = self.records.get(self.stage or "", {})
-            if recs:
-                names |= {n for n in s.nodes() if n not in recs}
-        return [self.hosts[n] for n in names if n in self.hosts]
-
     # classification ---------------------------------------------------------------------
     def classify(self, status: str) -> tuple[str | None, list[str], str, str | None]:
-        """(failure_class, culprits, one-line summary, confidence)."""
-        s = self.scan
+        """(failure_class, culprits, one-line summary, confidence), in docs/triage.md's order: a
+        config error anywhere, the first host's root cause, then the registry's job-level rules."""
         hosts = list(self.hosts.values())
         roots = [(h, *r) for h in hosts for r in [self.root_of(h)] if r]
         # a config error anywhere is the cause, whatever else happened
@@ -525,41 +463,25 @@ class Triage:
         if cfg:
             h, _, e = min(cfg, key=lambda r: self.fail_time(r[0], r[2]))
             self.cite_event(e, "configuration rejected")
-            for x in h.events:
-                if x.kind == "exception":
-                    self.cite_event(x, "the exception")
-                    break
-            return "config_error", [h.name], f"MaxText rejected the configuration on {h.name}: {message(e)}", "high"
-        hb = self.heartbeat()
+            self.cite_event(next((x for x in h.events if x.kind == "exception"), None), "the exception")
+            return "config_error", [h.name], fc.explain("config_error", host=h.name, detail=f": {message(e)}"), "high"
+        # a heartbeat claim is cited even when a host's root cause decides: it happened on the way
+        first_rule, *rules = fc.JOB_RULES
+        hb = first_rule(self, status)
         if roots:
             h, kind, e = min(roots, key=lambda r: self.fail_time(r[0], r[2]))
-            return self.explain_root(h, kind, e, roots)
+            return self.explain_root(h, kind, e)
         if hb:
             return hb
-        lost = self.lost_hosts(status)
-        if lost:
-            for h in lost:
-                self.cite_event(h.first("node_failure"), "node lost")
-                self.cite_last_step(h, "its last step")
-            self.cite_summary("no_exit_record", "no exit record from these nodes")
-            names = [h.name for h in lost]
-            return "node_failure", names, f"node(s) {', '.join(names)} vanished without an exit record (node failure)", "medium"
-        coll = self.collective()
-        if coll:
-            return coll
-        cancels = [e for e in s.events if e.kind == "cancel" and e.data.get("level") == "job"]
-        limit = [e for e in cancels if e.data.get("due_to") == "TIME LIMIT"]
-        if s.summary.get("status") in ("stage_timeout", "timeout") or self.sched == "TIMEOUT" or limit:
-            self.cite_event(limit[0] if limit else None, "Slurm's time limit")
-            self.cite_summary("status", "the job summary")
-            return "stage_timeout", self.laggards(), "the job ran past its Slurm time limit", "high"
-        if status == "cancelled" or cancels or self.sched in ("CANCELLED", "PREEMPTED"):
-            preempted = self.sched == "PREEMPTED" or any(e.data.get("due_to") == "PREEMPTION" for e in cancels)
-            for e in cancels[:2]:
-                self.cite_event(e, "the stop request")
-            self.cite_summary("status", "the job summary")
-            how = "preempted by the scheduler" if preempted else "cancelled (scancel or a stop signal)"
-            return "cancelled", [], f"the job was {how}; no node failed first", "high"
+        for rule in rules:
+            verdict = rule(self, status)
+            if verdict:
+                return verdict
+        return self.unclassified(status)
+
+    def unclassified(self, status: str) -> tuple[str | None, list[str], str, str | None]:
+        """Failures outside the classes: a preflight check, or an exit code with no known text."""
+        hosts = list(self.hosts.values())
         pre = [h for h in hosts if h.first("preflight")]
         if pre:
             for h in pre:
@@ -576,114 +498,33 @@ class Triage:
             return None, [], "the job failed but the log names no cause", "low"
         return None, [], "", None
 
-    def explain_root(self, h: Host, kind: str, e: joblog.Event | None, roots: list) -> tuple:
-        s = self.scan
-        names = [h.name]
+    def explain_root(self, h: Host, kind: str, e: joblog.Event | None) -> tuple:
+        """The verdict for the host whose root cause came first: its evidence and the registry's summary."""
         if kind == "stage_timeout":
             self.cite_event(e, "stage time limit")
             self.cite_record(h, "exit record")
-            lag = self.laggards()
             last = self.last_step_time()
-            extra = ""
-            if last is not None and h.end:
-                extra = f"; the last step was {h.end - last:.0f} s before the limit hit"
-            return "stage_timeout", lag, f"stage '{self.stage}' ran past its time limit{extra}", "high"
+            extra = f"; the last step was {h.end - last:.0f} s before the limit hit" if last is not None and h.end else ""
+            return "stage_timeout", self.laggards(), fc.explain(kind, stage=self.stage, extra=extra), "high"
         if kind != "killed":
             self.cite_event(e, "the first error on the culprit")
         self.cite_record(h, "exit record of the first node that failed")
         if kind == "python_exception":
-            for x in h.events:
-                if x.kind == "exception":
-                    self.cite_event(x, "the exception")
-                    break
+            self.cite_event(next((x for x in h.events if x.kind == "exception"), None), "the exception")
         self.cite_last_step(h, "the culprit's last step")
         self.cite_summary("first_failure", "first node to fail (job summary)")
-        others = [x for x in self.hosts.values() if x is not h]
-        for x in others:
-            c = x.first("collective") or next((y for y in x.events if y.kind == "exception"
-                                               and exception_kind(y.text) == "collective"), None)
+        for x in self.hosts.values():
+            c = (x.first("collective") or fc.first_exception(x, "collective")) if x is not h else None
             if c:
                 self.cite_event(c, "a survivor's collective error (consequence)")
                 break
-        text = {
-            "oom_device": f"device memory exhausted on {h.name}",
-            "oom_host": f"{h.name} ran out of host memory (the kernel/cgroup OOM killer ended it)",
-            "segfault": f"native crash on {h.name}" + (f" (exit {h.exit})" if h.exit else ""),
-            "python_exception": f"Python exception on {h.name}",
-        }
         if kind == "killed":
-            self.cite_event(h.first("killed") or s.events and next((x for x in s.events if x.kind == "killed"), None),
+            self.cite_event(h.first("killed") or next((x for x in self.scan.events if x.kind == "killed"), None),
                             "bash: the stage's process was killed")
-            return ("oom_host", names, f"{h.name} was killed by SIGKILL (exit 137) and printed no error of its own: "
-                    "the usual cause is the kernel OOM killer, but kill -9 or the scheduler look the same", "low")
+            return fc.reported(kind), [h.name], fc.explain(kind, host=h.name), "low"
         detail = f": {message(e)}" if e else ""
-        return kind, names, text[kind] + detail, "high" if e else "medium"
-
-    def heartbeat(self) -> tuple | None:
-        s = self.scan
-        claims = [e for e in s.events if e.kind in ("hb_claim", "hb_task") and e.data.get("tasks")]
-        if not claims:
-            return None
-        nodes = s.nodes()
-        times = [e.ts for e in claims if e.ts is not None]
-        t_claim = min(times) if times else None
-        tasks = sorted({t for e in claims for t in e.data["tasks"]})
-        accused = [self.hosts[nodes[t]] for t in tasks if t < len(nodes) and nodes[t] in self.hosts]
-        first = min(claims, key=lambda e: (e.ts if e.ts is not None else math.inf, e.line))
-        self.cite_event(first, "the coordination service's claim")
-        if not accused:
-            return "heartbeat_timeout", [], f"JAX reported tasks {tasks} unhealthy (not mapped to hosts)", "medium"
-        alive = []
-        for h in accused:
-            later = t_claim is not None and h.last_step_ts is not None and h.last_step_ts > t_claim
-            notice = next((e for e in h.events if e.kind == "death_notice"
-                           and (t_claim is None or e.ts is None or e.ts >= t_claim)), None)
-            if later:
-                self.cite_last_step(h, "the accused host logged a step after the claimed time")
-            if notice:
-                self.cite_event(notice, "the accused host logged its own death notice")
-            if later or notice:
-                alive.append(h)
-        names = [h.name for h in accused]
-        coord = nodes[0] if nodes else None
-        if len(alive) == len(accused):
-            they = "they" if len(names) > 1 else "it"
-            return ("heartbeat_false_positive", names,
-                    f"JAX declared {', '.join(names)} dead (missed heartbeats) but {they} still logged after the claim, "
-                    f"so {they} did not crash: suspect the coordinator ({coord}) or the network missing heartbeats, "
-                    f"or a freeze longer than the heartbeat timeout (swap, SIGSTOP) on {', '.join(names)}", "high")
-        dead = [h for h in accused if h not in alive]
-        for h in dead:
-            self.cite_last_step(h, "the accused host's last step")
-            self.cite_record(h, "exit record")
-        return ("heartbeat_timeout", [h.name for h in dead],
-                f"{', '.join(h.name for h in dead)} stopped sending heartbeats (no output after the claim): "
-                "it died, froze or lost the network", "medium")
-
-    def collective(self) -> tuple | None:
-        reporters = [h for h in self.hosts.values()
-                     if h.first("collective") or any(e.kind == "exception" and exception_kind(e.text) == "collective"
-                                                     for e in h.events)]
-        if not reporters:
-            return None
-        for h in reporters[:2]:
-            self.cite_event(h.first("collective"), "collective error reported by a survivor")
-        peers = [h for h in self.hosts.values() if h not in reporters]
-        pool = peers or list(self.hosts.values())
-
-        def key(h: Host) -> tuple:
-            gone = h.exit is None and h.record is None
-            return (0 if h.exit not in (None, 0, 143) else 1, h.last_step if h.last_step is not None else -1,
-                    h.last_step_ts or h.last_ts or math.inf, 0 if gone else 1)
-        ordered = sorted(pool, key=key)
-        culprit = ordered[0]
-        unique = len(ordered) == 1 or key(ordered[0])[:2] != key(ordered[1])[:2]
-        self.cite_last_step(culprit, "the peer's last step (it stopped first)")
-        self.cite_record(culprit, "exit record")
-        how = "stopped printing first" if peers else "is behind the others"
-        conf = "medium" if peers and unique else "low"
-        return ("collective_error", [culprit.name] if unique or peers else [],
-                f"collective failed on {', '.join(h.name for h in reporters)}; the peer that {how} is {culprit.name}", conf)
+        code = f" (exit {h.exit})" if h.exit else ""
+        return kind, [h.name], fc.explain(kind, host=h.name, detail=detail, exit=code), "high" if e else "medium"
 
     def laggards(self) -> list[str]:
         steps = {h.name: h.last_step for h in self.hosts.values() if h.last_step is not None}
@@ -721,8 +562,8 @@ class Triage:
     def metrics_step(self, cls: str | None, status: str, phases: int) -> list[str]:
         """Where the log ends and the metrics begin: a throughput change, a hang or a heartbeat claim."""
         why = ("throughput changed during the run" if phases > 1 else
-               "the job hangs" if status == "hung" or cls == "hang" else
-               "a heartbeat claim" if cls in ("heartbeat_timeout", "heartbeat_false_positive") else "")
+               fc.BY_NAME["hang"].metrics_why if status == "hung" else
+               fc.BY_NAME[cls].metrics_why if cls else "")
         if not why or not self.job_dir:
             return []
         if (self.job_dir / "prometheus").is_dir():
@@ -732,67 +573,20 @@ class Triage:
         return [f"{why}, but the job saved no metrics: rerun it with RAY=1 to see GPU, network and host metrics"]
 
     def next_steps(self, cls: str | None, culprits: list[str], status: str, phases: int = 1) -> list[str]:
-        log, jid = shlex.quote(str(self.log)), self.job_id
-        slurm = self.scan.header.get("scheduler") == "slurm"
-        first = culprits[0] if culprits else None
-        cmd = self.command()
+        """The culprit's last lines, the class's own steps (registry), the metrics, triage again."""
+        log = shlex.quote(str(self.log))
         out: list[str] = []
-        if first:
-            out.append(f"grep -a -n '^{first}: ' {log} | tail -40   # what {first} printed last")
-        if cls in ("oom_host",):
-            dmesg = "dmesg -T | grep -i -E 'out of memory|killed process|oom'"
-            out.append((f"{dmesg}" if self.scan.header.get("scheduler") == "local" else f"ssh {first or 'HOST'} \"{dmesg}\"")
-                       + "   # confirm the OOM killer")
-            if slurm:
-                out.append(f"sacct -j {jid} -o JobID,State,ExitCode,MaxRSS,MaxRSSNode   # peak host memory per step")
-            out.append("lower host memory use (smaller per_device_batch_size, fewer data-loader workers) and rerun"
-                       + (f": {cmd}" if cmd else ""))
-        elif cls == "oom_device":
-            out.append("rerun with a smaller per_device_batch_size or stronger rematerialisation (remat_policy=full)"
-                       + (f": {cmd} per_device_batch_size=<smaller>" if cmd else ""))
-        elif cls == "segfault":
-            if self.job_dir:
-                out.append(f"ls -la {shlex.quote(str(self.job_dir))}/cores/{first or '*'}   # core dumps (ENABLE_COREDUMPS=1)")
-            out.append("rerun with ENABLE_COREDUMPS=1 and open the core: gdb -batch -ex bt <python> <core>")
-        elif cls == "python_exception":
-            out.append(f"grep -a -n -B30 -m1 'Traceback' {log}   # the full traceback")
-        elif cls == "config_error":
-            out.append("fix the override named in the error (spelling, or a key MaxText does not have) and resubmit"
-                       + (f"; the job ran: {cmd}" if cmd else ""))
-        elif cls == "collective_error":
-            out.append(f"check {first or 'the peer'}: " + (f"scontrol show node {first}; " if slurm and first else "")
-                       + "dmesg, GPU/NIC errors; rerun with _env_NCCL_DEBUG=INFO for NCCL/RCCL details")
-        elif cls == "heartbeat_timeout":
-            out.append(f"check why {first or 'the host'} stopped: " + (f"scontrol show node {first}; " if slurm and first else "")
-                       + "dmesg (OOM, GPU Xid), its last lines in the log")
-        elif cls == "heartbeat_false_positive":
-            coord = (self.scan.nodes() or ["the coordinator"])[0]
-            out.append(f"inspect the coordinator host {coord} (CPU starvation, network) around the claim time; "
-                       "consider a longer jax.distributed heartbeat timeout (heartbeat_timeout_seconds)")
-        elif cls == "hang":
-            if slurm and status in ("running", "hung"):
-                out.append(f"srun --jobid {jid} --overlap -w {first or '<host>'} py-spy dump --pid "
-                           "$(pgrep -f maxtext.trainers.pre_train.train | head -1)   # where each rank is stuck")
-                out.append(f"scancel {jid}   # once stacks are collected")
-            elif status in ("running", "hung"):
-                out.append("py-spy dump --pid $(pgrep -f maxtext.trainers.pre_train.train | head -1)   # where it is stuck")
-            else:
-                out.append("the processes are gone: if it hangs again, triage it while it hangs and collect stacks "
-                           "(py-spy dump on each node) before cancelling")
-        elif cls == "stage_timeout":
-            out.append("if training was still progressing, raise the limit: STAGE_TIMEOUTS=train:<seconds> "
-                       + (cmd or "submit.sh ..."))
-        elif cls == "cancelled":
-            if slurm:
-                out.append(f"sacct -j {jid} -o JobID,State,ExitCode,Start,End   # who/what ended it")
-        elif cls == "node_failure":
-            if slurm:
-                out.append(f"scontrol show node {first or '<host>'}; sinfo -R   # the node's state and reason")
-                out.append(f"resubmit without it: {cmd or 'submit.sh MODEL'} (add --exclude={','.join(culprits) or '<host>'})")
+        if culprits:
+            out.append(f"grep -a -n '^{culprits[0]}: ' {log} | tail -40   # what {culprits[0]} printed last")
+        if cls:
+            job = fc.Job(log=log, job_id=self.job_id, scheduler=self.scan.header.get("scheduler"), status=status,
+                         culprits=culprits, command=self.command(), job_dir=self.job_dir,
+                         coordinator=(self.scan.nodes() or ["the coordinator"])[0])
+            out += fc.BY_NAME[cls].next_steps(job)
         out += self.metrics_step(cls, status, phases)
         if status in ("running", "hung"):
             out.append(f"tail -F {log}")
-        out.append(f"{shlex.quote(str(Path(__file__).resolve()))} {jid} --json   # triage again")
+        out.append(f"{shlex.quote(str(Path(__file__).resolve()))} {self.job_id} --json   # triage again")
         return out
 
     def command(self) -> str | None:
@@ -827,8 +621,8 @@ class Triage:
             if best:
                 self.cite_last_step(best, "the newest step line in the log")
             cls, conf = "hang", "medium" if culprits else "low"
-            summary = (f"no step for {hang['last_step_age_seconds']:.0f} s (> {hang['threshold_seconds']:.0f} s) while "
-                       f"the job still runs" + (f"; {', '.join(culprits)} is behind the others" if culprits else ""))
+            summary = fc.explain("hang", "running", age=hang["last_step_age_seconds"], threshold=hang["threshold_seconds"],
+                                 behind=f"; {', '.join(culprits)} is behind the others" if culprits else "")
         if cls in ("cancelled", "stage_timeout") and status in ("cancelled", "failed"):
             pre = self.hang_before_end(rows)
             if pre:  # the cancel or the time limit only ended a job that had hung: the hang is the cause
@@ -842,9 +636,10 @@ class Triage:
                     self.cite_last_step(best, "the newest step line: nothing after it until the end")
                 self.evidence += [e for e in before if e not in self.evidence]
                 cls, conf = "hang", "medium" if culprits else "low"
-                summary = (f"hung: no step for {pre['last_step_age_seconds']:.0f} s (> {pre['threshold_seconds']:.0f} s) "
-                           f"before the job was {ended}; the {'cancel' if ended == 'cancelled' else 'time limit'} "
-                           "only ended it" + (f"; {', '.join(culprits)} is behind the others" if culprits else ""))
+                summary = fc.explain("hang", "before_end", age=pre["last_step_age_seconds"],
+                                     threshold=pre["threshold_seconds"], ended=ended,
+                                     stop="cancel" if ended == "cancelled" else "time limit",
+                                     behind=f"; {', '.join(culprits)} is behind the others" if culprits else "")
         if status == "completed" and not summary:
             summary = f"completed {prog['last_step'] + 1 if prog['last_step'] is not None else 0} steps"
             if s.summary_lines.get("status"):
