@@ -47,6 +47,18 @@ def cluster() -> Iterator[dict[str, str]]:
         run([tool, "down"], timeout=120)
 
 
+@pytest.fixture(autouse=True)
+def _cancel_jobs_left_running(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that fails half-way must not leave its job training on the shared cluster (a
+    million-step job would slow every later test): cancel what it submitted."""
+    yield
+    import jobs
+
+    ids, jobs.SUBMITTED[:] = list(jobs.SUBMITTED), []
+    if ids and "cluster" in request.fixturenames:
+        run(["scancel", *ids], env=request.getfixturevalue("cluster"))
+
+
 @pytest.fixture()
 def workspace(tmp_path: Path) -> Path:
     ws = tmp_path / "ws"

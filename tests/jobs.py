@@ -22,12 +22,16 @@ def wait_for(pred: Callable[[], object], timeout: float, what: str, period: floa
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+SUBMITTED: list[str] = []   # job ids submitted by the running test (conftest cancels what is left)
+
+
 def submit(cluster: dict[str, str], workspace: Path, *args: str, **env: str) -> tuple[str, Path]:
     """submit.sh ARGS on the local cluster; returns (job id, log path)."""
     res = run([str(REPO / "submit.sh"), *args], env={**cluster, **launcher_env(workspace), **env})
     assert res.returncode == 0, res.stderr
     m = re.search(r"Submitted job (\d+) \((\S+)\)", res.stdout)
     assert m, res.stdout
+    SUBMITTED.append(m.group(1))
     return m.group(1), workspace / f"{m.group(1)}-{m.group(2)}.log"
 
 
