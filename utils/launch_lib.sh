@@ -40,7 +40,7 @@ stage_timeouts() {
 int_setting() {
   local v=${!1-}
   [[ -z "${!1+x}" ]] && return 0
-  if ! [[ "$v" =~ ^[0-9]{1,12}$ ]] || (( 10#$v < $2 || 10#$v > $3 )); then
+  if ! [[ "$v" =~ ^[0-9]{1,15}$ ]] || (( 10#$v < $2 || 10#$v > $3 )); then
     die "$1='$v' must be a whole number from $2 to $3"
   fi
 }
@@ -55,7 +55,7 @@ check_settings() {
   int_setting RAY_JOIN_TIMEOUT 10 86400
   int_setting RAY_NUM_CPUS 1 100000
   int_setting RAY_OBJECT_STORE_BYTES 78643200 1099511627776   # Ray's minimum is 75 MiB
-  int_setting PREFLIGHT_MIN_FREE_GB 0 1000000
+  int_setting PREFLIGHT_MIN_FREE_GB 0 1000000000
   # Prometheus and TensorBoard have no authentication: they listen on loopback only (SSH tunnel).
   [[ -z "${DASHBOARD_BIND+x}" || "$DASHBOARD_BIND" =~ ^(127\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}|::1|localhost)$ ]] ||
     die "DASHBOARD_BIND='$DASHBOARD_BIND' must be a loopback address (e.g. 127.0.0.1): the dashboards have no login; reach them through an SSH tunnel"
