@@ -406,6 +406,8 @@ def test_real_config_error(real_jobs):
     r = real_jobs["config"]
     assert r["status"] == "failed" and r["failure_class"] == "config_error", r["summary"]
     assert "MaxText rejected the configuration" in r["summary"] and r["confidence"] == "high"
+    # pydantic's reason, from the lines under its "1 validation error for MaxTextConfig"
+    assert "enable_diloco must be True when enable_streaming_diloco is True" in r["summary"], r["summary"]
     assert any("MAXTEXT CONFIG ERROR" in e["text"] for e in r["evidence"])
 
 

@@ -73,6 +73,8 @@ SIGNATURES: list[tuple[str, str]] = [
     ("killed", r"^\S+: line \d+: +\d+ Killed\b"),
     ("fatal", r"^F\d{4} \d\d:\d\d:\d\d\.\d+ "),
 ]
+_PYDANTIC_HEAD = re.compile(r"\d+ validation errors? for \w+\s*$")
+_PYDANTIC_TAIL = re.compile(r"\s*\[type=.*$")
 _SIG_ANY = re.compile("|".join(f"(?:{p})" for _, p in SIGNATURES))   # cheap "anything here?" test
 _SIG_KIND = [(k, re.compile(p)) for k, p in SIGNATURES]                 # then the kind, by priority
 _ABSL_S = re.compile(ABSL.pattern.decode())
@@ -545,7 +547,22 @@ class _Scanner:
             elif kind == "node_failure":
                 nm = re.search(r"Node failure on (\S+)", rest)
                 host = host or (nm.group(1) if nm else None)
+            elif kind == "config_error" and _PYDANTIC_HEAD.search(rest):
+                data = {"detail": self._pydantic_detail(buf, p, host)}
             self._add(kind, host, line_no, rest, ts, raw=text, **data)
+
+    def _pydantic_detail(self, buf: bytearray, p: int, host: str | None) -> str:
+        """The reason under pydantic's 'N validation error(s) for X' line: its field line and
+        message ('steps: Input should be a valid integer', 'Value error, ...'), without the
+        '[type=..., input_value=...]' tail. Empty when the next lines are not pydantic's."""
+        parts: list[str] = []
+        for _, nxt in self._follow(buf, p, host, n=3):
+            if not nxt.strip() or _ABSL_S.match(nxt) or nxt.startswith(("Traceback", "pydantic")):
+                break
+            parts.append(_PYDANTIC_TAIL.sub("", nxt).strip())
+            if nxt[0].isspace():   # the message line ends one error's description
+                break
+        return ": ".join(parts)[:300]
 
     def run(self) -> Scan:
         s = self.s

@@ -232,7 +232,11 @@ class Host:
 
 def message(e: joblog.Event | None) -> str:
     """An event's text without the absl prefix, for one-line summaries."""
-    return _ABSL_PREFIX.sub("", e.text).strip()[:200] if e else ""
+    if not e:
+        return ""
+    text = _ABSL_PREFIX.sub("", e.text).strip()[:200]
+    detail = e.data.get("detail")
+    return f"{text} ({detail})" if detail else text
 
 
 def iso(ts: float | None) -> str | None:
