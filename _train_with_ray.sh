@@ -30,7 +30,7 @@ join_timeout=${RAY_JOIN_TIMEOUT:-120}
 say() { echo "_train_with_ray.sh: $*"; }
 
 # This node's private scratch (new, 0700, ours: nobody else can have made it or look inside):
-# Ray's temp dir, the saved environment, the exporter's state and FIFOs. If it cannot be made
+# Ray's temp dir, the saved environment, the exporter's plugin state. If it cannot be made
 # (job_scratch says why), the job fails here: it never falls back to a shared path.
 scratch=$(job_scratch) || exit 1
 

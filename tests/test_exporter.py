@@ -344,13 +344,17 @@ def test_scrape_does_not_wait_for_a_running_poll(tmp_path):
 
 def test_http_end_to_end_with_the_real_plugins(tmp_path):
     """The exporter as the launcher starts it, with utils/'s plugins on this machine's /proc and /sys (no GPU:
-    the GPU plugin retires itself; no TensorBoard events yet: the tb plugin reports nothing)."""
+    the GPU plugin retires itself), and a TensorBoard event file that its collector serves with the event's time."""
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     busy = taken.getsockname()[1]
     job = tmp_path / "job"
-    job.mkdir()
+    from tensorboardX import SummaryWriter
+
+    w = SummaryWriter(str(job / "outputs/run1/tensorboard/run1"))
+    w.add_scalar("learning/loss", 6.125, 3, walltime=1763779480.123)
+    w.close()
     port_file, sd_file = tmp_path / "port", tmp_path / "sd.json"
     proc = subprocess.Popen(
         [sys.executable, str(UTILS / "metrics_exporter.py"), "--port", str(busy), "--interval", "0.5",
@@ -369,7 +373,7 @@ def test_http_end_to_end_with_the_real_plugins(tmp_path):
         text = ""
         while time.monotonic() < deadline:
             text = get(url)
-            if 'plugin="gpu"' in text and "hw_procs_running" in text and 'plugin="tb"' in text:
+            if 'plugin="gpu"' in text and "hw_procs_running" in text and "tb_learning_loss" in text:
                 break
             time.sleep(0.2)
         got = series(text)
@@ -378,17 +382,14 @@ def test_http_end_to_end_with_the_real_plugins(tmp_path):
             assert stat(text, "exporter_plugin_disabled", "gpu") == 1
         assert stat(text, "exporter_plugin_failures_total", "host") == 0
         assert stat(text, "exporter_plugin_lines_rejected_total", "host") == 0
-        assert stat(text, "exporter_plugin_failures_total", "tb") == 0
+        assert 'tb_learning_loss{host="n1",run="run1"} 6.125 1763779480123' in text.splitlines()
+        assert 'tb_step{host="n1",run="run1"} 3.0 1763779480123' in text.splitlines()
+        assert 'plugin="tb"' not in text  # read in the exporter, no plugin
         with pytest.raises(urllib.error.HTTPError):
             get(f"http://127.0.0.1:{port}/nothing")
-        bridge = int((tmp_path / "state/tb/bridge.pid").read_text())
     finally:
         proc.terminate()
         rc = proc.wait(10)
         taken.close()
     assert rc == 0
     assert not port_file.exists() and not sd_file.exists()
-    deadline = time.monotonic() + 5  # the TensorBoard bridge notices that the exporter is gone
-    while Path(f"/proc/{bridge}").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not Path(f"/proc/{bridge}/cmdline").exists() or b"tb_bridge" not in Path(f"/proc/{bridge}/cmdline").read_bytes()

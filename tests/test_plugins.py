@@ -1,4 +1,4 @@
-"""Tests of the metrics plugins (utils/*_metrics_plugin.sh, utils/tb_bridge.py) and of docs/metrics.md.
+"""Tests of the metrics plugins (utils/*_metrics_plugin.sh), the exporter's TensorBoard collector and docs/metrics.md.
 
 This machine has no GPU, no InfiniBand HCA and no NVIDIA driver: the trees under tests/fixtures stand in for
 that hardware (file names, layout, symlinks and contents copied in shape from real nodes). /proc is also
@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -24,7 +23,6 @@ FIX = REPO / "tests" / "fixtures"
 sys.path.insert(0, str(UTILS))
 
 import metrics_exporter as mx  # noqa: E402
-import tb_bridge  # noqa: E402
 
 MAXTEXT_TAGS = [  # what MaxText 0.2.5 writes (shared notes: environment-facts.md)
     "learning/loss", "learning/lm_loss", "learning/perplexity", "learning/total_weights", "learning/grad_norm",
@@ -267,68 +265,61 @@ def test_gpu_plugin_never_again_without_gpu():
         assert run_plugin("gpu").returncode == mx.NEVER_AGAIN_EXIT  # the real /sys and /proc
 
 
-@pytest.mark.parametrize("name", ["gpu", "host", "tb"])
+@pytest.mark.parametrize("name", ["gpu", "host"])
 def test_plugin_help(name):
     r = run_plugin(name, args=("--help",))
     assert r.returncode == 0
     assert "Usage:" in r.stdout and "docs/plugins.md" in r.stdout
 
 
-# ---- TensorBoard plugin and bridge ---------------------------------------------------------------------
+def test_plugin_discovery_finds_gpu_and_host_only(tmp_path):
+    """TensorBoard is read inside the exporter: no tb plugin (and no FIFO bridge) is found or run."""
+    poller = mx.Poller(mx.Config(plugin_dir=str(UTILS), state_dir=str(tmp_path), host="n1"))
+    assert set(poller.discover()) == {"gpu", "host"}
+
+
+# ---- TensorBoard collector of the exporter --------------------------------------------------------------
 
 class TB:
-    """Runs tb_metrics_plugin.sh like the exporter does, against one job dir and state dir."""
+    """The exporter's TensorBoard collector over one job dir, read like Prometheus reads it."""
 
     def __init__(self, tmp_path: Path) -> None:
         self.job = tmp_path / "job"
-        self.state = tmp_path / "state"
         self.job.mkdir()
-        self.state.mkdir()
+        self.collector = mx.TensorBoardCollector(str(self.job), "n1")
+        self.seen: dict[tuple[str, frozenset], int] = {}  # series -> newest timestamp a scrape served
 
-    def env(self, **extra: str) -> dict[str, str]:
-        env = {"JOB_DIR": str(self.job), "METRICS_STATE_DIR": str(self.state), "JOB_NODE_RANK": "0",
-               "METRICS_PYTHON": sys.executable, "METRICS_TIMEOUT": "10", "METRICS_EXPORTER_PID": str(os.getpid())}
-        env.update(extra)
-        return env
+    def scrape(self) -> list[mx.Family]:
+        text = mx.generate_latest(self.collector).decode()
+        parsed = mx.parse_exposition(text)
+        assert parsed.rejected == 0, text
+        return [f for f in parsed.families.values() if f.name.startswith("tb_")]
 
-    def poll(self) -> dict[tuple[str, frozenset], list[tuple[float, int]]]:
-        """One run; (name, labels) -> [(value, timestamp ms), ...] in output order."""
-        r = run_plugin("tb", self.env())
-        assert r.returncode == 0, r.stderr
-        parsed = mx.parse_exposition(r.stdout)
-        assert parsed.rejected == 0, r.stdout
+    def poll(self, scrape: bool = True) -> dict[tuple[str, frozenset], list[tuple[float, int]]]:
+        """One exporter poll and then one scrape: what Prometheus ingests as new, (name, labels) -> [(value,
+        timestamp ms), ...] in exposition order (the newest sample of a series served again is not new)."""
+        self.collector.poll()
         out: dict[tuple[str, frozenset], list[tuple[float, int]]] = {}
-        for fam in parsed.families.values():
-            assert fam.type == "gauge"
+        for fam in self.scrape() if scrape else []:
+            assert fam.type == "gauge" and fam.help
             for s in fam.samples:
                 assert s.ts_ms is not None
-                out.setdefault((s.name, frozenset(s.labels)), []).append((s.value, s.ts_ms))
+                key = (s.name, frozenset(s.labels))
+                if s.ts_ms > self.seen.get(key, -1):
+                    out.setdefault(key, []).append((s.value, s.ts_ms))
+                    self.seen[key] = s.ts_ms
+                else:
+                    assert s.ts_ms == self.seen[key]  # the exact duplicate Prometheus drops
         return out
-
-    def pid(self) -> int:
-        return int((self.state / "bridge.pid").read_text())
-
-    def stop(self) -> None:
-        try:
-            pid = self.pid()
-        except (OSError, ValueError):
-            return
-        try:
-            if "tb_bridge.py" in Path(f"/proc/{pid}/cmdline").read_text():
-                os.kill(pid, signal.SIGTERM)
-        except (OSError, ProcessLookupError):
-            pass
 
 
 @pytest.fixture
 def tb(tmp_path):
-    t = TB(tmp_path)
-    yield t
-    t.stop()
+    return TB(tmp_path)
 
 
 def run_label(name: str) -> frozenset:
-    return frozenset({("run", name)})
+    return frozenset({("host", "n1"), ("run", name)})
 
 
 def settle(writer: object, logdir: Path, scalars: int) -> None:
@@ -347,7 +338,7 @@ def settle(writer: object, logdir: Path, scalars: int) -> None:
         time.sleep(0.02)
 
 
-def test_tb_plugin_reads_only_new_events(tb):
+def test_tb_collector_reads_only_new_events(tb):
     """Events written by tensorboardX's SummaryWriter, the writer MaxText uses."""
     from tensorboardX import SummaryWriter
 
@@ -364,7 +355,6 @@ def test_tb_plugin_reads_only_new_events(tb):
     assert got[("tb_perf_step_time_seconds", run1)] == [(0.25, 1763779480124), (0.25, 1763779481124),
                                                         (0.25, 1763779482124)]
     assert got[("tb_step", run1)] == [(0, 1763779480123), (1, 1763779481123), (2, 1763779482123)]
-    pid = tb.pid()
 
     assert tb.poll() == {}  # nothing appended
     w.add_scalar("learning/loss", 3.25, 3, walltime=t0 + 3)
@@ -372,22 +362,37 @@ def test_tb_plugin_reads_only_new_events(tb):
     settle(w, logdir, 8)
     got = tb.poll()
     assert got == {("tb_learning_loss", run1): [(3.25, 1763779483123)],
-                   ("tb_learning_moe_lb_loss", run1): [(pytest.approx(0.01), 1763779483123)],
+                   ("tb_learning_moe_lb_loss", run1): [(0.01, 1763779483123)],  # as written, not float32's 0.0099999998
                    ("tb_step", run1): [(3, 1763779483123)]}
-    assert tb.pid() == pid  # the same bridge answered every poll
     w.close()
 
     w2 = SummaryWriter(str(tb.job / "out/run2/tensorboard/run2"))  # a new file appears
     w2.add_scalar("learning/loss", 7.0, 0, walltime=t0 + 10)
     w2.close()
     got = tb.poll()
-    deadline = time.monotonic() + 5  # a directory walk costing t is not repeated for 100 t (see tb_bridge.py)
+    deadline = time.monotonic() + 5  # a directory walk costing t is not repeated for 100 t
     while not got and time.monotonic() < deadline:
         time.sleep(0.05)
         got = tb.poll()
     assert got == {("tb_learning_loss", run_label("run2")): [(7.0, 1763779490123)],
                    ("tb_step", run_label("run2")): [(0, 1763779490123)]}
-    assert tb.pid() == pid
+    assert tb.collector.samples_read == 14 and tb.collector.errors == 0
+
+
+def test_tb_events_read_between_two_scrapes_are_all_served(tb):
+    from tensorboardX import SummaryWriter
+
+    t0 = int(time.time()) - 60  # the newest sample is served again for 15 minutes after its time
+    w = SummaryWriter(str(tb.job / "r"))
+    w.add_scalar("learning/loss", 1.0, 1, walltime=t0)
+    settle(w, tb.job / "r", 1)
+    tb.poll(scrape=False)  # Prometheus scrapes less often than the exporter polls
+    w.add_scalar("learning/loss", 0.5, 2, walltime=t0 + 1)
+    w.close()
+    assert tb.poll()[("tb_learning_loss", run_label("r"))] == [(1.0, t0 * 1000), (0.5, t0 * 1000 + 1000)]
+    assert tb.poll() == {}
+    again = [(f.name, s.value, s.ts_ms) for f in tb.scrape() for s in f.samples if f.name == "tb_learning_loss"]
+    assert again == [("tb_learning_loss", 0.5, t0 * 1000 + 1000)]  # the newest again, the same sample
 
 
 def _event_bytes(tag: str, value: float, step: int, wall_time: float) -> bytes:
@@ -402,7 +407,7 @@ def _event_bytes(tag: str, value: float, step: int, wall_time: float) -> bytes:
     return buf.getvalue()
 
 
-def test_tb_plugin_waits_for_a_partial_record(tb):
+def test_tb_collector_waits_for_a_partial_record(tb):
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
     logdir = tb.job / "tb"
@@ -422,7 +427,25 @@ def test_tb_plugin_waits_for_a_partial_record(tb):
     assert tb.poll()[("tb_learning_loss", run_label("tb"))] == [(1.5, 1763779501000)]
 
 
-def test_tb_bridge_decodes_tensor_scalars(tb):
+def test_tb_collector_skips_a_corrupt_file_and_rereads_a_replaced_one(tb):
+    good, bad = tb.job / "good", tb.job / "bad"
+    good.mkdir()
+    bad.mkdir()
+    rec = _event_bytes("learning/loss", 2.0, 1, 1763779550.0)
+    (bad / "events.out.tfevents.1.n1").write_bytes(rec + b"\xff" * 20)  # a header whose checksum is wrong
+    (good / "events.out.tfevents.1.n1").write_bytes(rec)
+    got = tb.poll()
+    assert got[("tb_learning_loss", run_label("bad"))] == [(2.0, 1763779550000)]  # what came before it
+    assert got[("tb_learning_loss", run_label("good"))] == [(2.0, 1763779550000)]
+    assert tb.collector.errors == 1
+    replaced = good / "events.out.tfevents.1.n1.new"
+    replaced.write_bytes(_event_bytes("learning/loss", 1.0, 2, 1763779551.0))
+    replaced.rename(good / "events.out.tfevents.1.n1")  # a new inode under the old name: read from the start
+    assert tb.poll() == {("tb_learning_loss", run_label("good")): [(1.0, 1763779551000)],
+                         ("tb_step", run_label("good")): [(2, 1763779551000)]}
+
+
+def test_tb_collector_decodes_tensor_scalars(tb):
     """tf.summary-style events keep scalars in a TensorProto (float_val, double_val or tensor_content)."""
     import struct
 
@@ -451,54 +474,38 @@ def test_tb_bridge_decodes_tensor_scalars(tb):
     assert ("tb_a_text", run) not in got
 
 
-def test_tb_unacknowledged_answer_is_sent_again(tb):
-    from tensorboardX import SummaryWriter
-
-    w = SummaryWriter(str(tb.job / "r"))
-    w.add_scalar("learning/loss", 1.0, 1, walltime=1763779700.0)
-    settle(w, tb.job / "r", 1)
-    assert ("tb_learning_loss", run_label("r")) in tb.poll()
-    (tb.state / "acked").unlink()  # as if that run had been killed before printing
-    w.add_scalar("learning/loss", 0.5, 2, walltime=1763779701.0)
-    w.close()
-    assert tb.poll()[("tb_learning_loss", run_label("r"))] == [(1.0, 1763779700000), (0.5, 1763779701000)]
-    assert tb.poll() == {}
+def exporter_once(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    plugins = tmp_path / "plugins"  # one trivial plugin, so that the per-plugin self-metrics have samples
+    plugins.mkdir(exist_ok=True)
+    (plugins / "noop_metrics_plugin.sh").write_text("exit 0\n")
+    r = subprocess.run([sys.executable, str(UTILS / "metrics_exporter.py"), "--once", "--plugin-dir", str(plugins),
+                        "--state-dir", str(tmp_path / "xs"), "--host", "n1", *args],
+                       capture_output=True, text=True, timeout=30, env={**os.environ, **(env or {})})
+    assert r.returncode == 0, r.stderr
+    return r.stdout
 
 
-def test_tb_bridge_restarts_after_dying(tb):
-    from tensorboardX import SummaryWriter
-
-    w = SummaryWriter(str(tb.job / "r"))
-    w.add_scalar("learning/loss", 1.0, 1, walltime=1763779800.0)
-    settle(w, tb.job / "r", 1)
-    assert tb.poll()
-    old = tb.pid()
-    os.kill(old, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while Path(f"/proc/{old}").exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    w.add_scalar("learning/loss", 0.5, 2, walltime=1763779801.0)
-    w.close()
-    got = tb.poll()  # starts a new bridge, which continues from the saved offsets
-    assert got[("tb_learning_loss", run_label("r"))] == [(0.5, 1763779801000)]
-    assert tb.pid() != old
-
-
-def test_tb_plugin_runs_on_rank_0_only(tb):
-    r = run_plugin("tb", tb.env(JOB_NODE_RANK="1"))
-    assert r.returncode == mx.NEVER_AGAIN_EXIT
-    assert not (tb.state / "bridge.pid").exists()
+def test_tb_read_on_node_rank_0_only(tb, tmp_path):
+    (tb.job / "r").mkdir()
+    (tb.job / "r/events.out.tfevents.1.n1").write_bytes(_event_bytes("learning/loss", 2.0, 1, 1763779560.25))
+    line = 'tb_learning_loss{host="n1",run="r"} 2.0 1763779560250'
+    assert line in exporter_once(tmp_path, "--job-dir", str(tb.job), "--node-rank", "0").splitlines()
+    off = exporter_once(tmp_path, "--job-dir", str(tb.job), "--node-rank", "1", env={"TB_METRICS_ALL_NODES": ""})
+    assert "tb_" not in off and "exporter_tensorboard" not in off
+    assert line in exporter_once(tmp_path, "--job-dir", str(tb.job), "--node-rank", "1",
+                                 env={"TB_METRICS_ALL_NODES": "1"}).splitlines()
+    assert "tb_" not in exporter_once(tmp_path, "--job-dir", str(tb.job), "--tensorboard", "off")
 
 
 def test_maxtext_tags_map_to_documented_names():
     documented = documented_metrics()
     for tag in MAXTEXT_TAGS:
-        name = tb_bridge.metric_name_for_tag(tag)
+        name = mx.metric_name_for_tag(tag)
         assert name in documented, f"{tag} -> {name} is not in docs/metrics.md"
         assert f"tag `{tag}`" in documented[name][2], f"docs/metrics.md does not map {tag} to {name}"
-    assert tb_bridge.metric_name_for_tag("learning/moe_lb_loss") == "tb_learning_moe_lb_loss"
-    assert tb_bridge.metric_name_for_tag("perf/step_time_seconds") == "tb_perf_step_time_seconds"
-    assert tb_bridge.metric_name_for_tag("eval/avg loss-1") == "tb_eval_avg_loss_1"
+    assert mx.metric_name_for_tag("learning/moe_lb_loss") == "tb_learning_moe_lb_loss"
+    assert mx.metric_name_for_tag("perf/step_time_seconds") == "tb_perf_step_time_seconds"
+    assert mx.metric_name_for_tag("eval/avg loss-1") == "tb_eval_avg_loss_1"
 
 
 # ---- docs/metrics.md agrees with what is emitted -------------------------------------------------------
@@ -537,17 +544,7 @@ def test_docs_list_exactly_the_emitted_metrics(tmp_path, tb):
     for tag in MAXTEXT_TAGS:
         w.add_scalar(tag, 1.0, 1, walltime=1763779900.0)
     w.close()
-    r = run_plugin("tb", tb.env())
-    assert r.returncode == 0, r.stderr
-    emitted_families(r.stdout, emitted)
-
-    plugins = tmp_path / "plugins"  # one trivial plugin, so that the per-plugin self-metrics have samples
-    plugins.mkdir()
-    (plugins / "noop_metrics_plugin.sh").write_text("exit 0\n")
-    exporter = subprocess.run([sys.executable, str(UTILS / "metrics_exporter.py"), "--once", "--plugin-dir",
-                               str(plugins), "--state-dir", str(tmp_path / "xs")],
-                              capture_output=True, text=True, timeout=30, check=True)
-    emitted_families(exporter.stdout, emitted)
+    emitted_families(exporter_once(tmp_path, "--job-dir", str(tb.job)), emitted)  # the collector and self-metrics
 
     documented = documented_metrics()
     assert set(emitted) - set(documented) == set(), "emitted but not documented"

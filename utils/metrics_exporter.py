@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""Per-node metrics exporter: runs every *_metrics_plugin.sh and serves their merged output.
+"""Per-node metrics exporter: runs every *_metrics_plugin.sh, reads TensorBoard scalars, serves both.
 
 Usage: metrics_exporter.py [--port 9400] [--bind 127.0.0.1] [--interval 5] [--timeout 3]
                            [--plugin-dir DIR] [--state-dir DIR] [--host NAME] [--node-rank N]
-                           [--job-dir DIR] [--port-file FILE] [--sd-file FILE] [--log FILE] [--once]
+                           [--job-dir DIR] [--tensorboard auto|on|off] [--port-file FILE] [--sd-file FILE]
+                           [--log FILE] [--once]
 
 A background thread polls every --interval seconds: it lists the *_metrics_plugin.sh files in --plugin-dir
 (so a plugin dropped in mid-job is picked up at the next poll), starts them all at once (`bash FILE`, each
 in its own process group, the whole group killed after --timeout), checks their Prometheus text output line
-by line and publishes the merged result. GET /metrics serves the last completed poll; a scrape never waits
+by line and publishes the merged result. In the same thread, on node rank 0 (--tensorboard auto), it reads
+what was appended to the job's TensorBoard event files since the last poll (tb_* series). GET /metrics serves the last completed poll; a scrape never waits
 for a plugin. If --port is taken the next free port is used; the real one is printed on stdout
 ("metrics_exporter: serving http://ADDR:PORT/metrics") and written to --port-file / --sd-file.
 --once runs one poll, prints the exposition and exits. The plugin contract is docs/plugins.md; every
@@ -22,6 +24,7 @@ import collections
 import errno
 import json
 import logging
+import math
 import os
 import re
 import selectors
@@ -30,6 +33,7 @@ import signal
 import socket
 import socketserver
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -44,6 +48,7 @@ from prometheus_client.core import CollectorRegistry, CounterMetricFamily, Gauge
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
 PLUGIN_SUFFIX = "_metrics_plugin.sh"
+RESERVED_PREFIXES = ("exporter_", "tb_")  # the exporter's own series and its TensorBoard collector's
 NEVER_AGAIN_EXIT = 64  # a plugin exiting with this code is not run again by this exporter
 MAX_OUTPUT_BYTES = 16 << 20  # a plugin printing more than this is killed and counted as a failure
 STDERR_TAIL_BYTES = 2048
@@ -328,13 +333,30 @@ class HeldSamples:
     def add(self, fam: Family, sample: Sample) -> None:
         self.meta[fam.name] = (fam.type, fam.help)
         key = (fam.name, sample.name, sample.labels)
-        queue = self.waiting.setdefault(key, collections.deque(maxlen=self.max_per_series))
+        queue = self.waiting.get(key)
+        if queue is None:
+            queue = self.waiting[key] = collections.deque(maxlen=self.max_per_series)
         newest = queue[-1] if queue else self.served.get(key)
         if newest is not None and sample.ts_ms <= newest.ts_ms:
             return  # already have it, or out of order for this series
         if len(queue) == queue.maxlen:
             self.dropped += 1
         queue.append(sample)
+
+    def extend(self, fam: Family, labels: Labels, samples: list[Sample]) -> None:
+        """add() for samples of one series (name fam.name), in increasing timestamp order."""
+        if not samples:
+            return
+        self.meta[fam.name] = (fam.type, fam.help)
+        key = (fam.name, fam.name, labels)
+        queue = self.waiting.get(key)
+        if queue is None:
+            queue = self.waiting[key] = collections.deque(maxlen=self.max_per_series)
+        newest = queue[-1] if queue else self.served.get(key)
+        if newest is not None and samples[0].ts_ms <= newest.ts_ms:
+            samples = [s for s in samples if s.ts_ms > newest.ts_ms]
+        self.dropped += max(0, len(queue) + len(samples) - self.max_per_series)
+        queue.extend(samples)
 
     def take(self, now_ms: int) -> list[tuple[str, Sample]]:
         out: list[tuple[str, Sample]] = []
@@ -348,11 +370,417 @@ class HeldSamples:
         return out
 
 
+# --------------------------------------------------------------------------------------------------
+# TensorBoard event files, read in this process
+# --------------------------------------------------------------------------------------------------
+
+EVENT_PREFIX = "events.out.tfevents."
+TB_READ_CHUNK = 64 << 20
+TB_STEP_HELP = "Step of each new TensorBoard step of the run (stamped with its first event's wall time)."
+# DataType enum -> (TensorProto field, struct format): DT_FLOAT, DT_DOUBLE, DT_INT32, DT_INT64, DT_HALF
+_TENSOR_KINDS = {1: ("float_val", "<f"), 2: ("double_val", "<d"), 3: ("int_val", "<i"), 9: ("int64_val", "<q"),
+                 19: ("half_val", "<e")}
+
+
+def metric_name_for_tag(tag: str) -> str:
+    """TensorBoard tag -> Prometheus metric name, e.g. learning/loss -> tb_learning_loss."""
+    return "tb_" + re.sub(r"[^a-zA-Z0-9_]", "_", tag)
+
+
+def _crc32c_table() -> list[int]:
+    table = []
+    for n in range(256):
+        c = n
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_CRC_TABLE = _crc32c_table()
+
+
+def masked_crc32c(data: bytes) -> int:
+    """The TFRecord checksum: CRC-32C, rotated and offset ("masked")."""
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc = _CRC_TABLE[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+class CorruptRecord(Exception):
+    """A TFRecord header whose checksum does not match: the rest of the file cannot be framed."""
+
+
+_good_headers: dict[bytes, int] = {}  # verified 12-byte record headers -> data length (records repeat sizes)
+
+
+def _record_length(header: bytes) -> int:
+    """The data length of a TFRecord header (uint64 length, uint32 masked CRC-32C of it), checksum checked."""
+    length = _good_headers.get(header)
+    if length is None:
+        if masked_crc32c(header[:8]) != int.from_bytes(header[8:], "little"):
+            raise CorruptRecord("bad length checksum")
+        if len(_good_headers) >= 4096:
+            _good_headers.clear()
+        length = _good_headers[header] = int.from_bytes(header[:8], "little")
+    return length
+
+
+def split_records(data: bytes) -> tuple[list[bytes], int]:
+    """Complete TFRecords at the start of `data` and the bytes they use; a record cut short is left out.
+
+    Framing: uint64 length, uint32 masked CRC-32C of the length (checked), data, uint32 masked CRC of the data."""
+    records, pos, end = [], 0, len(data)
+    while end - pos >= 12:
+        try:
+            stop = pos + 16 + _record_length(data[pos:pos + 12])
+        except CorruptRecord as exc:
+            raise CorruptRecord(f"{exc} at +{pos}") from None
+        if stop > end:
+            break
+        records.append(data[pos + 12:stop - 4])
+        pos = stop
+    return records, pos
+
+
+def _tensor_scalar(t: object) -> float | None:
+    """The value of a one-element numeric TensorProto (tf.summary and newer writers), else None."""
+    if any(d.size != 1 for d in t.tensor_shape.dim):
+        return None
+    kind = _TENSOR_KINDS.get(t.dtype)
+    if kind is None:
+        return None
+    field_name, fmt = kind
+    if t.tensor_content:
+        if len(t.tensor_content) != struct.calcsize(fmt):
+            return None
+        x = float(struct.unpack(fmt, t.tensor_content)[0])
+    else:
+        values = getattr(t, field_name)
+        if len(values) != 1:
+            return None
+        if t.dtype == 19:  # half_val holds the raw 16 bits
+            return float(struct.unpack("<e", struct.pack("<H", values[0] & 0xFFFF))[0])
+        x = float(values[0])
+    return float32_value(x) if t.dtype == 1 else x
+
+
+_pack_f32 = struct.Struct("<f").pack
+_f32_cache: dict[float, float] = {}  # training scalars repeat (total_weights, learning rate, tokens)
+
+
+def float32_value(x: float) -> float:
+    """The double of the shortest decimal (at least 6 digits asked) that reads back as float32 `x`: 6.123, not
+    6.123000144958496, the value as written rather than its float32 rounding."""
+    y = _f32_cache.get(x)
+    if y is not None:
+        return y
+    if math.isnan(x) or math.isinf(x):
+        return x
+    packed = _pack_f32(x)  # more digits only get closer: search 6..9 digits by halves (9 always reads back)
+    y = float(f"{x:.7g}")
+    if _pack_f32(y) == packed:
+        z = float(f"{x:.6g}")
+        if _pack_f32(z) == packed:
+            y = z
+    else:
+        y = float(f"{x:.8g}")
+        if _pack_f32(y) != packed:
+            y = float(f"{x:.9g}")
+    if len(_f32_cache) >= 65536:
+        _f32_cache.clear()
+    _f32_cache[x] = y
+    return y
+
+
+_unpack_f64 = struct.Struct("<d").unpack_from
+_unpack_f32 = struct.Struct("<f").unpack_from
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, pos
+        shift += 7
+
+
+def plain_scalar_event(rec: bytes) -> tuple[float, int, list[tuple[bytes, float]]] | None:
+    """(wall_time, step, [(tag, value), ...]) when the serialized Event is nothing but wall time, step and a
+    summary of simple_value scalars (what tensorboardX, MaxText's writer, writes), read straight from the
+    protobuf wire format; None for any other event (the caller then decodes it with tensorboard's Event)."""
+    try:
+        if rec[0] != 0x09:  # field 1 wall_time, fixed64
+            return None
+        wall, step = _unpack_f64(rec, 1)[0], 0
+        if rec[9] == 0x10:  # field 2 step, varint (absent when 0)
+            step, pos = _varint(rec, 10)
+            if step >= 1 << 63:
+                step -= 1 << 64
+        else:
+            pos = 9
+        if rec[pos] != 0x2A:  # field 5 summary, length-delimited
+            return None
+        size = rec[pos + 1]
+        pos += 2
+        if size >= 0x80:
+            size, pos = _varint(rec, pos - 1)
+        end = len(rec)
+        if pos + size != end:
+            return None
+        values = []
+        while pos < end:
+            # Summary field 1 value {field 1 tag, field 2 simple_value (fixed32)}, each short: one-byte lengths
+            if rec[pos] != 0x0A or rec[pos + 2] != 0x0A or rec[pos + 1] >= 0x80 or rec[pos + 3] >= 0x80:
+                return None
+            stop = pos + 2 + rec[pos + 1]
+            tag_end = pos + 4 + rec[pos + 3]
+            if tag_end + 5 != stop or rec[tag_end] != 0x15:
+                return None
+            x = _unpack_f32(rec, tag_end + 1)[0]
+            y = _f32_cache.get(x)
+            values.append((rec[pos + 4:tag_end], y if y is not None else float32_value(x)))
+            pos = stop
+        return wall, step, values
+    except (IndexError, struct.error):
+        return None
+
+
+def protobuf_scalar_event(rec: bytes, event_cls: type) -> tuple[float, int, list[tuple[str, float]]] | None:
+    """The same as plain_scalar_event for any Event, decoded with tensorboard's protobuf class (slower); scalars
+    are simple_value or one-element numeric tensors. None when the event holds no summary."""
+    event = event_cls.FromString(rec)
+    if event.WhichOneof("what") != "summary":
+        return None
+    values = []
+    for v in event.summary.value:
+        kind = v.WhichOneof("value")
+        if kind == "simple_value":
+            values.append((v.tag, float32_value(v.simple_value)))
+        elif kind == "tensor":
+            x = _tensor_scalar(v.tensor)
+            if x is not None:
+                values.append((v.tag, x))
+    return event.wall_time, event.step, values
+
+
+@dataclass
+class _Series:
+    fam: Family
+    labels: Labels
+    last_ts: int = -1
+    new: list[Sample] = field(default_factory=list)  # read in this poll, not yet handed to HeldSamples
+
+
+@dataclass
+class _Run:
+    labels: Labels
+    by_tag: dict[str | bytes, _Series] = field(default_factory=dict)  # a tag as text and as raw bytes
+    step: _Series | None = None
+    last_step: int = -1
+
+
+@dataclass
+class _EventFile:
+    run: _Run
+    inode: int = 0
+    offset: int = 0
+    bad: bool = False
+
+
+class TensorBoardCollector:
+    """Custom collector of the job's TensorBoard scalars: tb_<tag>{host, run}, one sample per event.
+
+    `poll()` (the exporter's poll thread) reads what was appended to every events.out.tfevents.* file under
+    the job directory since the last poll: TFRecord framing from a remembered byte offset per file, a record
+    still being written left for the next poll, a truncated or replaced file read again from its start, a new
+    file found by a directory walk (a walk costing t is not repeated for 100 t, at most 60 s). Each scalar
+    is held as a sample stamped with its event's wall time; `collect()` (a scrape) serves it through
+    HeldSamples: once, then the newest of each series for `hold_seconds`.
+    """
+
+    def __init__(self, job_dir: str, host: str, hold_seconds: float = 900.0, skip_dir: str = "") -> None:
+        self.job_dir = os.path.abspath(job_dir)
+        self.skip_dir = os.path.abspath(skip_dir) if skip_dir else ""
+        self.host = host
+        self.held = HeldSamples(hold_seconds)
+        self.lock = threading.Lock()
+        self.files: dict[str, _EventFile] = {}
+        self.runs: dict[str, _Run] = {}
+        self.families: dict[str, Family] = {"tb_step": Family("tb_step", "gauge", TB_STEP_HELP)}
+        self.next_walk = 0.0
+        self.event_cls: type | None = None
+        self.unavailable = ""  # why tensorboard's protobufs cannot be imported
+        self.samples_read = 0
+        self.errors = 0
+        self.last_read = 0.0
+
+    def _walk(self) -> None:
+        t0 = time.monotonic()
+        for root, dirs, names in os.walk(self.job_dir):
+            dirs[:] = sorted(d for d in dirs if not d.startswith(".") and os.path.join(root, d) != self.skip_dir)
+            for name in names:
+                path = os.path.join(root, name)
+                if name.startswith(EVENT_PREFIX) and path not in self.files:
+                    log.info("tensorboard: new event file %s", path)
+                    run = os.path.basename(root)
+                    if run not in self.runs:
+                        self.runs[run] = _Run((("host", self.host), ("run", run)))
+                    self.files[path] = _EventFile(self.runs[run])
+        cost = time.monotonic() - t0
+        self.next_walk = time.monotonic() + min(60.0, 100 * cost)
+
+    def poll(self) -> None:
+        """Read everything appended since the last poll."""
+        t0 = time.monotonic()
+        if self.event_cls is None:
+            if self.unavailable:
+                return
+            try:
+                from tensorboard.compat.proto.event_pb2 import Event
+            except ImportError as exc:
+                self.unavailable = f"{sys.executable} cannot import tensorboard ({exc})"
+                self.errors += 1
+                log.error("tensorboard: %s; no tb_* metrics from this exporter", self.unavailable)
+                return
+            self.event_cls = Event
+        if time.monotonic() >= self.next_walk:
+            self._walk()
+        touched: list[_Series] = []
+        for path in sorted(self.files, key=lambda p: (os.path.dirname(p), os.path.basename(p))):
+            ef = self.files[path]
+            if not ef.bad:
+                self._read_file(path, ef, touched)
+        with self.lock:
+            for series in touched:
+                self.held.extend(series.fam, series.labels, series.new)
+                self.samples_read += len(series.new)
+                series.new = []
+            self.last_read = time.monotonic() - t0
+
+    def _series(self, run: _Run, tag: str | bytes) -> _Series:
+        text = tag.decode(errors="replace") if isinstance(tag, bytes) else tag
+        metric = metric_name_for_tag(text)
+        fam = self.families.get(metric)
+        if fam is None:
+            doc = text.replace("\\", "\\\\").replace("\n", " ")
+            fam = self.families[metric] = Family(
+                metric, "gauge", f"TensorBoard scalar {doc} (one sample per event, at its wall time).")
+        series = next((s for s in run.by_tag.values() if s.fam is fam), None) or _Series(fam, run.labels)
+        run.by_tag[tag] = series
+        return series
+
+    def _read_file(self, path: str, ef: _EventFile, touched: list[_Series]) -> None:
+        try:
+            f = open(path, "rb")
+        except OSError:
+            return
+        with f:
+            st = os.fstat(f.fileno())
+            if st.st_ino != ef.inode or st.st_size < ef.offset:  # new, replaced or truncated: from the start
+                ef.inode, ef.offset = st.st_ino, 0
+            while ef.offset < st.st_size:
+                f.seek(ef.offset)
+                data = f.read(min(TB_READ_CHUNK, st.st_size - ef.offset))
+                used = self._read_records(path, ef, data, touched)
+                ef.offset += used
+                if used == 0 or ef.bad:
+                    return  # only part of a record: the writer has not finished it
+
+    def _read_records(self, path: str, ef: _EventFile, data: bytes, touched: list[_Series]) -> int:
+        """Take every complete record at the start of `data`; returns the bytes used."""
+        run, pos, end = ef.run, 0, len(data)
+        by_tag, event_cls, good = run.by_tag, self.event_cls, _good_headers
+        while end - pos >= 12:
+            header = data[pos:pos + 12]
+            length = good.get(header)
+            if length is None:
+                try:
+                    length = _record_length(header)
+                except CorruptRecord as exc:
+                    log.error("tensorboard: %s: %s at +%d; not reading this file any further", path, exc,
+                              ef.offset + pos)
+                    ef.bad = True
+                    self.errors += 1
+                    return pos
+            stop = pos + 16 + length
+            if stop > end:
+                break
+            rec = data[pos + 12:stop - 4]
+            pos = stop
+            event = plain_scalar_event(rec)
+            if event is None:
+                try:
+                    event = protobuf_scalar_event(rec, event_cls)
+                except Exception as exc:  # a record that is not an Event: skip it
+                    self.errors += 1
+                    log.warning("tensorboard: %s: undecodable record at +%d: %s", path, ef.offset + pos, exc)
+                    continue
+                if event is None:
+                    continue
+            wall, step, values = event
+            ts = round(wall * 1000)
+            for tag, value in values:
+                series = by_tag.get(tag)
+                if series is None:
+                    series = self._series(run, tag)
+                if ts <= series.last_ts:
+                    continue  # Prometheus needs increasing timestamps per series
+                if not series.new:
+                    touched.append(series)
+                series.last_ts = ts
+                series.new.append(Sample(series.fam.name, series.labels, value, ts))
+                if step > run.last_step:
+                    steps = run.step
+                    if steps is None:
+                        steps = run.step = _Series(self.families["tb_step"], run.labels)
+                    if ts > steps.last_ts:
+                        run.last_step = step
+                        if not steps.new:
+                            touched.append(steps)
+                        steps.last_ts = ts
+                        steps.new.append(Sample("tb_step", run.labels, float(step), ts))
+        return pos
+
+    def collect(self) -> Iterator[Metric]:
+        with self.lock:
+            held = self.held.take(int(time.time() * 1000))
+            files, read, samples, errors = len(self.files), self.last_read, self.samples_read, self.errors
+        by_family: dict[str, list[Sample]] = {}
+        for fname, s in held:
+            by_family.setdefault(fname, []).append(s)
+        for fname, samples_ in by_family.items():
+            yield _to_metric(self.families[fname], samples_)
+        host = [self.host]
+        g = GaugeMetricFamily("exporter_tensorboard_files", "TensorBoard event files followed.", labels=["host"])
+        g.add_metric(host, files)
+        yield g
+        c = CounterMetricFamily("exporter_tensorboard_samples", "tb_* samples read from the event files.",
+                                labels=["host"])
+        c.add_metric(host, samples)
+        yield c
+        g = GaugeMetricFamily("exporter_tensorboard_read_seconds", "Wall time of the last read of the event files.",
+                              labels=["host"])
+        g.add_metric(host, read)
+        yield g
+        c = CounterMetricFamily("exporter_tensorboard_errors", "Event files abandoned at a corrupt record, "
+                                "undecodable records, and a missing tensorboard package.", labels=["host"])
+        c.add_metric(host, errors)
+        yield c
+
+
 class Poller:
     """Discovers and runs the plugins, keeps the last merged result and the self-metrics."""
 
-    def __init__(self, cfg: Config, bash: str | None = None) -> None:
+    def __init__(self, cfg: Config, bash: str | None = None,
+                 sources: list[TensorBoardCollector] | None = None) -> None:
         self.cfg = cfg
+        self.sources = list(sources or [])  # in-process collectors read at every poll, after the plugins
         self.bash = bash or shutil.which("bash") or "/bin/bash"
         self.stats: dict[str, PluginStats] = {}
         self.families: dict[str, Family] = {}
@@ -406,6 +834,11 @@ class Poller:
                 os.makedirs(state_dir, mode=0o700, exist_ok=True)
                 cmds[name], envs[name], cwds[name] = [self.bash, path], self._env(state_dir), state_dir
         results = run_plugins(cmds, envs, cwds, self.cfg.timeout, self.running) if cmds else {}
+        for source in self.sources:
+            try:
+                source.poll()
+            except Exception:  # a bug in one source must not cost the plugins' results
+                log.exception("reading %s failed", type(source).__name__)
         merged: dict[str, Family] = {}
         seen: set[tuple[str, Labels]] = set()
         with self.lock:
@@ -465,7 +898,7 @@ class Poller:
             if target is not None and target.type != fam.type and "untyped" in (target.type, fam.type):
                 target.type = fam.type if target.type == "untyped" else target.type  # TYPE given by one plugin
                 target.help = target.help or fam.help
-            if fam.name.startswith("exporter_") or (target is not None and target.type != fam.type != "untyped"):
+            if fam.name.startswith(RESERVED_PREFIXES) or (target is not None and target.type != fam.type != "untyped"):
                 refused += len(fam.samples)  # reserved prefix, or two plugins declare different types
                 continue
             if target is None:
@@ -585,7 +1018,7 @@ class ExporterCollector:
         yield c
         c = CounterMetricFamily("exporter_held_samples_dropped", "Timestamped samples dropped because a series had "
                                 "too many waiting for a scrape.", labels=["host"])
-        c.add_metric([host], self.poller.held.dropped)
+        c.add_metric([host], self.poller.held.dropped + sum(s.held.dropped for s in self.poller.sources))
         yield c
 
 
@@ -652,7 +1085,7 @@ class StateDirError(Exception):
 
 
 def private_state_dir(path: str | None) -> str:
-    """The directory for the plugins' state (FIFOs among it).
+    """The directory for the plugins' state.
 
     None: a new directory with a random name in $TMPDIR or /tmp (tempfile.mkdtemp: created
     atomically with mode 0700), removed again at exit. A given path is created with mode 0700 when
@@ -699,6 +1132,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="value of the host label (default $METRICS_HOST, $JOB_HOSTNAME or the short hostname)")
     ap.add_argument("--node-rank", default=os.environ.get("JOB_NODE_RANK", "0"),
                     help="passed to plugins as JOB_NODE_RANK (default $JOB_NODE_RANK or 0)")
+    ap.add_argument("--tensorboard", choices=("auto", "on", "off"), default="auto",
+                    help="read the TensorBoard event files under --job-dir: auto = on node rank 0 only (MaxText "
+                    "writes them there), or on every node with TB_METRICS_ALL_NODES=1 (default auto)")
     ap.add_argument("--state-dir", help="parent of the per-plugin state dirs: a directory of yours with mode 0700, "
                     "made if missing (default: a new private dir in $TMPDIR or /tmp, removed at exit)")
     ap.add_argument("--sysfs-root", default=os.environ.get("METRICS_SYSFS_ROOT", "/sys"))
@@ -737,9 +1173,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve(args: argparse.Namespace, cfg: Config) -> int:
     """Poll and serve until SIGTERM/SIGINT (or one poll with --once)."""
-    poller = Poller(cfg)
+    tb_on = args.tensorboard == "on" or (args.tensorboard == "auto" and (
+        cfg.node_rank == "0" or os.environ.get("TB_METRICS_ALL_NODES") == "1"))
+    sources = [TensorBoardCollector(cfg.job_dir, cfg.host, cfg.hold_seconds, skip_dir=cfg.state_dir)] if tb_on else []
+    poller = Poller(cfg, sources=sources)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ExporterCollector(poller))
+    for source in sources:
+        registry.register(source)
     if args.once:
         poller.poll_once()
         sys.stdout.write(generate_latest(registry).decode())
@@ -758,8 +1199,9 @@ def serve(args: argparse.Namespace, cfg: Config) -> int:
         _write_atomic(args.sd_file, json.dumps(target) + "\n")
         written.append(args.sd_file)
     print(f"metrics_exporter: serving http://{url_host}:{port}/metrics", flush=True)
-    log.info("serving http://%s:%d/metrics; plugins from %s every %gs (timeout %gs), state in %s",
-             url_host, port, cfg.plugin_dir, cfg.interval, cfg.timeout, cfg.state_dir)
+    log.info("serving http://%s:%d/metrics; plugins from %s every %gs (timeout %gs), state in %s; TensorBoard "
+             "events under %s: %s", url_host, port, cfg.plugin_dir, cfg.interval, cfg.timeout, cfg.state_dir,
+             cfg.job_dir, "read" if tb_on else f"not read (--tensorboard {args.tensorboard}, node rank {cfg.node_rank})")
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
