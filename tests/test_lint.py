@@ -110,7 +110,7 @@ def test_every_entry_point_is_checked():
         "utils/prometheus.sh",
         "utils/local_cluster.sh",
     } <= shell
-    assert {"utils/gpu_metrics_plugin.sh", "utils/host_metrics_plugin.sh", "utils/tb_metrics_plugin.sh"} <= shell
+    assert {"utils/gpu_metrics_plugin.sh", "utils/host_metrics_plugin.sh"} <= shell
     assert len([p for p in shell if p.startswith("bench/")]) >= 3
     assert {"_ray_actor.py", "utils/triage.py", "utils/diagnose.py", "utils/metrics_exporter.py"} <= python
     assert not {p for p in shell if p.endswith("lib.sh")}, "a sourced library is not an entry point"

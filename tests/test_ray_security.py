@@ -25,7 +25,7 @@ NOBODY = 65534  # the other user
 
 def exporter_once(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """One poll of the exporter with a plugin that reports its state dir, that dir's parent's mode, and
-    leaves a file and a FIFO there (what the TensorBoard plugin keeps in it)."""
+    leaves a file and a FIFO there (what a stateful plugin may keep in it)."""
     plugins = tmp_path / "plugins"
     plugins.mkdir(exist_ok=True)
     (plugins / "probe_metrics_plugin.sh").write_text(
