@@ -59,10 +59,13 @@ keep_ray_logs() {
 exporter_pid=""
 cleanup() {
   trap '' TERM INT HUP
-  # Prometheus first: a scrape of an exporter already gone would mark its series stale at the end
+  # Ray (and with it the trainers its actors spawned) first: Ray's daemons leave the job's
+  # process tree, so Slurm's SIGKILL after a cancel (KillWait) would not reach them if this
+  # cleanup were cut short. Then Prometheus before the exporter: a scrape of an exporter already
+  # gone would mark its series stale at the end.
+  "$repo/utils/ray_cluster.sh" stop
   (( rank == 0 )) && "$repo/utils/job_services.sh" stop
   [[ -n "$exporter_pid" ]] && kill -TERM "$exporter_pid" 2>/dev/null && wait "$exporter_pid" 2>/dev/null
-  "$repo/utils/ray_cluster.sh" stop
   keep_ray_logs
   # the token is of no use once the cluster is gone
   (( rank == 0 )) && rm -rf -- "$ray_dir/auth"

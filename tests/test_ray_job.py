@@ -337,3 +337,17 @@ def test_frozen_rank_hang_then_heartbeat_timeout(cluster, workspace, venv):
     assert d["verdict"] != "heartbeat_false_positive", d["summary"]
     hb = [f for f in d["findings"] if f["kind"] == "heartbeat_timeout"]
     assert hb and hb[0]["hosts"] == ["n2"], d["findings"]
+
+
+def test_scancel_leaves_nothing_of_a_ray_job_running(cluster, workspace, venv):
+    """Ray's daemons leave the job's process tree (Slurm's own kill does not reach them): a cancelled
+    RAY=1 job must still stop every trainer, Ray process and service it started, on every node."""
+    job_id, log = submit(cluster, workspace, "tiny", "-N", "2", "--", "steps=1000000", RAY="1")
+    wait_for(lambda: log_has(log, r"^n2: .*completed step: 3,"), 240, "n2 to train")
+    job_dir = log.with_suffix("")
+    assert job_processes(job_dir), "the job's processes were not found"
+    run(["scancel", job_id], env=cluster)
+    assert wait_job_end(cluster, job_id, 60) == "CANCELLED"
+    gone = wait_for(lambda: not job_processes(job_dir) or None, 30, "the job's processes to end", period=1)
+    assert gone and trainer_pid(job_id, 0) is None and trainer_pid(job_id, 1) is None
+    assert summary(log)["status"] == "cancelled"
