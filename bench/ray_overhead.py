@@ -145,9 +145,13 @@ def main() -> int:
                     print(f"{m} RAY={ray}: steady {tgs:.1f} tokens/s/device "
                           f"({tokens_per_step(MODELS[m][0]) / tgs:.3f} s/step), first step after {first:.1f} s",
                           file=sys.stderr)
-    finally:
+    except (RuntimeError, subprocess.CalledProcessError) as e:
+        print(f"ray_overhead.py: {e} (workspace kept: {ws})", file=sys.stderr)
+        return 1
+    else:
         subprocess.run(["chmod", "-R", "u+w", str(ws)])
         shutil.rmtree(ws, ignore_errors=True)
+    finally:
         if started:
             sh(tool, "down")
     print(f"RAY=1 vs RAY=0, {a.pairs} alternated pair(s) per model, {a.nodes} nodes, repo {repo}")
