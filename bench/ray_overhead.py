@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Usage: bench/ray_overhead.py [--models tiny,mid] [--pairs N] [--steps S | --steps MODEL=S,...] [--nodes K] [--repo PATH]
+"""Usage: bench/ray_overhead.py [--models tiny,mid] [--pairs N] [--steps S | MODEL=S,...] [--nodes K] [--retries R] [--repo PATH]
 
 RAY=1 against RAY=0 on the local Slurm cluster (started here if it is not up, stopped after),
 same model, same nodes, runs alternated (RAY=0, RAY=1, RAY=0, ...) so machine noise hits both.
@@ -106,6 +106,8 @@ def main() -> int:
     ap.add_argument("--steps", help="steps per run: N for every model, or MODEL=N,... (defaults: "
                     + ", ".join(f"{m}={s}" for m, (_, s) in MODELS.items()) + "); enough that start-up is a small part")
     ap.add_argument("--nodes", type=int, default=2, help="nodes per job (default 2)")
+    ap.add_argument("--retries", type=int, default=1, help="times a failed run is run again (a loaded machine can time "
+                    "out JAX's gloo set-up); default 1")
     ap.add_argument("--repo", type=Path, default=HERE, help="checkout whose submit.sh runs the jobs (default this one); "
                     "the local cluster is this checkout's")
     a = ap.parse_args()
@@ -117,8 +119,8 @@ def main() -> int:
         steps = parse_steps(a.steps, models)
     except ValueError as e:
         ap.error(str(e))
-    if a.pairs < 1 or not 1 <= a.nodes <= 16:
-        ap.error(f"--pairs must be >= 1 and --nodes 1..16, got {a.pairs} and {a.nodes}")
+    if a.pairs < 1 or not 1 <= a.nodes <= 16 or a.retries < 0:
+        ap.error(f"--pairs must be >= 1, --nodes 1..16, --retries >= 0; got {a.pairs}, {a.nodes}, {a.retries}")
     repo = a.repo.resolve()
     if not (repo / "submit.sh").is_file():
         ap.error(f"--repo: {repo} has no submit.sh; give a checkout of this project")
@@ -139,7 +141,14 @@ def main() -> int:
         for _ in range(a.pairs):
             for m in models:
                 for ray in ("0", "1"):
-                    tgs, first = one_run(repo, py, ray, MODELS[m][0], steps[m], a.nodes, ws, env)
+                    for attempt in range(a.retries + 1):
+                        try:
+                            tgs, first = one_run(repo, py, ray, MODELS[m][0], steps[m], a.nodes, ws, env)
+                            break
+                        except RuntimeError as e:
+                            if attempt == a.retries:
+                                raise
+                            print(f"{m} RAY={ray}: {e}; running it again", file=sys.stderr)
                     rates[m][ray].append(tgs)
                     firsts[m][ray].append(first)
                     print(f"{m} RAY={ray}: steady {tgs:.1f} tokens/s/device "
