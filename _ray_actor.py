@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 RAY_UNUSABLE = 200
-DRAIN_WAIT = 5.0     # seconds a node's drain call may wait for output or its exit
-DRAIN_LINGER = 0.3   # seconds it then gathers more lines before answering
+DRAIN_WAIT = 5.0  # seconds a node's drain call may wait for output or its exit
+DRAIN_LINGER = 0.3  # seconds it then gathers more lines before answering
 
 
 def host_resource(host: str) -> str:
@@ -59,10 +59,17 @@ def node_env_file() -> str:
         d, f = os.lstat(scratch), os.lstat(path)
     except OSError as e:
         raise RuntimeError(f"no saved job environment at '{path}' (MST_JOB_SCRATCH): {e.strerror}") from None
-    if not (stat.S_ISDIR(d.st_mode) and d.st_uid == os.getuid() and stat.S_IMODE(d.st_mode) == 0o700
-            and stat.S_ISREG(f.st_mode) and f.st_uid == os.getuid()):
-        raise RuntimeError(f"'{path}' is not in a private scratch directory of ours (want 0700, owned by uid "
-                           f"{os.getuid()}); not using it")
+    if not (
+        stat.S_ISDIR(d.st_mode)
+        and d.st_uid == os.getuid()
+        and stat.S_IMODE(d.st_mode) == 0o700
+        and stat.S_ISREG(f.st_mode)
+        and f.st_uid == os.getuid()
+    ):
+        raise RuntimeError(
+            f"'{path}' is not in a private scratch directory of ours (want 0700, owned by uid "
+            f"{os.getuid()}); not using it"
+        )
     return path
 
 
@@ -90,8 +97,14 @@ class NodeTrainer:
         self.stopped = False
 
     def start(self) -> int:
-        self.proc = subprocess.Popen(self.command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.command,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         threading.Thread(target=self._pump, daemon=True).start()
         return self.proc.pid
 
@@ -161,8 +174,7 @@ def main() -> int:
             time.sleep(0.5)
         actor_cls = ray.remote(num_cpus=0, max_concurrency=4)(NodeTrainer)
         command = [str(Path(repo) / "_container.sh"), "_train.sh"]
-        actors = {h: actor_cls.options(resources={host_resource(h): 0.001}).remote(h, command)
-                  for h in hosts}
+        actors = {h: actor_cls.options(resources={host_resource(h): 0.001}).remote(h, command) for h in hosts}
         pids = ray.get([a.start.remote() for a in actors.values()], timeout=120)
     except Exception as e:  # any failure before training started: let the launcher fall back
         say(f"Ray could not start the training actors: {type(e).__name__}: {e}")

@@ -33,8 +33,7 @@ def cache_root() -> Path:
 
 def build_or_reuse(args: argparse.Namespace) -> tuple[dict, float | None]:
     """(incident record, build seconds or None when reused)."""
-    scale = dataclasses.replace(corpus.FULL, hosts=args.hosts, gpus=args.gpus, hours=args.hours,
-                                interval=args.interval)
+    scale = dataclasses.replace(corpus.FULL, hosts=args.hosts, gpus=args.gpus, hours=args.hours, interval=args.interval)
     key = f"{args.family}-s{args.seed}-{scale.hosts}x{scale.gpus}-{scale.hours:g}h-{scale.interval}s"
     ws = args.cache / key
     marker = ws / "incident.json"
@@ -46,8 +45,14 @@ def build_or_reuse(args: argparse.Namespace) -> tuple[dict, float | None]:
     t = time.monotonic()
     inc = corpus.build(args.family, ws, args.seed, scale)
     took = time.monotonic() - t
-    rec = {"job_dir": str(inc.job_dir), "vs": str(inc.vs) if inc.vs else None, "verdict": inc.verdict,
-           "culprits": inc.culprits, "hosts": len(inc.hosts), "scale": dataclasses.asdict(scale)}
+    rec = {
+        "job_dir": str(inc.job_dir),
+        "vs": str(inc.vs) if inc.vs else None,
+        "verdict": inc.verdict,
+        "culprits": inc.culprits,
+        "hosts": len(inc.hosts),
+        "scale": dataclasses.asdict(scale),
+    }
     marker.write_text(json.dumps(rec, indent=1))
     return rec, took
 
@@ -55,14 +60,15 @@ def build_or_reuse(args: argparse.Namespace) -> tuple[dict, float | None]:
 def tsdb_stats(job_dir: Path) -> str:
     size = sum(f.stat().st_size for f in (job_dir / "prometheus").rglob("*") if f.is_file())
     metas = [json.loads(m.read_text()) for m in (job_dir / "prometheus").glob("*/meta.json")]
-    series = max((m["stats"]["numSeries"] for m in metas), default=0)   # every block holds every series
+    series = max((m["stats"]["numSeries"] for m in metas), default=0)  # every block holds every series
     samples = sum(m["stats"]["numSamples"] for m in metas)
     return f"{series} series, {samples / 1e6:.1f} M samples, {size / 2**20:.0f} MiB in {len(metas)} block(s)"
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[1],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--cache", type=Path, default=cache_root())
     ap.add_argument("--family", default="rdma_retransmits", choices=list(corpus.FAMILIES))
     ap.add_argument("--seed", type=int, default=1)
@@ -91,11 +97,15 @@ def main() -> int:
         r = json.loads(res.stdout)
         ok = r["verdict"] == rec["verdict"] and sorted(r["culprit_hosts"]) == sorted(rec["culprits"])
         right &= ok
-        print(f"run {i + 1}: {times[-1]:.2f} s wall ({r['queries_run']} queries, {r['seconds']:.2f} s inside), "
-              f"verdict {r['verdict']} {','.join(r['culprit_hosts']) or '-'} ({'right' if ok else 'WRONG'})")
+        print(
+            f"run {i + 1}: {times[-1]:.2f} s wall ({r['queries_run']} queries, {r['seconds']:.2f} s inside), "
+            f"verdict {r['verdict']} {','.join(r['culprit_hosts']) or '-'} ({'right' if ok else 'WRONG'})"
+        )
     med = statistics.median(times)
-    print(f"median {med:.2f} s over {len(times)} run(s), goal <= {GOAL_S:g} s: {'met' if med <= GOAL_S else 'MISSED'}; "
-          f"verdicts {'right' if right else 'WRONG'}")
+    print(
+        f"median {med:.2f} s over {len(times)} run(s), goal <= {GOAL_S:g} s: {'met' if med <= GOAL_S else 'MISSED'}; "
+        f"verdicts {'right' if right else 'WRONG'}"
+    )
     return 0 if right else 1
 
 

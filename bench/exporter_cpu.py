@@ -59,8 +59,15 @@ def main() -> int:
         logdir = job / "outputs/bench/tensorboard/bench"
         logdir.mkdir(parents=True)
         writer = subprocess.Popen([sys.executable, "-c", WRITER, str(logdir)])
-        cfg = mx.Config(plugin_dir=str(REPO / "utils"), state_dir=str(Path(tmp, "state")), host="bench",
-                        node_rank="0", job_dir=str(job), interval=5.0, timeout=3.0)
+        cfg = mx.Config(
+            plugin_dir=str(REPO / "utils"),
+            state_dir=str(Path(tmp, "state")),
+            host="bench",
+            node_rank="0",
+            job_dir=str(job),
+            interval=5.0,
+            timeout=3.0,
+        )
         tb = mx.TensorBoardCollector(cfg.job_dir, cfg.host, cfg.hold_seconds, skip_dir=cfg.state_dir)
         poller = mx.Poller(cfg, sources=[tb])
         registry = mx.CollectorRegistry(auto_describe=False)
@@ -87,10 +94,14 @@ def main() -> int:
     own = (t1.user + t1.system - t0.user - t0.system) / n
     plugins = (t1.children_user + t1.children_system - t0.children_user - t0.children_system) / n
     total = own + plugins
-    print(f"cycles: {n} in {w1 - w0:.1f} s wall; tb samples served: {tb_samples} (read: {tb.samples_read}, "
-          f"errors: {tb.errors}); plugins (runs, failures, timeouts, disabled): {stats}")
-    print(f"CPU seconds per poll cycle: exporter with the TensorBoard collector {own:.4f} + plugin processes "
-          f"{plugins:.4f} = {total:.4f} (goal <= 0.02: {'met' if total <= 0.02 else 'NOT met'})")
+    print(
+        f"cycles: {n} in {w1 - w0:.1f} s wall; tb samples served: {tb_samples} (read: {tb.samples_read}, "
+        f"errors: {tb.errors}); plugins (runs, failures, timeouts, disabled): {stats}"
+    )
+    print(
+        f"CPU seconds per poll cycle: exporter with the TensorBoard collector {own:.4f} + plugin processes "
+        f"{plugins:.4f} = {total:.4f} (goal <= 0.02: {'met' if total <= 0.02 else 'NOT met'})"
+    )
     print(f"before (FIFO bridge), for reference: {BEFORE}")
     return 0
 

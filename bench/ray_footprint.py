@@ -41,7 +41,10 @@ COMPONENTS: list[tuple[str, re.Pattern[str]]] = [
     ("trainer", re.compile(r"maxtext\.trainers|MaxText[./]train")),
     ("GCS", re.compile(r"gcs_server")),
     ("raylet", re.compile(r"/raylet/raylet|^raylet\0")),
-    ("dashboard", re.compile(r"ray/dashboard/dashboard\.py|ray-dashboard-|multiprocessing\.(forkserver|resource_tracker)")),
+    (
+        "dashboard",
+        re.compile(r"ray/dashboard/dashboard\.py|ray-dashboard-|multiprocessing\.(forkserver|resource_tracker)"),
+    ),
     ("dashboard agent", re.compile(r"ray::DashboardAgent|ray/dashboard/agent\.py|ray\.dashboard\.agent")),
     ("runtime-env agent", re.compile(r"ray::RuntimeEnvAgent|runtime_env/agent/main\.py")),
     ("log monitor", re.compile(r"ray/_private/log_monitor\.py")),
@@ -81,8 +84,8 @@ def read_proc(pid: int) -> Proc | None:
         cwd = os.readlink(f"/proc/{pid}/cwd")
     except OSError:
         return None
-    comm = stat[stat.index("(") + 1:stat.rindex(")")]
-    f = stat[stat.rindex(")") + 2:].split()
+    comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+    f = stat[stat.rindex(")") + 2 :].split()
     env = {}
     for item in raw_env.split(b"\0"):
         key, sep, value = item.decode(errors="replace").partition("=")
@@ -101,8 +104,11 @@ def snapshot() -> dict[int, Proc]:
 
 def job_procs(procs: dict[int, Proc], job_dir: str, ws: str) -> dict[int, Proc]:
     """The job's processes: marked ones (JOB_DIR, or started in the workspace) and their descendants."""
-    mine = {pid for pid, p in procs.items() if pid != os.getpid()
-            and (p.env.get("JOB_DIR") == job_dir or p.cwd == ws or p.cwd.startswith(ws + "/"))}
+    mine = {
+        pid
+        for pid, p in procs.items()
+        if pid != os.getpid() and (p.env.get("JOB_DIR") == job_dir or p.cwd == ws or p.cwd.startswith(ws + "/"))
+    }
     children: dict[int, list[int]] = {}
     for p in procs.values():
         children.setdefault(p.ppid, []).append(p.pid)
@@ -155,7 +161,9 @@ def memory_kib(pid: int) -> tuple[int, int]:
 def sh(args: list[str], env: dict[str, str], cwd: Path | None = None, check: bool = True) -> str:
     res = subprocess.run(args, capture_output=True, text=True, env={**os.environ, **env}, cwd=cwd, check=False)
     if check and res.returncode:
-        raise RuntimeError(f"{' '.join(args[:2])} failed ({res.returncode}): {res.stderr.strip() or res.stdout.strip()}")
+        raise RuntimeError(
+            f"{' '.join(args[:2])} failed ({res.returncode}): {res.stderr.strip() or res.stdout.strip()}"
+        )
     return res.stdout
 
 
@@ -216,9 +224,11 @@ def sample(job_dir: str, ws: str, window: float, mem_every: float) -> tuple[dict
         self_ticks = last[pid].ticks - (first.ticks if first else 0)
         child_ticks = last[pid].cticks - (first.cticks if first else 0)
         samples = mem.get(pid) or [memory_kib(pid)]
-        figures[pid] = {"cpu_s": (self_ticks + child_ticks) / HZ,
-                        "rss_kib": sum(r for r, _ in samples) / len(samples),
-                        "pss_kib": sum(s for _, s in samples) / len(samples)}
+        figures[pid] = {
+            "cpu_s": (self_ticks + child_ticks) / HZ,
+            "rss_kib": sum(r for r, _ in samples) / len(samples),
+            "pss_kib": sum(s for _, s in samples) / len(samples),
+        }
     return {pid: seen[pid] for pid in figures}, figures, elapsed
 
 
@@ -246,8 +256,11 @@ def print_table(rows: dict, nodes: list[str], header: str) -> None:
         out = f"{name:<27}"
         for n in nodes:
             r = get.get(n)
-            out += (f" | {r['procs']:>5} {r['cores']:>6.3f} {r['rss_mib']:>6.0f} {r['pss_mib']:>6.0f}" if r
-                    else f" | {'-':>5} {'-':>6} {'-':>6} {'-':>6}")
+            out += (
+                f" | {r['procs']:>5} {r['cores']:>6.3f} {r['rss_mib']:>6.0f} {r['pss_mib']:>6.0f}"
+                if r
+                else f" | {'-':>5} {'-':>6} {'-':>6} {'-':>6}"
+            )
         return out
 
     for comp in ORDER:
@@ -265,7 +278,7 @@ def cluster_env(tool: str, env: dict[str, str]) -> dict[str, str]:
     out = dict(env)
     for line in sh([tool, "env"], env).splitlines():
         if line.startswith("export ") and "=" in line:
-            key, _, value = line[len("export "):].partition("=")
+            key, _, value = line[len("export ") :].partition("=")
             out[key] = value.strip("'\"")
     return out
 
@@ -287,16 +300,22 @@ def stop_job(job_id: str, job_dir: str, ws: str, env: dict[str, str]) -> list[st
 
 def main() -> int:
     argv = sys.argv[1:]
-    overrides = argv[argv.index("--") + 1:] if "--" in argv else []
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repo", type=Path, default=HERE, help="checkout whose submit.sh launches the job (default this one)")
+    overrides = argv[argv.index("--") + 1 :] if "--" in argv else []
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--repo", type=Path, default=HERE, help="checkout whose submit.sh launches the job (default this one)"
+    )
     ap.add_argument("--nodes", type=int, default=2, help="nodes of the job (default 2)")
     ap.add_argument("--window", type=float, default=45, help="seconds sampled in steady state (default 45)")
     ap.add_argument("--settle", type=float, default=15, help="seconds waited after every node trains (default 15)")
-    ap.add_argument("--start-timeout", type=float, default=600, help="seconds allowed to reach steady state (default 600)")
+    ap.add_argument(
+        "--start-timeout", type=float, default=600, help="seconds allowed to reach steady state (default 600)"
+    )
     ap.add_argument("--json", action="store_true", help="print the figures as JSON (per component, node and pid)")
     ap.add_argument("--keep", action="store_true", help="keep the job's workspace (its log and job dir) and say where")
-    a = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    a = ap.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     repo = a.repo.resolve()
     if not (repo / "submit.sh").is_file() or not (repo / "_train_with_ray.sh").is_file():
         ap.error(f"--repo: {repo} is not a checkout of this project (no submit.sh / _train_with_ray.sh)")
@@ -304,13 +323,19 @@ def main() -> int:
         ap.error(f"--nodes must be 1..16, --window >= 5, --settle >= 0; got {a.nodes}, {a.window}, {a.settle}")
     bad = [o for o in overrides if "=" not in o or o.startswith("steps=")]
     if bad:
-        ap.error(f"after --: MaxText KEY=VALUE overrides only, steps excluded (the job runs until sampled); got {bad[0]!r}")
+        ap.error(
+            f"after --: MaxText KEY=VALUE overrides only, steps excluded (the job runs until sampled); got {bad[0]!r}"
+        )
     venv = Path(os.environ.get("MAXTEXT_SLURM_VENV", HERE / ".venv"))
     if not os.access(venv / "bin" / "python", os.X_OK):
         ap.error(f"no Python at {venv}/bin/python: set MAXTEXT_SLURM_VENV to the project's environment")
 
     commit = sh(["git", "-C", str(repo), "log", "-1", "--format=%h"], {}, check=False).strip() or "?"
-    dirty = " + uncommitted changes" if sh(["git", "-C", str(repo), "status", "--porcelain", "-uno"], {}, check=False).strip() else ""
+    dirty = (
+        " + uncommitted changes"
+        if sh(["git", "-C", str(repo), "status", "--porcelain", "-uno"], {}, check=False).strip()
+        else ""
+    )
     tool = str(HERE / "utils" / "local_cluster.sh")
     base_env = {"MAXTEXT_SLURM_VENV": str(venv)}
     started = subprocess.run([tool, "status"], capture_output=True, check=False).returncode != 0
@@ -321,8 +346,11 @@ def main() -> int:
     job_dir = ""
     leftovers: list[str] = []
     try:
-        out = sh([str(repo / "submit.sh"), "tiny", "-N", str(a.nodes), "--", "steps=100000000", *overrides],
-                 {**env, "RAY": "1", "JOB_WORKSPACE": str(ws)}, cwd=ws)
+        out = sh(
+            [str(repo / "submit.sh"), "tiny", "-N", str(a.nodes), "--", "steps=100000000", *overrides],
+            {**env, "RAY": "1", "JOB_WORKSPACE": str(ws)},
+            cwd=ws,
+        )
         m = re.search(r"Submitted job (\d+) \((\S+)\)", out)
         if not m:
             raise RuntimeError(f"submit.sh printed no job id: {out.strip()!r}")
@@ -348,14 +376,30 @@ def main() -> int:
     rows = table(procs, figures, elapsed)
     nodes = sorted({n for _, n in rows})
     if a.json:
-        print(json.dumps({"repo": str(repo), "commit": commit + dirty, "window_s": round(elapsed, 1),
-                          "rows": [{"component": c, "node": n, **r} for (c, n), r in sorted(rows.items())],
-                          "left_after_cancel": leftovers}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "repo": str(repo),
+                    "commit": commit + dirty,
+                    "window_s": round(elapsed, 1),
+                    "rows": [{"component": c, "node": n, **r} for (c, n), r in sorted(rows.items())],
+                    "left_after_cancel": leftovers,
+                },
+                indent=1,
+            )
+        )
     else:
-        print_table(rows, nodes, f"RAY=1 footprint: {a.nodes}-node tiny job, {repo} at {commit}{dirty}; "
-                    f"{elapsed:.0f} s window in steady state; cores = CPU-s per s; RSS/PSS = mean MiB")
+        print_table(
+            rows,
+            nodes,
+            f"RAY=1 footprint: {a.nodes}-node tiny job, {repo} at {commit}{dirty}; "
+            f"{elapsed:.0f} s window in steady state; cores = CPU-s per s; RSS/PSS = mean MiB",
+        )
         if leftovers:
-            print(f"left {len(leftovers)} process(es) behind after scancel (stopped by this bench): " + "; ".join(leftovers))
+            print(
+                f"left {len(leftovers)} process(es) behind after scancel (stopped by this bench): "
+                + "; ".join(leftovers)
+            )
     return 0
 
 

@@ -41,8 +41,19 @@ HERE = Path(__file__).resolve().parent.parent
 # name -> (MaxText overrides on top of configs/tiny.yml, default steps per run)
 MODELS: dict[str, tuple[list[str], int]] = {
     "tiny": ([], 1000),
-    "mid": (["base_emb_dim=256", "base_mlp_dim=1024", "base_num_decoder_layers=4", "head_dim=64",
-             "base_num_query_heads=4", "base_num_kv_heads=4", "max_target_length=256", "per_device_batch_size=1"], 100),
+    "mid": (
+        [
+            "base_emb_dim=256",
+            "base_mlp_dim=1024",
+            "base_num_decoder_layers=4",
+            "head_dim=64",
+            "base_num_query_heads=4",
+            "base_num_kv_heads=4",
+            "max_target_length=256",
+            "per_device_batch_size=1",
+        ],
+        100,
+    ),
 }
 TINY_SEQ, TINY_BATCH = 64, 1  # configs/tiny.yml: max_target_length, per_device_batch_size
 
@@ -56,12 +67,21 @@ def tokens_per_step(overrides: list[str]) -> int:
     return int(kv.get("max_target_length", TINY_SEQ)) * int(kv.get("per_device_batch_size", TINY_BATCH))
 
 
-def one_run(repo: Path, py: str, ray: str, overrides: list[str], steps: int, nodes: int, ws: Path,
-            env: dict[str, str]) -> tuple[float, float]:
+def one_run(
+    repo: Path, py: str, ray: str, overrides: list[str], steps: int, nodes: int, ws: Path, env: dict[str, str]
+) -> tuple[float, float]:
     """(steady tokens/s/device, seconds from submit to the first completed step)"""
     t0 = time.monotonic()
-    out = sh(str(repo / "submit.sh"), "tiny", "-N", str(nodes), "--", *overrides, f"steps={steps}",
-             env={**env, "RAY": ray, "JOB_WORKSPACE": str(ws)})
+    out = sh(
+        str(repo / "submit.sh"),
+        "tiny",
+        "-N",
+        str(nodes),
+        "--",
+        *overrides,
+        f"steps={steps}",
+        env={**env, "RAY": ray, "JOB_WORKSPACE": str(ws)},
+    )
     m = re.search(r"Submitted job (\d+) \((\S+)\)", out)
     if not m:
         raise RuntimeError(f"submit.sh printed no job id: {out!r}")
@@ -93,7 +113,9 @@ def parse_steps(text: str | None, models: list[str]) -> dict[str, int]:
     for part in text.split(","):
         name, _, n = part.partition("=")
         if name not in steps or not n.isdigit() or int(n) < 10:
-            raise ValueError(f"--steps: '{part}' is not MODEL=N for a selected model ({', '.join(models)}) with N >= 10")
+            raise ValueError(
+                f"--steps: '{part}' is not MODEL=N for a selected model ({', '.join(models)}) with N >= 10"
+            )
         steps[name] = int(n)
     return steps
 
@@ -102,24 +124,44 @@ def cluster_env(tool: str, env: dict[str, str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for line in sh(tool, "env", env=env).splitlines():
         if line.startswith("export ") and "=" in line:
-            key, _, value = line[len("export "):].partition("=")
+            key, _, value = line[len("export ") :].partition("=")
             out[key] = value.strip("'\"")
     return {**env, **out}
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="tiny,mid", help="comma-separated, from: " + ", ".join(MODELS) + " (default both)")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--models", default="tiny,mid", help="comma-separated, from: " + ", ".join(MODELS) + " (default both)"
+    )
     ap.add_argument("--pairs", type=int, default=2, help="alternated pairs (baseline, RAY=1) per model (default 2)")
-    ap.add_argument("--steps", help="steps per run: N for every model, or MODEL=N,... (defaults: "
-                    + ", ".join(f"{m}={s}" for m, (_, s) in MODELS.items()) + "); enough that start-up is a small part")
+    ap.add_argument(
+        "--steps",
+        help="steps per run: N for every model, or MODEL=N,... (defaults: "
+        + ", ".join(f"{m}={s}" for m, (_, s) in MODELS.items())
+        + "); enough that start-up is a small part",
+    )
     ap.add_argument("--nodes", type=int, default=2, help="nodes per job (default 2)")
-    ap.add_argument("--retries", type=int, default=1, help="times a failed run is run again (a loaded machine can time "
-                    "out JAX's gloo set-up); default 1")
-    ap.add_argument("--repo", type=Path, default=HERE, help="checkout whose submit.sh runs the jobs (default this one); "
-                    "the local cluster is this checkout's")
-    ap.add_argument("--baseline-repo", type=Path, help="compare RAY=1 of --repo against RAY=1 of this checkout instead of "
-                    "against RAY=0 (what a change to the RAY=1 path costs, e.g. before/after Ray's token auth)")
+    ap.add_argument(
+        "--retries",
+        type=int,
+        default=1,
+        help="times a failed run is run again (a loaded machine can time out JAX's gloo set-up); default 1",
+    )
+    ap.add_argument(
+        "--repo",
+        type=Path,
+        default=HERE,
+        help="checkout whose submit.sh runs the jobs (default this one); the local cluster is this checkout's",
+    )
+    ap.add_argument(
+        "--baseline-repo",
+        type=Path,
+        help="compare RAY=1 of --repo against RAY=1 of this checkout instead of "
+        "against RAY=0 (what a change to the RAY=1 path costs, e.g. before/after Ray's token auth)",
+    )
     a = ap.parse_args()
     models = [m for m in a.models.split(",") if m]
     bad = [m for m in models if m not in MODELS]
@@ -138,7 +180,10 @@ def main() -> int:
             ap.error(f"{opt}: {path} has no submit.sh; give a checkout of this project")
     # (label, checkout, RAY): the baseline side first in every pair
     sides = [("base", base_repo, "1" if a.baseline_repo else "0"), ("test", repo, "1")]
-    names = {"base": f"RAY=1 {base_repo}" if a.baseline_repo else "RAY=0", "test": f"RAY=1 {repo}" if a.baseline_repo else "RAY=1"}
+    names = {
+        "base": f"RAY=1 {base_repo}" if a.baseline_repo else "RAY=0",
+        "test": f"RAY=1 {repo}" if a.baseline_repo else "RAY=1",
+    }
     venv = Path(os.environ.get("MAXTEXT_SLURM_VENV", HERE / ".venv"))
     py = str(venv / "bin" / "python")
     if not os.access(py, os.X_OK):
@@ -166,9 +211,11 @@ def main() -> int:
                             print(f"{m} {names[side]}: {e}; running it again", file=sys.stderr)
                     rates[m][side].append(tgs)
                     firsts[m][side].append(first)
-                    print(f"{m} {names[side]}: steady {tgs:.1f} tokens/s/device "
-                          f"({tokens_per_step(MODELS[m][0]) / tgs:.3f} s/step), first step after {first:.1f} s",
-                          file=sys.stderr)
+                    print(
+                        f"{m} {names[side]}: steady {tgs:.1f} tokens/s/device "
+                        f"({tokens_per_step(MODELS[m][0]) / tgs:.3f} s/step), first step after {first:.1f} s",
+                        file=sys.stderr,
+                    )
     except (RuntimeError, subprocess.CalledProcessError) as e:
         print(f"ray_overhead.py: {e} (workspace kept: {ws})", file=sys.stderr)
         return 1
@@ -180,7 +227,9 @@ def main() -> int:
             sh(tool, "down")
     what = f"RAY=1 of {repo} vs RAY=1 of {base_repo}" if a.baseline_repo else f"RAY=1 vs RAY=0 of {repo}"
     print(f"{what}: {a.pairs} alternated pair(s) per model, {a.nodes} nodes")
-    print(f"{'model':<6} {'steps':>6} {'s/step':>7} {'tokens/s ratio':>15} {'(per pair)':<16} {'extra to 1st step':>18}")
+    print(
+        f"{'model':<6} {'steps':>6} {'s/step':>7} {'tokens/s ratio':>15} {'(per pair)':<16} {'extra to 1st step':>18}"
+    )
     for m in models:
         per_pair = [t / b for t, b in zip(rates[m]["test"], rates[m]["base"], strict=True)]
         ratio = statistics.median(per_pair)  # one run caught by a burst of load moves it least
@@ -189,7 +238,9 @@ def main() -> int:
         step_s = tokens_per_step(MODELS[m][0]) / statistics.median(rates[m]["base"])
         print(f"{m:<6} {steps[m]:>6} {step_s:>7.3f} {ratio:>15.3f} {'(' + pairs + ')':<16} {extra:>+16.1f} s")
     if a.baseline_repo:
-        print("goal: ratio ~1.00 (no measurable cost; judge it on the model with >= 0.2 s steps and on the per-pair spread)")
+        print(
+            "goal: ratio ~1.00 (no measurable cost; judge it on the model with >= 0.2 s steps and on the per-pair spread)"
+        )
     else:
         print("goals: ratio >= 0.99 (judge it on the model with >= 0.2 s steps), extra time to first step <= 10 s")
     return 0

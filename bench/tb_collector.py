@@ -24,11 +24,25 @@ sys.path.insert(0, str(REPO / "utils"))
 
 import metrics_exporter as mx  # noqa: E402
 
-TAGS = ["learning/loss", "learning/lm_loss", "learning/perplexity", "learning/total_weights", "learning/grad_norm",
-        "learning/raw_grad_norm", "learning/param_norm", "learning/current_learning_rate", "learning/z_loss",
-        "learning/moe_lb_loss", "learning/mtp_loss", "learning/indexer_loss", "perf/step_time_seconds",
-        "perf/per_device_tflops", "perf/per_device_tflops_per_sec", "perf/per_device_tokens",
-        "perf/per_device_tokens_per_sec"]
+TAGS = [
+    "learning/loss",
+    "learning/lm_loss",
+    "learning/perplexity",
+    "learning/total_weights",
+    "learning/grad_norm",
+    "learning/raw_grad_norm",
+    "learning/param_norm",
+    "learning/current_learning_rate",
+    "learning/z_loss",
+    "learning/moe_lb_loss",
+    "learning/mtp_loss",
+    "learning/indexer_loss",
+    "perf/step_time_seconds",
+    "perf/per_device_tflops",
+    "perf/per_device_tflops_per_sec",
+    "perf/per_device_tokens",
+    "perf/per_device_tokens_per_sec",
+]
 
 
 def write_events(logdir: Path, scalars: int) -> None:
@@ -44,8 +58,11 @@ def write_events(logdir: Path, scalars: int) -> None:
         for i in range(scalars):
             step, tag = divmod(i, len(TAGS))
             value = summary_pb2.Summary.Value(tag=TAGS[tag], simple_value=6.0 / (step + 1) + tag)
-            w.write(event_pb2.Event(wall_time=t0 + step + tag / 1000, step=step,
-                                    summary=summary_pb2.Summary(value=[value])).SerializeToString())
+            w.write(
+                event_pb2.Event(
+                    wall_time=t0 + step + tag / 1000, step=step, summary=summary_pb2.Summary(value=[value])
+                ).SerializeToString()
+            )
 
 
 def timed(fn: object) -> tuple[float, float]:
@@ -77,16 +94,22 @@ def main() -> int:
             served = sum(1 for line in text[0].splitlines() if line.startswith("tb_"))
             idle = [timed(tb.poll) for _ in range(args.idle_polls)]
             rows.append((n, first, held, scrape, served, idle))
-    print(f"{'history':>8} {'first poll wall/CPU s':>22} {'held':>7} {'first scrape wall s':>20} {'served':>7} "
-          f"{'idle poll median/max ms':>24}")
+    print(
+        f"{'history':>8} {'first poll wall/CPU s':>22} {'held':>7} {'first scrape wall s':>20} {'served':>7} "
+        f"{'idle poll median/max ms':>24}"
+    )
     for n, first, held, scrape, served, idle in rows:
         walls = [w for w, _ in idle]
-        print(f"{n:>8} {first[0]:>11.3f}/{first[1]:<10.3f} {held:>7} {scrape[0]:>20.3f} {served:>7} "
-              f"{statistics.median(walls) * 1000:>12.3f}/{max(walls) * 1000:<11.3f}")
+        print(
+            f"{n:>8} {first[0]:>11.3f}/{first[1]:<10.3f} {held:>7} {scrape[0]:>20.3f} {served:>7} "
+            f"{statistics.median(walls) * 1000:>12.3f}/{max(walls) * 1000:<11.3f}"
+        )
     biggest = max(rows, key=lambda r: r[0])
     verdict = "met" if biggest[1][0] <= 0.4 else "NOT met"
-    print(f"first poll of {biggest[0]} scalars: {biggest[1][0]:.3f} s (goal <= 0.4 s: {verdict}); poll with nothing new: "
-          + ", ".join(f"{statistics.median([w for w, _ in r[5]]) * 1000:.3f} ms at {r[0]}" for r in rows))
+    print(
+        f"first poll of {biggest[0]} scalars: {biggest[1][0]:.3f} s (goal <= 0.4 s: {verdict}); poll with nothing new: "
+        + ", ".join(f"{statistics.median([w for w, _ in r[5]]) * 1000:.3f} ms at {r[0]}" for r in rows)
+    )
     return 0
 
 

@@ -60,12 +60,18 @@ def main() -> int:
     scan = min(r["scan"]["seconds"] for r in reports)
     r = reports[0]
     print(f"log: {lines} lines, {a.hosts} hosts, {size / 1e6:.1f} MB (generated in {gen:.1f} s)")
-    print(f"triage.py --json: best {best:.3f} s, median {statistics.median(walls):.3f} s of {a.runs} runs "
-          f"-> {size / best / 1e6:.0f} MB/s end to end")
-    print(f"  interpreter start-up ~{startup:.3f} s, scan {scan:.3f} s ({size / scan / 1e6:.0f} MB/s), "
-          f"analysis + JSON ~{max(0.0, best - startup - scan):.3f} s")
-    print(f"  result: status={r['status']} last_step={r['progress']['last_step']} tgs={r['tgs']['steady']} "
-          f"phases={len(r['tgs']['phases'])}")
+    print(
+        f"triage.py --json: best {best:.3f} s, median {statistics.median(walls):.3f} s of {a.runs} runs "
+        f"-> {size / best / 1e6:.0f} MB/s end to end"
+    )
+    print(
+        f"  interpreter start-up ~{startup:.3f} s, scan {scan:.3f} s ({size / scan / 1e6:.0f} MB/s), "
+        f"analysis + JSON ~{max(0.0, best - startup - scan):.3f} s"
+    )
+    print(
+        f"  result: status={r['status']} last_step={r['progress']['last_step']} tgs={r['tgs']['steady']} "
+        f"phases={len(r['tgs']['phases'])}"
+    )
     if tmp:
         tmp.cleanup()
     return 0

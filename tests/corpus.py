@@ -69,9 +69,9 @@ class Scale:
     hosts: int = 24
     gpus: int = 8
     hours: float = 48.0
-    interval: int = 30      # seconds between exporter samples (the real default is 5)
-    nics: int = 8           # RDMA devices per host
-    log_lines: int = 2000   # about this many step lines in the log
+    interval: int = 30  # seconds between exporter samples (the real default is 5)
+    nics: int = 8  # RDMA devices per host
+    log_lines: int = 2000  # about this many step lines in the log
 
 
 FULL = Scale()
@@ -79,11 +79,28 @@ SMALL = Scale(hosts=12, gpus=2, hours=3.0, interval=60, nics=2, log_lines=400)
 
 VENDORS = {
     # power (W), core/memory clocks (MHz), VRAM, temperature sensors: (idle, under load) in C
-    "amd": dict(limit=750.0, idle=140.0, load=640.0, clock=2100.0, clock_idle=800.0, mclock=1300.0,
-                vram=192 * 2**30, sensors={"edge": (38.0, 60.0), "junction": (42.0, 82.0), "mem": (40.0, 72.0)},
-                speed=32.0),
-    "nvidia": dict(limit=700.0, idle=80.0, load=590.0, clock=1980.0, clock_idle=345.0, mclock=2619.0,
-                   vram=80 * 2**30, sensors={"gpu": (35.0, 66.0), "mem": (38.0, 74.0)}, speed=32.0),
+    "amd": dict(
+        limit=750.0,
+        idle=140.0,
+        load=640.0,
+        clock=2100.0,
+        clock_idle=800.0,
+        mclock=1300.0,
+        vram=192 * 2**30,
+        sensors={"edge": (38.0, 60.0), "junction": (42.0, 82.0), "mem": (40.0, 72.0)},
+        speed=32.0,
+    ),
+    "nvidia": dict(
+        limit=700.0,
+        idle=80.0,
+        load=590.0,
+        clock=1980.0,
+        clock_idle=345.0,
+        mclock=2619.0,
+        vram=80 * 2**30,
+        sensors={"gpu": (35.0, 66.0), "mem": (38.0, 74.0)},
+        speed=32.0,
+    ),
 }
 DENSE_MODELS = ("llama3.1-70b", "llama3.1-405b", "qwen3-32b")
 MOE_MODELS = ("mixtral-8x22b", "deepseek3-671b", "qwen3-235b-a22b")
@@ -92,6 +109,7 @@ MOE_MODELS = ("mixtral-8x22b", "deepseek3-671b", "qwen3-235b-a22b")
 @dataclasses.dataclass
 class Incident:
     """One built job: where it is and what diagnose.py should say about it."""
+
     family: str
     seed: int
     job_dir: Path
@@ -99,8 +117,8 @@ class Incident:
     hosts: list[str]
     verdict: str
     culprits: list[str]
-    vs: Path | None = None                      # clean twin to diagnose against (--vs)
-    window: tuple[float, float] | None = None   # when the incident is active (unix s)
+    vs: Path | None = None  # clean twin to diagnose against (--vs)
+    window: tuple[float, float] | None = None  # when the incident is active (unix s)
     notes: dict = dataclasses.field(default_factory=dict)
 
 
@@ -119,8 +137,16 @@ def host_names(r: random.Random, n: int, vendor: str) -> list[str]:
 class _Sim:
     """Timeline, steps and per-host system state of one job (numpy arrays over the sample times)."""
 
-    def __init__(self, family: str, seed: int, scale: Scale, *, hosts: list[str] | None = None,
-                 twin: _Sim | None = None, drop: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        family: str,
+        seed: int,
+        scale: Scale,
+        *,
+        hosts: list[str] | None = None,
+        twin: _Sim | None = None,
+        drop: tuple[str, ...] = (),
+    ) -> None:
         self.family, self.seed, self.scale, self.drop = family, seed, scale, drop
         self.r = random.Random(f"{family}/{seed}")
         self.rng = np.random.default_rng(_seed_int(family, seed))
@@ -140,12 +166,12 @@ class _Sim:
         self.dur = int(scale.hours * 3600)
         self.ts = self.t0 + np.arange(0, self.dur, scale.interval)
         self.t_train = self.t0 + r.randrange(180, 420)
-        self.t_stop = float(self.ts[-1]) - 60   # training end (earlier on a failure)
-        self.t_last = float(self.ts[-1])        # last exporter sample
+        self.t_stop = float(self.ts[-1]) - 60  # training end (earlier on a failure)
+        self.t_last = float(self.ts[-1])  # last exporter sample
         self.compile_s = r.uniform(60, 200)
         self.ckpt_period = r.uniform(30, 60) * 60
         self.ckpt_dur = (20.0, 45.0)
-        self.slow: list[tuple[float, float, float]] = []   # (from, to, factor) on step time
+        self.slow: list[tuple[float, float, float]] = []  # (from, to, factor) on step time
         self.culprits: list[str] = []
         self.window: tuple[float, float] | None = None
         self.notes: dict = {}
@@ -285,8 +311,13 @@ class _Sim:
             stall |= (ts >= a) & (ts < b)
         hang = (ts >= self.t_hang) if self.t_hang is not None else np.zeros(len(ts), bool)
         compute = np.where(train & ~stall, 1.0 / np.array([self.factor(t) for t in ts]), 0.0)
-        return {"train": train, "stall": stall, "hang": hang, "compute": compute,
-                "alive": (ts >= self.t_train) & ((ts < self.t_stop) | hang)}
+        return {
+            "train": train,
+            "stall": stall,
+            "hang": hang,
+            "compute": compute,
+            "alive": (ts >= self.t_train) & ((ts < self.t_stop) | hang),
+        }
 
 
 def _seed_int(family: str, seed: int) -> int:
@@ -364,15 +395,19 @@ class _Series:
             heat = (power - spec["idle"]) / (spec["load"] - spec["idle"])
             for sensor, (cold, hot) in spec["sensors"].items():
                 temp = cold + (hot - cold) * heat + host_trait(host, f"t{g}{sensor}", -3, 3) + extra_t
-                yield "hw_gpu_temperature_celsius", {**lab, "sensor": sensor}, self.samples(
-                    temp + 0.7 * self.noise(host, g, sensor), 1)
+                yield (
+                    "hw_gpu_temperature_celsius",
+                    {**lab, "sensor": sensor},
+                    self.samples(temp + 0.7 * self.noise(host, g, sensor), 1),
+                )
             yield "hw_gpu_power_watts", lab, self.samples(power, 1)
             yield "hw_gpu_power_limit_watts", lab, self.samples(limit, 1)
             yield "hw_gpu_utilization_pct", lab, self.samples(util, 0)
             yield "hw_gpu_memory_utilization_pct", lab, self.samples(util * 0.45, 0)
             active = (m["train"] & ~m["stall"]) | m["hang"]
-            core = np.where(active, spec["clock"] * clock_k * (0.97 + 0.01 * self.noise(host, g, "ck")),
-                            spec["clock_idle"])
+            core = np.where(
+                active, spec["clock"] * clock_k * (0.97 + 0.01 * self.noise(host, g, "ck")), spec["clock_idle"]
+            )
             yield "hw_gpu_clock_mhz", {**lab, "type": "core"}, self.samples(core, 0)
             yield "hw_gpu_clock_mhz", {**lab, "type": "memory"}, self.samples(np.full(self.n, spec["mclock"]), 0)
             vram = np.where(m["alive"], spec["vram"] * 0.91, 2**29)
@@ -413,12 +448,23 @@ class _Series:
         if host in sim.io["hosts"]:
             io_on = m["stall"]
         ckpt = self.noise(host, "io")
-        io_some = np.where(io_on, sim.io["some"][0] + (sim.io["some"][1] - sim.io["some"][0]) * (0.5 + 0.15 * ckpt),
-                           0.2 + 0.1 * np.abs(ckpt))
-        io_full = np.where(io_on, sim.io["full"][0] + (sim.io["full"][1] - sim.io["full"][0]) * (0.5 + 0.15 * ckpt),
-                           0.05 * np.abs(ckpt))
-        blocked = np.where(io_on, np.round(sim.io["blocked"][0] + (sim.io["blocked"][1] - sim.io["blocked"][0])
-                                           * np.clip(0.5 + 0.2 * ckpt, 0, 1)), (self.noise(host, "blk") > 1.5) * 1.0)
+        io_some = np.where(
+            io_on,
+            sim.io["some"][0] + (sim.io["some"][1] - sim.io["some"][0]) * (0.5 + 0.15 * ckpt),
+            0.2 + 0.1 * np.abs(ckpt),
+        )
+        io_full = np.where(
+            io_on,
+            sim.io["full"][0] + (sim.io["full"][1] - sim.io["full"][0]) * (0.5 + 0.15 * ckpt),
+            0.05 * np.abs(ckpt),
+        )
+        blocked = np.where(
+            io_on,
+            np.round(
+                sim.io["blocked"][0] + (sim.io["blocked"][1] - sim.io["blocked"][0]) * np.clip(0.5 + 0.2 * ckpt, 0, 1)
+            ),
+            (self.noise(host, "blk") > 1.5) * 1.0,
+        )
         total = 2.0 * 2**40
         avail = total * (0.78 - 0.18 * m["alive"]) * (1 + 0.002 * self.noise(host, "mem"))
         mem_some, mem_full = np.zeros(self.n), np.zeros(self.n)
@@ -452,10 +498,17 @@ class _Series:
         yield "hw_tcp_current_established", base, self.samples(np.full(self.n, 180.0) + m["alive"] * 60, 0)
         busy = m["alive"] * 1.0
         user = ncpu * (0.02 + 0.06 * busy) + np.minimum(procs, ncpu) * 0.5
-        for mode, rate in (("user", user), ("system", ncpu * 0.01 + 0.02 * procs), ("iowait", io_some * 0.2),
-                           ("idle", ncpu - user)):
-            yield "hw_cpu_seconds_total", {**base, "mode": mode}, self.samples(
-                _counter(rng, np.maximum(rate, 0), iv, 1e7), 2)
+        for mode, rate in (
+            ("user", user),
+            ("system", ncpu * 0.01 + 0.02 * procs),
+            ("iowait", io_some * 0.2),
+            ("idle", ncpu - user),
+        ):
+            yield (
+                "hw_cpu_seconds_total",
+                {**base, "mode": mode},
+                self.samples(_counter(rng, np.maximum(rate, 0), iv, 1e7), 2),
+            )
         yield "hw_context_switches_total", base, self.samples(_counter(rng, 4e4 + 800 * procs, iv, 1e9), -1)
         yield "hw_forks_total", base, self.samples(_counter(rng, np.full(self.n, 3.0), iv, 2e5), -1)
         tcp_rate = np.full(self.n, host_trait(host, "tcpre", 0.05, 0.6))
@@ -490,8 +543,11 @@ class _Series:
                         rate = rate + r / len(fx[3]) * _after(ts, t)
                     elif counter == "roce_adp_retrans_to" and kind == "roce_adp_retrans":
                         rate = rate + r / len(fx[3]) * 0.05 * _after(ts, t)
-                yield "hw_ib_port_transport_errors_total", {**lab, "counter": counter}, self.samples(
-                    _counter(rng, rate, iv), -1)
+                yield (
+                    "hw_ib_port_transport_errors_total",
+                    {**lab, "counter": counter},
+                    self.samples(_counter(rng, rate, iv), -1),
+                )
             for counter in ("symbol_error", "link_downed"):
                 yield "hw_ib_port_errors_total", {**lab, "counter": counter}, self.samples(np.zeros(self.n), -1)
             yield "hw_ib_port_state", lab, self.samples(np.full(self.n, 4.0), 0)
@@ -542,8 +598,9 @@ _LB = re.compile(r"moe_lb_loss: [\d.]+")
 
 def _step_line(job: lc.Job, w: lc._Writer, host: str, step: int, t: float, dur: float, cols: dict) -> str:
     line = lc.step_line(job, w, host, step, t, dur)
-    line = _LOSS.sub(f"loss: {cols['tb_learning_loss'][step]:.3f}, lm_loss: {cols['tb_learning_lm_loss'][step]:.3f}",
-                     line, count=1)
+    line = _LOSS.sub(
+        f"loss: {cols['tb_learning_loss'][step]:.3f}, lm_loss: {cols['tb_learning_lm_loss'][step]:.3f}", line, count=1
+    )
     return _LB.sub(f"moe_lb_loss: {cols['tb_learning_moe_lb_loss'][step]:.3f}", line, count=1)
 
 
@@ -565,44 +622,69 @@ def _log(sim: _Sim, job: lc.Job, workspace: Path) -> tuple[list[str], dict, str,
     records = {h: (0, "exit") for h in hosts}
     status, first_error, t_end = "completed", "", sim.t_last
     if sim.family == "hang":
-        out += ["srun: Job step aborted: Waiting up to 12 seconds for job step to finish.",
-                f"slurmstepd-{head}: error: *** JOB {job.job_id} ON {head} CANCELLED AT {lc.iso(sim.t_last)} ***",
-                "_job.sbatch: received a stop signal (job state CANCELLED); stopping stage 'train'"]
+        out += [
+            "srun: Job step aborted: Waiting up to 12 seconds for job step to finish.",
+            f"slurmstepd-{head}: error: *** JOB {job.job_id} ON {head} CANCELLED AT {lc.iso(sim.t_last)} ***",
+            "_job.sbatch: received a stop signal (job state CANCELLED); stopping stage 'train'",
+        ]
         out += [f"srun: error: {h}: task {i}: Exited with exit code 143" for i, h in enumerate(hosts)]
         records = {h: (143, "stopped") for h in hosts}
         status = "cancelled"
     elif sim.family == "heartbeat_false_positive":
         tasks = [hosts.index(h) for h in sim.culprits]
-        for s in range(max(0, n - 3), n):      # every host's last steps before the claim
+        for s in range(max(0, n - 3), n):  # every host's last steps before the claim
             for h in hosts:
                 out.append(_step_line(job, w, h, s, sim.step_end[s], sim.step_dur[s], cols))
-        for h in sim.culprits:                   # the accused kept training after the claim
+        for h in sim.culprits:  # the accused kept training after the claim
             for k in range(1, 3):
-                out.append(_step_line(job, w, h, n - 1 + k, sim.claim + k * sim.step_time, sim.step_time,
-                                      {c: np.append(v, [v[-1]] * 3) for c, v in cols.items()}))
+                out.append(
+                    _step_line(
+                        job,
+                        w,
+                        h,
+                        n - 1 + k,
+                        sim.claim + k * sim.step_time,
+                        sim.step_time,
+                        {c: np.append(v, [v[-1]] * 3) for c, v in cols.items()},
+                    )
+                )
         out += lc.unhealthy_block(w, head, sim.claim, tasks, coordinator=True)
         for h in hosts[1:]:
             out += lc.unhealthy_block(w, h, sim.claim + (5 if h in sim.culprits else 0.01), tasks, coordinator=False)
         out.append(f"srun: error: {head}: task 0: Exited with exit code 134")
         records = {h: (134, "exit") for h in hosts}
         status = "failed"
-        first_error = w.node(head, "F1122 Terminating process because the JAX distributed service detected fatal errors.")
+        first_error = w.node(
+            head, "F1122 Terminating process because the JAX distributed service detected fatal errors."
+        )
     elif sim.family == "host_oom":
         culprit = sim.culprits[0]
         survivors = [h for h in hosts if h != culprit]
-        out.append(f"{lc.STAGE_SH}: line 46: 13207 Killed                  timeout --kill-after=10 \"$limit\" \"$@\" 1>&3 2>&1")
+        out.append(
+            f'{lc.STAGE_SH}: line 46: 13207 Killed                  timeout --kill-after=10 "$limit" "$@" 1>&3 2>&1'
+        )
         for h in survivors:
             out += lc.traceback_lines(w, h, lc.GLOO_EXC.format(peer=hosts.index(culprit) + 1))
         out.append(f"srun: error: {culprit}: task {hosts.index(culprit)}: Out Of Memory")
-        out += [f"slurmstepd-{h}: error: *** STEP {job.job_id}.1 ON {h} CANCELLED AT {lc.iso(sim.oom + 2)} ***"
-                for h in survivors]
+        out += [
+            f"slurmstepd-{h}: error: *** STEP {job.job_id}.1 ON {h} CANCELLED AT {lc.iso(sim.oom + 2)} ***"
+            for h in survivors
+        ]
         records = {h: (143, "stopped") for h in survivors}
         records[culprit] = (137, "exit")
         status = "failed"
         first_error = w.node(culprit, "killed by signal 9 (KILL), e.g. the kernel OOM killer or kill -9")
     else:
-        out += [w.absl(h, sim.t_stop + 1, "Shutting down PreemptionSyncManager...", tid=15100,
-                       where="preemption_sync_manager.cc:202") for h in hosts]
+        out += [
+            w.absl(
+                h,
+                sim.t_stop + 1,
+                "Shutting down PreemptionSyncManager...",
+                tid=15100,
+                where="preemption_sync_manager.cc:202",
+            )
+            for h in hosts
+        ]
     return out, records, status, first_error, t_end
 
 
@@ -627,8 +709,17 @@ def _write_job_files(sim: _Sim, job: lc.Job, workspace: Path) -> tuple[Path, Pat
 
 
 def _materialise(sim: _Sim, job_id: str, workspace: Path) -> tuple[Path, Path]:
-    job = lc.Job(hosts=sim.hosts, job_id=job_id, model=sim.model, start=float(sim.t0), step_time=sim.step_time,
-                 tokens_per_step=sim.tokens, seed=sim.seed, config_lines=3, total_steps=len(sim.steps))
+    job = lc.Job(
+        hosts=sim.hosts,
+        job_id=job_id,
+        model=sim.model,
+        start=float(sim.t0),
+        step_time=sim.step_time,
+        tokens_per_step=sim.tokens,
+        seed=sim.seed,
+        config_lines=3,
+        total_steps=len(sim.steps),
+    )
     if (workspace / job.name).exists():
         raise FileExistsError(f"{workspace / job.name} exists")
     job_dir, log = _write_job_files(sim, job, workspace)
@@ -639,8 +730,15 @@ def _materialise(sim: _Sim, job_id: str, workspace: Path) -> tuple[Path, Path]:
     return job_dir, log
 
 
-def build(family: str, workspace: Path | str, seed: int = 1, scale: Scale = SMALL, *, job_id: str | None = None,
-          drop: tuple[str, ...] = ()) -> Incident:
+def build(
+    family: str,
+    workspace: Path | str,
+    seed: int = 1,
+    scale: Scale = SMALL,
+    *,
+    job_id: str | None = None,
+    drop: tuple[str, ...] = (),
+) -> Incident:
     """Write one incident job (and, for thread_leak, its clean twin first) under workspace.
 
     drop: metric-name prefixes to leave out of the TSDB (e.g. ("hw_gpu_",) for a job without the GPU plugin).
@@ -659,9 +757,25 @@ def build(family: str, workspace: Path | str, seed: int = 1, scale: Scale = SMAL
     else:
         sim = _Sim(family, seed, scale, drop=drop)
     job_dir, log = _materialise(sim, jid, workspace)
-    return Incident(family, seed, job_dir, log, list(sim.hosts), FAMILIES[family], list(sim.culprits), vs,
-                    sim.window, {**sim.notes, "vendor": sim.vendor, "model": sim.model,
-                                 "steps": int(len(sim.steps)), "t_hang": sim.t_hang, "claim": sim.claim})
+    return Incident(
+        family,
+        seed,
+        job_dir,
+        log,
+        list(sim.hosts),
+        FAMILIES[family],
+        list(sim.culprits),
+        vs,
+        sim.window,
+        {
+            **sim.notes,
+            "vendor": sim.vendor,
+            "model": sim.model,
+            "steps": int(len(sim.steps)),
+            "t_hang": sim.t_hang,
+            "claim": sim.claim,
+        },
+    )
 
 
 def main() -> int:
@@ -674,8 +788,11 @@ def main() -> int:
     for fam in a.family or list(FAMILIES):
         t = time.monotonic()
         inc = build(fam, a.workspace, a.seed, FULL if a.scale == "full" else SMALL)
-        print(f"{inc.job_dir}  verdict={inc.verdict} culprits={','.join(inc.culprits) or '-'}"
-              + (f" vs={inc.vs}" if inc.vs else "") + f"  ({time.monotonic() - t:.1f} s)")
+        print(
+            f"{inc.job_dir}  verdict={inc.verdict} culprits={','.join(inc.culprits) or '-'}"
+            + (f" vs={inc.vs}" if inc.vs else "")
+            + f"  ({time.monotonic() - t:.1f} s)"
+        )
     return 0
 
 

@@ -22,7 +22,7 @@ def wait_for(pred: Callable[[], object], timeout: float, what: str, period: floa
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-SUBMITTED: list[str] = []   # job ids submitted by the running test (conftest cancels what is left)
+SUBMITTED: list[str] = []  # job ids submitted by the running test (conftest cancels what is left)
 
 
 def submit(cluster: dict[str, str], workspace: Path, *args: str, **env: str) -> tuple[str, Path]:
@@ -45,6 +45,7 @@ def wait_job_end(cluster: dict[str, str], job_id: str, timeout: float) -> str:
     def ended() -> str:
         state = job_state(cluster, job_id)
         return "" if state in {"PENDING", "RUNNING", "COMPLETING", "CONFIGURING"} else state
+
     return str(wait_for(ended, timeout, f"job {job_id} to end"))
 
 
@@ -85,8 +86,11 @@ def bad_job_arg(kind: str, tmp_path: Path) -> str:
     text or empty file, "dir" (a directory that is no job directory), "fifo", "dangling" (a symlink
     to nothing), "long" (a name longer than the file system allows); any other kind is passed
     through (a missing id or path, '', '.')."""
-    files = {"binary": ("x.log", b"\x7fELF\0\0\0" * 100), "text": ("notes.txt", b"shopping list\nmilk\n"),
-             "empty": ("empty.log", b"")}
+    files = {
+        "binary": ("x.log", b"\x7fELF\0\0\0" * 100),
+        "text": ("notes.txt", b"shopping list\nmilk\n"),
+        "empty": ("empty.log", b""),
+    }
     if kind in files:
         name, data = files[kind]
         (tmp_path / name).write_bytes(data)

@@ -19,9 +19,21 @@ import time
 from pathlib import Path
 
 FAILURES = (
-    "oom_host", "oom_device", "segfault", "collective_error", "python_exception", "config_error",
-    "heartbeat_timeout", "heartbeat_false_positive", "stage_timeout", "cancelled", "node_failure",
-    "hang", "killed_gloo", "preflight", "time_limit",
+    "oom_host",
+    "oom_device",
+    "segfault",
+    "collective_error",
+    "python_exception",
+    "config_error",
+    "heartbeat_timeout",
+    "heartbeat_false_positive",
+    "stage_timeout",
+    "cancelled",
+    "node_failure",
+    "hang",
+    "killed_gloo",
+    "preflight",
+    "time_limit",
 )
 MULTI_NODE = ("collective_error", "heartbeat_timeout", "heartbeat_false_positive", "node_failure")
 PY = "/opt/venv/lib/python3.12/site-packages"
@@ -35,22 +47,22 @@ class Job:
     model: str = "tiny"
     tag: str = ""
     scheduler: str = "slurm"
-    steps: int = 20                     # steps every host completes (fewer on a failing host)
-    total_steps: int | None = None      # the steps= override (None: no override)
-    config_steps: int | None = None     # steps: in artifact/configs/<model>.yml (None: not written)
-    start: float = 1795322400.0         # epoch of the header's started: (2026-11-22T04:00:00Z)
+    steps: int = 20  # steps every host completes (fewer on a failing host)
+    total_steps: int | None = None  # the steps= override (None: no override)
+    config_steps: int | None = None  # steps: in artifact/configs/<model>.yml (None: not written)
+    start: float = 1795322400.0  # epoch of the header's started: (2026-11-22T04:00:00Z)
     step_time: float = 0.5
     phases: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # (from_step, step_time)
-    warmup_time: float = 20.0           # seconds of step 0 (compilation)
-    tokens_per_step: float = 2048.0     # tokens per device per step
-    rampup_steps: int = 0               # steps logged as [Rampup Batch Size Phase] lines
+    warmup_time: float = 20.0  # seconds of step 0 (compilation)
+    tokens_per_step: float = 2048.0  # tokens per device per step
+    rampup_steps: int = 0  # steps logged as [Rampup Batch Size Phase] lines
     host_prefix: bool = True
     absl: bool = True
-    config_lines: int = 30              # "Config param" lines per host
-    failure: str | None = None          # one of FAILURES
-    culprit: int = 1                    # index into hosts of the failing host
-    fail_step: int | None = None        # last step the culprit completes (default steps // 2)
-    running: bool = False               # no JOB SUMMARY and no train records yet
+    config_lines: int = 30  # "Config param" lines per host
+    failure: str | None = None  # one of FAILURES
+    culprit: int = 1  # index into hosts of the failing host
+    fail_step: int | None = None  # last step the culprit completes (default steps // 2)
+    running: bool = False  # no JOB SUMMARY and no train records yet
     seed: int = 1
 
     @property
@@ -78,8 +90,15 @@ class _Writer:
     def node(self, host: str, text: str) -> str:
         return f"{host}: {text}" if self.job.host_prefix else text
 
-    def absl(self, host: str, epoch: float, text: str, level: str = "I", where: str = "metric_logger.py:265",
-             tid: int = 140495106636672) -> str:
+    def absl(
+        self,
+        host: str,
+        epoch: float,
+        text: str,
+        level: str = "I",
+        where: str = "metric_logger.py:265",
+        tid: int = 140495106636672,
+    ) -> str:
         prefix = absl_stamp(epoch, level, tid, where) if self.job.absl else ""
         return self.node(host, prefix + text)
 
@@ -94,13 +113,17 @@ def step_time_at(job: Job, step: int) -> float:
 
 def step_line(job: Job, w: _Writer, host: str, step: int, epoch: float, seconds: float) -> str:
     if step < job.rampup_steps:
-        body = (f"[Rampup Batch Size Phase] completed step: {step}, seconds: {seconds:.3f}, total_weights: 64, "
-                f"loss: {6.1 - step * 0.001:.3f}, lm_loss: {6.1 - step * 0.001:.3f}, perplexity: 445.001")
+        body = (
+            f"[Rampup Batch Size Phase] completed step: {step}, seconds: {seconds:.3f}, total_weights: 64, "
+            f"loss: {6.1 - step * 0.001:.3f}, lm_loss: {6.1 - step * 0.001:.3f}, perplexity: 445.001"
+        )
     else:
         tgs = job.tokens_per_step / seconds
-        body = (f"completed step: {step}, seconds: {seconds:.3f}, TFLOP/s/device: {tgs * 1e-6:.3f}, "
-                f"Tokens/s/device: {tgs:.3f}, total_weights: {int(job.tokens_per_step)}, loss: {6.061 - step * 1e-4:.3f}, "
-                f"lm_loss: {6.061 - step * 1e-4:.3f}, perplexity: 429.005")
+        body = (
+            f"completed step: {step}, seconds: {seconds:.3f}, TFLOP/s/device: {tgs * 1e-6:.3f}, "
+            f"Tokens/s/device: {tgs:.3f}, total_weights: {int(job.tokens_per_step)}, loss: {6.061 - step * 1e-4:.3f}, "
+            f"lm_loss: {6.061 - step * 1e-4:.3f}, perplexity: 429.005"
+        )
         if step % 3 == 0:
             body += ", moe_lb_loss: 0.010"
     return w.absl(host, epoch, body)
@@ -134,60 +157,121 @@ def startup(job: Job, w: _Writer, host: str, rank: int, t: float) -> list[str]:
         w.node(host, f"preflight: host {host}, 2 CPUs, 22.6 GiB memory available, kernel 6.1.0"),
         w.node(host, "preflight: ok"),
         w.node(host, f"_train.sh: rank {rank}/{n}, coordinator 10.0.0.1:61442, env set: NNODES={n} NODE_RANK={rank} "),
-        w.node(host, "[transformers] PyTorch was not found. Models won't be available and only tokenizers, "
-                     "configuration and file/data utilities can be used."),
-        w.absl(host, t, "Attempting to initialize the jax distributed system for GPU backend...", where="max_utils.py:272"),
-        w.absl(host, t + 0.5, "Coordination agent has successfully connected.", tid=13217,
-               where="coordination_service_agent.cc:197"),
+        w.node(
+            host,
+            "[transformers] PyTorch was not found. Models won't be available and only tokenizers, "
+            "configuration and file/data utilities can be used.",
+        ),
+        w.absl(
+            host, t, "Attempting to initialize the jax distributed system for GPU backend...", where="max_utils.py:272"
+        ),
+        w.absl(
+            host,
+            t + 0.5,
+            "Coordination agent has successfully connected.",
+            tid=13217,
+            where="coordination_service_agent.cc:197",
+        ),
         w.absl(host, t + 0.6, "Jax distributed system initialized on GPU!", where="max_utils.py:274"),
     ]
     for i in range(job.config_lines):
         lines.append(w.absl(host, t + 0.7, f"Config param option_{i:04d}: value_{i}", where="pyconfig.py:591"))
     lines.append(w.absl(host, t + 1, "System Information: Jax Version: 0.12.0.1", where="max_utils.py:835"))
-    lines.append(w.absl(host, t + 1.5, "\tMemstats unavailable, error: 'NoneType' object is not subscriptable",
-                        where="max_utils.py:788"))
+    lines.append(
+        w.absl(
+            host,
+            t + 1.5,
+            "\tMemstats unavailable, error: 'NoneType' object is not subscriptable",
+            where="max_utils.py:788",
+        )
+    )
     return lines
 
 
 def traceback_lines(w: _Writer, host: str, exc: str) -> list[str]:
-    return [w.node(host, s) for s in (
-        "Traceback (most recent call last):",
-        '  File "<frozen runpy>", line 198, in _run_module_as_main',
-        f'  File "{PY}/maxtext/trainers/pre_train/train.py", line 1402, in train_loop',
-        "    state, metrics = p_train_step(state, example_batch, nextrng)",
-        "                     ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
-        exc,
-    )]
+    return [
+        w.node(host, s)
+        for s in (
+            "Traceback (most recent call last):",
+            '  File "<frozen runpy>", line 198, in _run_module_as_main',
+            f'  File "{PY}/maxtext/trainers/pre_train/train.py", line 1402, in train_loop',
+            "    state, metrics = p_train_step(state, example_batch, nextrng)",
+            "                     ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+            exc,
+        )
+    ]
 
 
-GLOO_EXC = ("ValueError: UNKNOWN: Gloo AllGather failed: [external/xla++third_party_ext+gloo/gloo/transport/tcp/"
-            "pair.cc:538] Read error [10.0.0.{peer}]:27549: Connection reset by peer")
+GLOO_EXC = (
+    "ValueError: UNKNOWN: Gloo AllGather failed: [external/xla++third_party_ext+gloo/gloo/transport/tcp/"
+    "pair.cc:538] Read error [10.0.0.{peer}]:27549: Connection reset by peer"
+)
 
 
 def unhealthy_block(w: _Writer, host: str, t: float, tasks: list[int], coordinator: bool) -> list[str]:
     """What JAX 0.12 prints when the coordination service stops hearing from tasks (measured)."""
     lines = []
     if coordinator:
-        lines.append(w.absl(host, t, "[5262243515087626946] Use error polling to propagate the following error to "
-                                     "all tasks: UNAVAILABLE: The following tasks are unhealthy (stopped sending heartbeats):",
-                            level="E", tid=22534, where="coordination_service.cc:1518"))
+        lines.append(
+            w.absl(
+                host,
+                t,
+                "[5262243515087626946] Use error polling to propagate the following error to "
+                "all tasks: UNAVAILABLE: The following tasks are unhealthy (stopped sending heartbeats):",
+                level="E",
+                tid=22534,
+                where="coordination_service.cc:1518",
+            )
+        )
         lines += [w.node(host, str(k)) for k in tasks]
-        lines.append(w.node(host, "The tasks have crashed. Check the task logs for an earlier error, or scheduler events "
-                                  "(e.g. preemption, eviction) to debug further. "
-                                  "[type.googleapis.com/tensorflow.CoordinationServiceError='']"))
-    lines.append(w.absl(host, t + 0.001, "Polled an error from coordination service (this can be an error from this or "
-                                         "another task).", level="E", tid=22545, where="coordination_service_agent.cc:288"))
-    lines.append(w.absl(host, t + 0.002, "Terminating process because the JAX distributed service detected fatal errors. "
-                                         "This most likely indicates that another task died; see the other task logs for "
-                                         "more details. Disable Python buffering, i.e. `python -u`, to be sure to see all "
-                                         "the previous output. absl::Status: UNAVAILABLE: The following tasks are unhealthy "
-                                         "(stopped sending heartbeats):", level="F", tid=22545, where="client.h:86"))
+        lines.append(
+            w.node(
+                host,
+                "The tasks have crashed. Check the task logs for an earlier error, or scheduler events "
+                "(e.g. preemption, eviction) to debug further. "
+                "[type.googleapis.com/tensorflow.CoordinationServiceError='']",
+            )
+        )
+    lines.append(
+        w.absl(
+            host,
+            t + 0.001,
+            "Polled an error from coordination service (this can be an error from this or another task).",
+            level="E",
+            tid=22545,
+            where="coordination_service_agent.cc:288",
+        )
+    )
+    lines.append(
+        w.absl(
+            host,
+            t + 0.002,
+            "Terminating process because the JAX distributed service detected fatal errors. "
+            "This most likely indicates that another task died; see the other task logs for "
+            "more details. Disable Python buffering, i.e. `python -u`, to be sure to see all "
+            "the previous output. absl::Status: UNAVAILABLE: The following tasks are unhealthy "
+            "(stopped sending heartbeats):",
+            level="F",
+            tid=22545,
+            where="client.h:86",
+        )
+    )
     lines += [w.node(host, str(k)) for k in tasks]
-    lines.append(w.node(host, "The tasks have crashed. Check the task logs for an earlier error, or scheduler events "
-                              "(e.g. preemption, eviction) to debug further."))
+    lines.append(
+        w.node(
+            host,
+            "The tasks have crashed. Check the task logs for an earlier error, or scheduler events "
+            "(e.g. preemption, eviction) to debug further.",
+        )
+    )
     lines.append(w.node(host, ""))
-    lines.append(w.node(host, "RPC: /xla.coordination.CoordinationService/PollForError "
-                              "[type.googleapis.com/tensorflow.CoordinationServiceError='']"))
+    lines.append(
+        w.node(
+            host,
+            "RPC: /xla.coordination.CoordinationService/PollForError "
+            "[type.googleapis.com/tensorflow.CoordinationServiceError='']",
+        )
+    )
     lines.append(w.node(host, "*** Check failure stack trace: ***"))
     lines.append(w.node(host, "    @     0x7fa3b5ef81b4  absl::lts_20260526::log_internal::LogMessage::SendToLog()"))
     return lines
@@ -196,6 +280,7 @@ def unhealthy_block(w: _Writer, host: str, t: float, tasks: list[int], coordinat
 @dataclasses.dataclass
 class _Outcome:
     """Per-host end of the last stage: (rc, reason) or None for no record."""
+
     records: dict[str, tuple[int, str] | None]
     status: str
     summary_first_error: str = ""
@@ -235,11 +320,25 @@ def body(job: Job, w: _Writer) -> tuple[list[str], _Outcome, float]:
 
     if fail == "config_error":
         for host in hosts:
-            out.append(w.absl(host, t0 + 2, "Ignoring invalid/unsupported field from YAML/CLI: 'per_device_batch_sizee'",
-                              level="W", where="pyconfig.py:270"))
+            out.append(
+                w.absl(
+                    host,
+                    t0 + 2,
+                    "Ignoring invalid/unsupported field from YAML/CLI: 'per_device_batch_sizee'",
+                    level="W",
+                    where="pyconfig.py:270",
+                )
+            )
             out.append(w.absl(host, t0 + 2, "=" * 80, level="E", where="pyconfig.py:392"))
-            out.append(w.absl(host, t0 + 2, "MAXTEXT CONFIG ERROR: 'per_device_batch_sizee' not in 'emb_dim', 'mlp_dim'.",
-                              level="E", where="pyconfig.py:393"))
+            out.append(
+                w.absl(
+                    host,
+                    t0 + 2,
+                    "MAXTEXT CONFIG ERROR: 'per_device_batch_sizee' not in 'emb_dim', 'mlp_dim'.",
+                    level="E",
+                    where="pyconfig.py:393",
+                )
+            )
             out += traceback_lines(w, host, "ValueError: 'per_device_batch_sizee' not in 'emb_dim', 'mlp_dim'.")
             records[host] = (1, "exit")
         first_error = w.node(hosts[0], "ValueError: 'per_device_batch_sizee' not in 'emb_dim', 'mlp_dim'.")
@@ -248,8 +347,17 @@ def body(job: Job, w: _Writer) -> tuple[list[str], _Outcome, float]:
     t = t0 + 10.0
     # steps each host completes
     last = {h: job.steps - 1 for h in hosts}
-    if fail in ("oom_host", "oom_device", "segfault", "python_exception", "collective_error", "heartbeat_timeout",
-                "node_failure", "killed_gloo", "heartbeat_false_positive"):
+    if fail in (
+        "oom_host",
+        "oom_device",
+        "segfault",
+        "python_exception",
+        "collective_error",
+        "heartbeat_timeout",
+        "node_failure",
+        "killed_gloo",
+        "heartbeat_false_positive",
+    ):
         for h in hosts:
             last[h] = fstep + (0 if h == culprit else 1)
         if fail in ("oom_device", "python_exception"):
@@ -273,20 +381,35 @@ def body(job: Job, w: _Writer) -> tuple[list[str], _Outcome, float]:
             if step <= last[h]:
                 out.append(step_line(job, w, h, step, t + rng.uniform(0, 0.004), sec))
         if step % 5 == 0 and step <= last[hosts[0]]:
-            out.append(w.absl(hosts[0], t + 0.005, "To see full metrics 'tensorboard --logdir=/ws/run/tensorboard/'",
-                              where="metric_logger.py:393"))
+            out.append(
+                w.absl(
+                    hosts[0],
+                    t + 0.005,
+                    "To see full metrics 'tensorboard --logdir=/ws/run/tensorboard/'",
+                    where="metric_logger.py:393",
+                )
+            )
     t_fail = step_end.get(fstep, t) + 1.0
     survivors = [h for h in hosts if h != culprit]
     peer_ip = job.culprit % len(hosts) + 1
 
     if fail is None:
         for h in hosts:
-            out.append(w.absl(h, t + 0.1, "Shutting down PreemptionSyncManager...", tid=15100,
-                              where="preemption_sync_manager.cc:202"))
+            out.append(
+                w.absl(
+                    h,
+                    t + 0.1,
+                    "Shutting down PreemptionSyncManager...",
+                    tid=15100,
+                    where="preemption_sync_manager.cc:202",
+                )
+            )
     elif fail in ("oom_host", "killed_gloo"):
         # the culprit is SIGKILLed (kernel OOM killer): it prints nothing; bash in run_stage.sh reports
         # "Killed" without a host prefix; survivors get Gloo errors; srun reports the task
-        out.append(f"{STAGE_SH}: line 46: 13207 Killed                  timeout --kill-after=10 \"$limit\" \"$@\" 1>&3 2>&1")
+        out.append(
+            f'{STAGE_SH}: line 46: 13207 Killed                  timeout --kill-after=10 "$limit" "$@" 1>&3 2>&1'
+        )
         for h in survivors:
             out += traceback_lines(w, h, GLOO_EXC.format(peer=peer_ip))
         rank = hosts.index(culprit)
@@ -302,21 +425,34 @@ def body(job: Job, w: _Writer) -> tuple[list[str], _Outcome, float]:
         status = "failed"
         first_error = w.node(culprit, "killed by signal 9 (KILL), e.g. the kernel OOM killer or kill -9")
     elif fail == "oom_device":
-        out += traceback_lines(w, culprit, "jaxlib._jax.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying "
-                                           "to allocate 25.50GiB.")
+        out += traceback_lines(
+            w,
+            culprit,
+            "jaxlib._jax.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 25.50GiB.",
+        )
         out.append(f"srun: error: {culprit}: task {hosts.index(culprit)}: Exited with exit code 1")
         records.update({h: (143, "stopped") for h in survivors})
         records[culprit] = (1, "exit")
         status = "failed"
-        first_error = w.node(culprit, "jaxlib._jax.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to "
-                                      "allocate 25.50GiB.")
+        first_error = w.node(
+            culprit, "jaxlib._jax.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 25.50GiB."
+        )
     elif fail == "segfault":
         # real order: bash's job-control notice (unprefixed) can land before the prefixed Python dump
-        out.append(f"{STAGE_SH}: line 46: 11808 Segmentation fault      timeout --kill-after=10 \"$limit\" \"$@\" 1>&3 2>&1")
-        out += [w.node(culprit, s) for s in (
-            "Fatal Python error: Segmentation fault", "", "Current thread 0x00007fb077d90b80 (most recent call first):",
-            f'  File "{PY}/maxtext/trainers/pre_train/train.py", line 957 in training_loop_iteration', "",
-            "Extension modules: numpy._core._multiarray_umath, jaxlib.cpu_feature_guard (total: 2)")]
+        out.append(
+            f'{STAGE_SH}: line 46: 11808 Segmentation fault      timeout --kill-after=10 "$limit" "$@" 1>&3 2>&1'
+        )
+        out += [
+            w.node(culprit, s)
+            for s in (
+                "Fatal Python error: Segmentation fault",
+                "",
+                "Current thread 0x00007fb077d90b80 (most recent call first):",
+                f'  File "{PY}/maxtext/trainers/pre_train/train.py", line 957 in training_loop_iteration',
+                "",
+                "Extension modules: numpy._core._multiarray_umath, jaxlib.cpu_feature_guard (total: 2)",
+            )
+        ]
         for h in survivors:
             out += traceback_lines(w, h, GLOO_EXC.format(peer=peer_ip))
         out.append(f"srun: error: {culprit}: task {hosts.index(culprit)}: Exited with exit code 139")
@@ -356,7 +492,9 @@ def body(job: Job, w: _Writer) -> tuple[list[str], _Outcome, float]:
         records.update({h: (134, "exit") for h in hosts})
         records[culprit] = (143, "stopped") if fail == "heartbeat_timeout" else (134, "exit")
         status = "failed"
-        first_error = w.node(hosts[0], "F1122 Terminating process because the JAX distributed service detected fatal errors.")
+        first_error = w.node(
+            hosts[0], "F1122 Terminating process because the JAX distributed service detected fatal errors."
+        )
     elif fail == "stage_timeout":
         for h in hosts:
             out.append(w.node(h, "run_stage.sh: stage 'train' exceeded its 25 s limit on " + h))
@@ -374,15 +512,19 @@ def body(job: Job, w: _Writer) -> tuple[list[str], _Outcome, float]:
         status = "cancelled"
     elif fail == "time_limit":
         # sbatch --time ran out: slurmstepd's notice, then _job.sbatch's trap (job state TIMEOUT)
-        out.append(f"slurmstepd-{hosts[0]}: error: *** JOB {job.job_id} ON {hosts[0]} CANCELLED AT {iso(t_fail)} "
-                   "DUE TO TIME LIMIT ***")
+        out.append(
+            f"slurmstepd-{hosts[0]}: error: *** JOB {job.job_id} ON {hosts[0]} CANCELLED AT {iso(t_fail)} "
+            "DUE TO TIME LIMIT ***"
+        )
         out.append("_job.sbatch: received a stop signal (job state TIMEOUT); stopping stage 'train'")
         records = {h: (143, "stopped") for h in hosts}
         status = "timeout"
     elif fail == "node_failure":
         out.append(f"srun: error: Node failure on {culprit}")
-        out.append(f"slurmstepd-{hosts[0]}: error: *** JOB {job.job_id} ON {hosts[0]} CANCELLED AT {iso(t_fail + 30)} "
-                   "DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***")
+        out.append(
+            f"slurmstepd-{hosts[0]}: error: *** JOB {job.job_id} ON {hosts[0]} CANCELLED AT {iso(t_fail + 30)} "
+            "DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***"
+        )
         records.update({h: (143, "stopped") for h in survivors})
         records[culprit] = None
         status = "cancelled"
@@ -392,15 +534,24 @@ def body(job: Job, w: _Writer) -> tuple[list[str], _Outcome, float]:
 
 
 def summary_block(job: Job, workspace: Path, o: _Outcome, wall: int) -> list[str]:
-    failed = [f"{h} (exit {rc}{'' if reason == 'exit' else reason})" for h, r in o.records.items()
-              if r and r[0] != 0 and r[1] != "stopped" for rc, reason in [r]]
+    failed = [
+        f"{h} (exit {rc}{'' if reason == 'exit' else reason})"
+        for h, r in o.records.items()
+        if r and r[0] != 0 and r[1] != "stopped"
+        for rc, reason in [r]
+    ]
     culprit = next((f.split()[0] for f in failed), "")
     stopped = [h for h, r in o.records.items() if r and r[1] == "stopped"]
     missing = [h for h, r in o.records.items() if r is None]
-    lines = ["==================== JOB SUMMARY ====================", f"status: {o.status}",
-             f"job: {job.job_id} {job.name}", f"nodes: {len(job.hosts)} ({' '.join(job.hosts)})", f"stage: {o.stage}",
-             f"wall_time: {wall // 3600:02d}:{wall % 3600 // 60:02d}:{wall % 60:02d} ({wall} s)",
-             f"failed_nodes: {' '.join(failed) or 'none'}"]
+    lines = [
+        "==================== JOB SUMMARY ====================",
+        f"status: {o.status}",
+        f"job: {job.job_id} {job.name}",
+        f"nodes: {len(job.hosts)} ({' '.join(job.hosts)})",
+        f"stage: {o.stage}",
+        f"wall_time: {wall // 3600:02d}:{wall % 3600 // 60:02d}:{wall % 60:02d} ({wall} s)",
+        f"failed_nodes: {' '.join(failed) or 'none'}",
+    ]
     if culprit:
         lines.append(f"first_failure: {culprit}")
     if stopped:
@@ -409,8 +560,11 @@ def summary_block(job: Job, workspace: Path, o: _Outcome, wall: int) -> list[str
         lines.append(f"no_exit_record: {' '.join(missing)}")
     if o.summary_first_error:
         lines.append(f"first_error: {o.summary_first_error}")
-    lines += [f"job_dir: {workspace}/{job.name}", f"log: {workspace}/{job.name}.log",
-              "====================================================="]
+    lines += [
+        f"job_dir: {workspace}/{job.name}",
+        f"log: {workspace}/{job.name}.log",
+        "=====================================================",
+    ]
     return lines
 
 
@@ -439,8 +593,9 @@ def write_job(job: Job, workspace: Path) -> Path:
             if r is not None:
                 end = t_end + (0 if h == job.hosts[job.culprit % len(job.hosts)] else 2 + i * 0.01)
                 (stage_dir / h).write_text(f"rc={r[0]} end={end:.3f} reason={r[1]}\n")
-        (job_dir / "summary.txt").write_text("\n".join(summary_block(job, workspace, outcome,
-                                                                      int(t_end - job.start))) + "\n")
+        (job_dir / "summary.txt").write_text(
+            "\n".join(summary_block(job, workspace, outcome, int(t_end - job.start))) + "\n"
+        )
     if job.config_steps is not None:
         cfg = job_dir / "artifact" / "configs"
         cfg.mkdir(parents=True, exist_ok=True)
@@ -454,8 +609,17 @@ def write_big_log(path: Path, hosts: int, min_lines: int, seed: int = 7, absl: b
     streamed to disk in blocks. Returns the number of lines."""
     names = [f"node{i:03d}" for i in range(1, hosts + 1)]
     steps = min_lines // hosts + 1
-    job = Job(hosts=names, steps=steps, total_steps=steps, config_lines=900, step_time=1.2,
-              phases=[(steps // 2, 1.5)], warmup_time=60.0, seed=seed, absl=absl)
+    job = Job(
+        hosts=names,
+        steps=steps,
+        total_steps=steps,
+        config_lines=900,
+        step_time=1.2,
+        phases=[(steps // 2, 1.5)],
+        warmup_time=60.0,
+        seed=seed,
+        absl=absl,
+    )
     w = _Writer(job)
     rng = random.Random(seed)
     count = 0
@@ -474,8 +638,14 @@ def write_big_log(path: Path, hosts: int, min_lines: int, seed: int = 7, absl: b
             for h in names:
                 block.append(step_line(job, w, h, step, t + rng.uniform(0, 0.004), sec))
             if step % 100 == 0:
-                block.append(w.absl(names[0], t, "To see full metrics 'tensorboard --logdir=/ws/run/tensorboard/'",
-                                    where="metric_logger.py:393"))
+                block.append(
+                    w.absl(
+                        names[0],
+                        t,
+                        "To see full metrics 'tensorboard --logdir=/ws/run/tensorboard/'",
+                        where="metric_logger.py:393",
+                    )
+                )
             if len(block) > 20000:
                 f.write("\n".join(block) + "\n")
                 count += len(block)

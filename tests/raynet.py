@@ -16,9 +16,13 @@ import grpc
 # One harmless read-only method of each Ray gRPC service that listens on a node: GCS, raylet (node
 # manager), object manager, dashboard agent (reporter), core worker (drivers, actors, workers).
 # A method of another service answers UNIMPLEMENTED before any authentication, so each is tried.
-GRPC_METHODS = ("/ray.rpc.NodeInfoGcsService/GetClusterId", "/ray.rpc.NodeManagerService/GetNodeStats",
-                "/ray.rpc.ObjectManagerService/Pull", "/ray.rpc.ReporterService/GetTraceback",
-                "/ray.rpc.CoreWorkerService/NumPendingTasks")
+GRPC_METHODS = (
+    "/ray.rpc.NodeInfoGcsService/GetClusterId",
+    "/ray.rpc.NodeManagerService/GetNodeStats",
+    "/ray.rpc.ObjectManagerService/Pull",
+    "/ray.rpc.ReporterService/GetTraceback",
+    "/ray.rpc.CoreWorkerService/NumPendingTasks",
+)
 NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
@@ -89,7 +93,7 @@ def listeners(procs: dict[int, str]) -> list[Listener]:
                 continue
             hexaddr, hexport = f[1].split(":")
             raw = bytes.fromhex(hexaddr)
-            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))  # kernel words are little-endian
+            raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))  # kernel words are little-endian
             pid = owner[int(f[9])]
             out.append(Listener(socket.inet_ntop(family, raw), int(hexport, 16), pid, procs[pid]))
     return out
@@ -139,7 +143,9 @@ def probe(host: str, port: int, token: str) -> str:
         code = grpc_code(host, port, method, None)
         if code == grpc.StatusCode.UNAUTHENTICATED:
             with_token = grpc_code(host, port, method, token)
-            return "authenticated" if with_token != grpc.StatusCode.UNAUTHENTICATED else f"grpc: token refused ({method})"
+            return (
+                "authenticated" if with_token != grpc.StatusCode.UNAUTHENTICATED else f"grpc: token refused ({method})"
+            )
         if code == grpc.StatusCode.UNAVAILABLE:
             return "unreachable"
         seen.append(f"{method.rsplit('/', 1)[1]}={code.name}")

@@ -29,11 +29,12 @@ PY = str(VENV / "bin" / "python")
 SEEDS = (1, 2, 3)
 
 
-
 @pytest.fixture(autouse=True, scope="module")
 def _prometheus() -> None:
     # tests/run.sh installs them; missing tools are a failure, never a silent skip
-    assert shutil.which("prometheus") and shutil.which("promtool"), "needs prometheus and promtool (apt-get install prometheus)"
+    assert shutil.which("prometheus") and shutil.which("promtool"), (
+        "needs prometheus and promtool (apt-get install prometheus)"
+    )
 
 
 def diag(job: Path, vs: Path | None = None) -> dict:
@@ -89,7 +90,7 @@ def test_thread_leak_is_invisible_without_vs(tmp_path):
     ranked = {row["family"]: row for row in r["vs"]["ranked"]}
     procs = ranked["hw_procs_running"]
     assert 15 <= procs["this_median"] - procs["other_median"] <= 19, procs
-    assert -0.02 < ranked["tb_tokens"]["relative"] < 0, ranked["tb_tokens"]   # throughput -1 %
+    assert -0.02 < ranked["tb_tokens"]["relative"] < 0, ranked["tb_tokens"]  # throughput -1 %
     assert r["vs"]["shared_hosts"] == len(inc.hosts)
     assert r["findings"][0]["summary"].startswith(f"vs {inc.vs.name}: hw_procs_running")
 
@@ -118,9 +119,13 @@ def test_found_without_tensorboard(tmp_path, family):
 
 def test_no_hw_or_tb_is_insufficient_evidence(tmp_path):
     t0 = 1_795_322_400
-    write_tsdb(tmp_path / "prometheus", [
-        ("ray_node_cpu_utilization", {"host": f"n{i}"}, [(t0 + 15 * k, 40.0 + i) for k in range(240)])
-        for i in range(3)])
+    write_tsdb(
+        tmp_path / "prometheus",
+        [
+            ("ray_node_cpu_utilization", {"host": f"n{i}"}, [(t0 + 15 * k, 40.0 + i) for k in range(240)])
+            for i in range(3)
+        ],
+    )
     res = cli(tmp_path / "prometheus", "--json")
     assert res.returncode == 0, res.stderr
     r = json.loads(res.stdout)
@@ -157,11 +162,11 @@ def test_cli_json_text_and_plots(network_job, tmp_path):
     for key in ("verdict", "culprit_hosts", "findings", "ruled_out", "missing", "range", "phases", "skipped"):
         assert key in r
     assert len(r["phases"]) >= 2
-    text = cli("4242", "--workspace", network_job.job_dir.parent)   # by job id
+    text = cli("4242", "--workspace", network_job.job_dir.parent)  # by job id
     assert text.returncode == 0 and "Verdict: network" in text.stdout and "Ruled out:" in text.stdout, text.stdout
-    via_tsdb = cli(network_job.job_dir / "prometheus", "--json")     # the TSDB dir itself
+    via_tsdb = cli(network_job.job_dir / "prometheus", "--json")  # the TSDB dir itself
     assert json.loads(via_tsdb.stdout)["verdict"] == "network"
-    here = cli(".", "--json", cwd=network_job.job_dir)                 # from inside the job dir
+    here = cli(".", "--json", cwd=network_job.job_dir)  # from inside the job dir
     assert here.returncode == 0 and "Traceback" not in here.stderr, here.stderr
     assert json.loads(here.stdout)["job"] == network_job.job_dir.name
     assert tsdb_digest(network_job.job_dir / "prometheus") == before
@@ -203,15 +208,20 @@ def test_prometheus_serve_until_stdin_closes(tmp_path, network_job):
     before = tsdb_digest(db)
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    proc = subprocess.Popen([str(REPO / "utils" / "prometheus.sh"), "serve", str(network_job.job_dir)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "TMPDIR": str(tmp)})
+    proc = subprocess.Popen(
+        [str(REPO / "utils" / "prometheus.sh"), "serve", str(network_job.job_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp)},
+    )
     try:
         line = proc.stdout.readline().split()
         fields = dict(kv.split("=", 1) for kv in line)
         assert fields["url"].startswith("http://127.0.0.1:") and int(fields["first_ms"]) < int(fields["last_ms"])
-        assert len(list(tmp.iterdir())) == 1   # the private copy
-        with tsdb.Served(db) as second:          # a second server at the same time: another port
+        assert len(list(tmp.iterdir())) == 1  # the private copy
+        with tsdb.Served(db) as second:  # a second server at the same time: another port
             assert second.url != fields["url"] and second.first == int(fields["first_ms"]) / 1000
             rows = second.query("count(hw_procs_running)", second.last)
             assert int(float(rows[0]["value"][1])) == len(network_job.hosts)

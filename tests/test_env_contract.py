@@ -80,34 +80,60 @@ def test_env_precedence(scratch_repo: Path):
     assert got["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.7"
     assert got["HF_TOKEN"] == "<redacted>"
     # the generic job variables become MaxText's multi-process variables
-    got = composed(MODEL="tiny", JOB_COORDINATOR_ADDR="10.1.2.3", JOB_COORDINATOR_PORT="61500",
-                   JOB_NUM_NODES="4", JOB_NODE_RANK="3")
+    got = composed(
+        MODEL="tiny",
+        JOB_COORDINATOR_ADDR="10.1.2.3",
+        JOB_COORDINATOR_PORT="61500",
+        JOB_NUM_NODES="4",
+        JOB_NODE_RANK="3",
+    )
     assert (got["JAX_COORDINATOR_IP"], got["JAX_COORDINATOR_PORT"], got["NNODES"], got["NODE_RANK"]) == (
-        "10.1.2.3", "61500", "4", "3")
+        "10.1.2.3",
+        "61500",
+        "4",
+        "3",
+    )
     assert got["JAX_COORDINATOR_BIND_ADDRESS"] == "10.1.2.3:61500"
 
 
 def test_trainer_command(scratch_repo: Path):
     """MaxText overrides go on the command line, except credentials (argv is public: ps)."""
-    env = {"MST_REPO": str(scratch_repo), "MODEL": "tiny", "JOB_DIR": "/jobs/7-JAX-tiny", "JOB_NAME": "7-JAX-tiny",
-           "JOB_WORKSPACE": "/jobs", "MST_PYTHON": "/venv/bin/python",
-           "TRAIN_OVERRIDES": "steps=3\nhf_access_token=hf_secret7\nper_device_batch_size=2\n"}
+    env = {
+        "MST_REPO": str(scratch_repo),
+        "MODEL": "tiny",
+        "JOB_DIR": "/jobs/7-JAX-tiny",
+        "JOB_NAME": "7-JAX-tiny",
+        "JOB_WORKSPACE": "/jobs",
+        "MST_PYTHON": "/venv/bin/python",
+        "TRAIN_OVERRIDES": "steps=3\nhf_access_token=hf_secret7\nper_device_batch_size=2\n",
+    }
     res = run([str(scratch_repo / "_train.sh"), "--print-cmd"], env=env)
     assert res.returncode == 0, res.stderr
     printed_env = run([str(scratch_repo / "_train.sh"), "--print-env"], env=env).stdout.splitlines()
     assert "M_HF_ACCESS_TOKEN=<redacted>" in printed_env and "hf_secret7" not in "".join(printed_env)
     assert res.stdout.split() == [
-        "/venv/bin/python", "-m", "maxtext.trainers.pre_train.train", f"{scratch_repo}/configs/tiny.yml",
-        "run_name=7-JAX-tiny", "base_output_directory=/jobs/7-JAX-tiny", "jax_cache_dir=/jobs/.jax_cache",
-        "steps=3", "per_device_batch_size=2"]
+        "/venv/bin/python",
+        "-m",
+        "maxtext.trainers.pre_train.train",
+        f"{scratch_repo}/configs/tiny.yml",
+        "run_name=7-JAX-tiny",
+        "base_output_directory=/jobs/7-JAX-tiny",
+        "jax_cache_dir=/jobs/.jax_cache",
+        "steps=3",
+        "per_device_batch_size=2",
+    ]
 
 
 def test_every_launcher_variable_is_reserved_from_env_overrides():
     """_env_ cannot reset what the launcher set and checked (the GPU visibility variables, which the
     site sets and the launcher only passes through, stay the user's)."""
     passed, host_only = documented()
-    names = (passed | host_only | container_vars()) - {"CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
-                                                       "HIP_VISIBLE_DEVICES", "MAXTEXT_SLURM_VENV"}
+    names = (passed | host_only | container_vars()) - {
+        "CUDA_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "MAXTEXT_SLURM_VENV",
+    }
     script = f'source {REPO}/utils/lib.sh; for n in "$@"; do is_reserved_env "$n" || echo "$n"; done'
     res = run(["bash", "-c", script, "bash", *sorted(names)])
     assert res.returncode == 0 and res.stdout.split() == [], f"not reserved: {res.stdout.split()}"

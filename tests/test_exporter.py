@@ -34,8 +34,18 @@ def plugin(directory: Path, name: str, body: str) -> Path:
 def make_poller(tmp_path: Path, timeout: float = 2.0, **cfg: object) -> mx.Poller:
     (tmp_path / "plugins").mkdir(exist_ok=True)
     (tmp_path / "job").mkdir(exist_ok=True)
-    return mx.Poller(mx.Config(plugin_dir=str(tmp_path / "plugins"), state_dir=str(tmp_path / "state"), host="n1",
-                               node_rank="3", job_dir=str(tmp_path / "job"), interval=1.0, timeout=timeout, **cfg))
+    return mx.Poller(
+        mx.Config(
+            plugin_dir=str(tmp_path / "plugins"),
+            state_dir=str(tmp_path / "state"),
+            host="n1",
+            node_rank="3",
+            job_dir=str(tmp_path / "job"),
+            interval=1.0,
+            timeout=timeout,
+            **cfg,
+        )
+    )
 
 
 def scrape(poller: mx.Poller) -> str:
@@ -57,32 +67,35 @@ def stat(text: str, name: str, plugin_name: str) -> float:
 
 # ---- the exposition parser -----------------------------------------------------------------------------
 
+
 def test_parser_keeps_good_lines_and_counts_bad_ones():
-    text = "\n".join([
-        "# HELP a_total Things\\nthat happened.",
-        "# TYPE a_total counter",
-        'a_total{x="1",y="q\\"uote\\\\"} 3',
-        "a_total{x=\"2\",} 4.5e3",
-        "# TYPE h histogram",
-        'h_bucket{le="1"} 1',
-        'h_bucket{le="+Inf"} 2',
-        "h_sum 3",
-        "h_count 2",
-        "g -Inf",
-        "t 1.5 1763779480123",
-        "# some comment",
-        "",
-        "bad{x=1} 2",             # unquoted label value
-        "bad2 abc",               # not a number
-        "bad3{x=\"1\",x=\"2\"} 1",  # repeated label
-        "bad4 1 12.5",            # timestamp must be an integer
-        "h_bucket 1",             # bucket without le
-        "# TYPE a_total gauge",   # TYPE after its samples
-        "# TYPE z nonsense",
-        "9starts_with_digit 1",
-        'c{__reserved="x"} 1',
-        "just garbage",
-    ])
+    text = "\n".join(
+        [
+            "# HELP a_total Things\\nthat happened.",
+            "# TYPE a_total counter",
+            'a_total{x="1",y="q\\"uote\\\\"} 3',
+            'a_total{x="2",} 4.5e3',
+            "# TYPE h histogram",
+            'h_bucket{le="1"} 1',
+            'h_bucket{le="+Inf"} 2',
+            "h_sum 3",
+            "h_count 2",
+            "g -Inf",
+            "t 1.5 1763779480123",
+            "# some comment",
+            "",
+            "bad{x=1} 2",  # unquoted label value
+            "bad2 abc",  # not a number
+            'bad3{x="1",x="2"} 1',  # repeated label
+            "bad4 1 12.5",  # timestamp must be an integer
+            "h_bucket 1",  # bucket without le
+            "# TYPE a_total gauge",  # TYPE after its samples
+            "# TYPE z nonsense",
+            "9starts_with_digit 1",
+            'c{__reserved="x"} 1',
+            "just garbage",
+        ]
+    )
     parsed = mx.parse_exposition(text)
     assert parsed.rejected == 10
     assert parsed.accepted == 8
@@ -104,6 +117,7 @@ def test_timestamps_keep_millisecond_precision(tmp_path):
 
 
 # ---- plugin isolation ---------------------------------------------------------------------------------
+
 
 def test_hung_plugin_is_killed_and_does_not_hold_up_the_others(tmp_path):
     p = make_poller(tmp_path, timeout=1.0)
@@ -225,31 +239,47 @@ def test_plugins_run_concurrently(tmp_path):
 
 # ---- contract details ---------------------------------------------------------------------------------
 
+
 def test_plugin_environment_and_persistent_state_dir(tmp_path):
     p = make_poller(tmp_path, sysfs_root="/fake/sys", procfs_root="/fake/proc")
-    plugin(tmp_path / "plugins", "env", r"""
+    plugin(
+        tmp_path / "plugins",
+        "env",
+        r"""
 n=0
 if [[ -r count ]]; then read -r n < count; fi
 n=$((n + 1)); echo "$n" > count
 echo "polls_seen $n"
 echo "env_info{rank=\"$JOB_NODE_RANK\",job=\"$JOB_DIR\",interval=\"$METRICS_INTERVAL\",timeout=\"$METRICS_TIMEOUT\",sys=\"$METRICS_SYSFS_ROOT\",proc=\"$METRICS_PROCFS_ROOT\",state=\"$METRICS_STATE_DIR\",cwd=\"$PWD\",never=\"$METRICS_NEVER_AGAIN_EXIT\",lc=\"$LC_ALL\",exporter=\"$METRICS_EXPORTER_PID\"} 1"
 echo "host_seen{seen=\"$METRICS_HOST\"} 1"
-""")
+""",
+    )
     p.poll_once()
     p.poll_once()
     got = series(scrape(p))
     assert got[("polls_seen", frozenset({("host", "n1")}))] == 2
     state = str(tmp_path / "state/env")
-    labels = {"rank": "3", "job": str(tmp_path / "job"), "interval": "1", "timeout": "2", "sys": "/fake/sys",
-              "proc": "/fake/proc", "state": state, "cwd": state, "never": "64", "lc": "C",
-              "exporter": str(os.getpid()), "host": "n1"}
+    labels = {
+        "rank": "3",
+        "job": str(tmp_path / "job"),
+        "interval": "1",
+        "timeout": "2",
+        "sys": "/fake/sys",
+        "proc": "/fake/proc",
+        "state": state,
+        "cwd": state,
+        "never": "64",
+        "lc": "C",
+        "exporter": str(os.getpid()),
+        "host": "n1",
+    }
     assert got[("env_info", frozenset(labels.items()))] == 1
     assert got[("host_seen", frozenset({("host", "n1"), ("seen", "n1")}))] == 1
 
 
 def test_host_label_added_only_where_missing(tmp_path):
     p = make_poller(tmp_path)
-    plugin(tmp_path / "plugins", "h", "echo 'm{a=\"1\"} 1'\necho 'm{host=\"other\",a=\"2\"} 2'\n")
+    plugin(tmp_path / "plugins", "h", 'echo \'m{a="1"} 1\'\necho \'m{host="other",a="2"} 2\'\n')
     p.poll_once()
     got = series(scrape(p))
     assert got[("m", frozenset({("host", "n1"), ("a", "1")}))] == 1
@@ -265,7 +295,7 @@ def test_duplicates_type_clashes_and_reserved_names_are_rejected(tmp_path):
     text = scrape(p)
     assert stat(text, "exporter_plugin_lines_rejected_total", "a") == 0
     assert stat(text, "exporter_plugin_lines_rejected_total", "b") == 3
-    assert "exporter_polls_total{host=\"n1\"} 1.0" in text
+    assert 'exporter_polls_total{host="n1"} 1.0' in text
     assert series(text)[("dup_total", frozenset({("host", "n1")}))] == 1
 
 
@@ -300,10 +330,13 @@ def test_timestamped_samples_are_served_once_then_only_the_newest(tmp_path):
     plugin(tmp_path / "plugins", "ev", f"echo 'ev 4 {now + 1}'\n")
     p.poll_once()
     assert [ln for ln in scrape(p).splitlines() if ln.startswith("ev{")] == [
-        f'ev{{host="n1"}} 3.0 {now}', f'ev{{host="n1"}} 4.0 {now + 1}']
+        f'ev{{host="n1"}} 3.0 {now}',
+        f'ev{{host="n1"}} 4.0 {now + 1}',
+    ]
 
 
 # ---- serving ------------------------------------------------------------------------------------------
+
 
 def get(url: str, timeout: float = 5) -> str:
     with urllib.request.urlopen(url, timeout=timeout) as resp:
@@ -318,8 +351,10 @@ def test_scrape_does_not_wait_for_a_running_poll(tmp_path):
     registry.register(mx.ExporterCollector(p))
     server = mx.bind_server("127.0.0.1", 0, registry)
     stop = threading.Event()
-    threads = [threading.Thread(target=server.serve_forever, daemon=True),
-               threading.Thread(target=p.run_forever, args=(stop,), daemon=True)]
+    threads = [
+        threading.Thread(target=server.serve_forever, daemon=True),
+        threading.Thread(target=p.run_forever, args=(stop,), daemon=True),
+    ]
     for t in threads:
         t.start()
     try:
@@ -328,7 +363,7 @@ def test_scrape_does_not_wait_for_a_running_poll(tmp_path):
         t0 = time.monotonic()
         text = get(url)
         assert time.monotonic() - t0 < 0.5
-        assert "slow_value" not in text and "exporter_polls_total{host=\"n1\"} 0.0" in text
+        assert "slow_value" not in text and 'exporter_polls_total{host="n1"} 0.0' in text
         deadline = time.monotonic() + 5
         while "slow_value" not in text and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -357,10 +392,31 @@ def test_http_end_to_end_with_the_real_plugins(tmp_path):
     w.close()
     port_file, sd_file = tmp_path / "port", tmp_path / "sd.json"
     proc = subprocess.Popen(
-        [sys.executable, str(UTILS / "metrics_exporter.py"), "--port", str(busy), "--interval", "0.5",
-         "--job-dir", str(job), "--state-dir", str(tmp_path / "state"), "--host", "n1", "--node-rank", "0",
-         "--port-file", str(port_file), "--sd-file", str(sd_file), "--log", str(tmp_path / "exporter.log")],
-        stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            str(UTILS / "metrics_exporter.py"),
+            "--port",
+            str(busy),
+            "--interval",
+            "0.5",
+            "--job-dir",
+            str(job),
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--host",
+            "n1",
+            "--node-rank",
+            "0",
+            "--port-file",
+            str(port_file),
+            "--sd-file",
+            str(sd_file),
+            "--log",
+            str(tmp_path / "exporter.log"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline().strip()
         assert line.startswith("metrics_exporter: serving http://127.0.0.1:"), line

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from conftest import REPO, launcher_env, run
 
-FAKE_SBATCH = ("#!/bin/sh\necho \"$@\" >> \"$SBATCH_CALLS\"\n"
-               "printf '%s' \"$TRAIN_ENV_OVERRIDES\" > \"$SBATCH_CALLS.env\"\necho 4242\n")
-FAKE_SCONTROL = "#!/bin/sh\necho \"scontrol $*\" >> \"$SBATCH_CALLS\"\n"
+FAKE_SBATCH = (
+    '#!/bin/sh\necho "$@" >> "$SBATCH_CALLS"\nprintf \'%s\' "$TRAIN_ENV_OVERRIDES" > "$SBATCH_CALLS.env"\necho 4242\n'
+)
+FAKE_SCONTROL = '#!/bin/sh\necho "scontrol $*" >> "$SBATCH_CALLS"\n'
 
 
 @pytest.fixture()
@@ -69,7 +70,10 @@ CASES = [
     (["tiny", "--", "stepz=1"], "bad override 'stepz=1': MaxText has no key 'stepz' (did you mean 'steps'?)"),
     (["tiny", "--", "steps=ten"], "bad override 'steps=ten': steps takes an integer"),
     (["tiny", "--", "_env_M_STEPS=abc"], "'_env_M_STEPS' would set a MaxText key behind the schema check"),
-    (["tiny", "--", "_env_NOT_SET_ANYWHERE_42"], "passes $NOT_SET_ANYWHERE_42 from your environment, but it is not set"),
+    (
+        ["tiny", "--", "_env_NOT_SET_ANYWHERE_42"],
+        "passes $NOT_SET_ANYWHERE_42 from your environment, but it is not set",
+    ),
 ]
 
 
@@ -93,7 +97,10 @@ def test_submit_rejects(args, message, fake_sbatch, workspace, venv):
         ({"RAY_JOIN_TIMEOUT": "abc"}, "RAY_JOIN_TIMEOUT='abc' must be a whole number"),
         ({"ENABLE_COREDUMPS": "yes"}, "ENABLE_COREDUMPS='yes' must be 0 or 1"),
         ({"DASHBOARD_BIND": "0.0.0.0"}, "DASHBOARD_BIND='0.0.0.0' must be a loopback address"),
-        ({"PROMETHEUS_BIN": "/nonexistent/prometheus"}, "PROMETHEUS_BIN='/nonexistent/prometheus' is not an executable"),
+        (
+            {"PROMETHEUS_BIN": "/nonexistent/prometheus"},
+            "PROMETHEUS_BIN='/nonexistent/prometheus' is not an executable",
+        ),
     ],
 )
 def test_submit_rejects_bad_settings(env, message, fake_sbatch, workspace, venv):
@@ -122,9 +129,15 @@ def test_overrides_too_long_for_the_environment(fake_sbatch, workspace, venv):
 def test_secret_values_are_redacted_whole(fake_sbatch, workspace, venv):
     """Whole values (spaces included) of a broad set of secret names, and MaxText's credential
     keys, are hidden in the dry run, the recorded command and the job header."""
-    secrets = {"_env_DB_PASSWORD": "correct horse battery", "_env_OPENAI_KEY": "sk-live-1",
-               "_env_GITHUB_PAT": "ghp_2", "_env_PRIVATE_KEY": "pk-3", "_env_PROXY_AUTH": "user:pw4",
-               "_env_AWS_SECRET_ACCESS_KEY": "aws5", "hf_access_token": "hf_6"}
+    secrets = {
+        "_env_DB_PASSWORD": "correct horse battery",
+        "_env_OPENAI_KEY": "sk-live-1",
+        "_env_GITHUB_PAT": "ghp_2",
+        "_env_PRIVATE_KEY": "pk-3",
+        "_env_PROXY_AUTH": "user:pw4",
+        "_env_AWS_SECRET_ACCESS_KEY": "aws5",
+        "hf_access_token": "hf_6",
+    }
     words = ["correct", "horse", "battery", "sk-live-1", "ghp_2", "pk-3", "pw4", "aws5", "hf_6"]
     args = ["tiny", "--", "steps=3", "_env_NCCL_DEBUG=INFO", *(f"{k}={v}" for k, v in secrets.items())]
     env = {**fake_sbatch, **launcher_env(workspace)}
@@ -137,9 +150,15 @@ def test_secret_values_are_redacted_whole(fake_sbatch, workspace, venv):
     assert res.returncode == 0, res.stderr
     command = next(workspace.glob("4242-*/artifact/.submit/command.txt")).read_text()
     assert "_env_DB_PASSWORD=<redacted>" in command and "hf_access_token=<redacted>" in command
-    header = run([str(REPO / "utils/job_header.sh")], env={
-        "TRAIN_OVERRIDES": "steps=3\nhf_access_token=hf_6\n",
-        "TRAIN_ENV_OVERRIDES": "".join(f"{k.removeprefix('_env_')}={v}\n" for k, v in secrets.items() if k.startswith("_env_"))})
+    header = run(
+        [str(REPO / "utils/job_header.sh")],
+        env={
+            "TRAIN_OVERRIDES": "steps=3\nhf_access_token=hf_6\n",
+            "TRAIN_ENV_OVERRIDES": "".join(
+                f"{k.removeprefix('_env_')}={v}\n" for k, v in secrets.items() if k.startswith("_env_")
+            ),
+        },
+    )
     assert "env_overrides: DB_PASSWORD=<redacted>" in header.stdout
     for text in (dry.stdout, command, header.stdout):
         leaked = [w for w in words if w in text]
@@ -182,13 +201,17 @@ def test_ambiguous_and_unknown_names_list_candidates(scratch_repo, fake_sbatch, 
     submit = str(scratch_repo / "submit.sh")
     env = {**fake_sbatch, **launcher_env(workspace)}
     res = run([submit, "alpha"], env=env)
-    assert_rejected(res, Path(fake_sbatch["SBATCH_CALLS"]), workspace, "ambiguous model 'alpha' matches: alpha-70b alpha-7b")
+    assert_rejected(
+        res, Path(fake_sbatch["SBATCH_CALLS"]), workspace, "ambiguous model 'alpha' matches: alpha-70b alpha-7b"
+    )
     res = run([submit, "7b"], env=env)
     assert_rejected(res, Path(fake_sbatch["SBATCH_CALLS"]), workspace, "ambiguous model '7b' matches: alpha-7b beta-7b")
 
 
 def test_broken_yaml_config(scratch_repo, fake_sbatch, workspace):
-    (scratch_repo / "configs" / "broken.yml").write_text('base_config: "base.yml"\nsteps: [1, 2\nper_device_batch_size: 1\n')
+    (scratch_repo / "configs" / "broken.yml").write_text(
+        'base_config: "base.yml"\nsteps: [1, 2\nper_device_batch_size: 1\n'
+    )
     res = run([str(scratch_repo / "submit.sh"), "broken"], env={**fake_sbatch, **launcher_env(workspace)})
     assert_rejected(res, Path(fake_sbatch["SBATCH_CALLS"]), workspace, "broken.yml is not valid YAML at line 3")
 
@@ -227,8 +250,21 @@ def test_model_resolution_order(scratch_repo, fake_sbatch, workspace):
 
 
 def test_dry_run_submits_and_writes_nothing(fake_sbatch, workspace, venv):
-    res = run([str(REPO / "submit.sh"), "tiny:t1", "-N", "2", "--dry-run", "-t", "10", "--", "steps=5",
-               "_env_HF_TOKEN=abc123"], env={**fake_sbatch, **launcher_env(workspace)})
+    res = run(
+        [
+            str(REPO / "submit.sh"),
+            "tiny:t1",
+            "-N",
+            "2",
+            "--dry-run",
+            "-t",
+            "10",
+            "--",
+            "steps=5",
+            "_env_HF_TOKEN=abc123",
+        ],
+        env={**fake_sbatch, **launcher_env(workspace)},
+    )
     assert res.returncode == 0, res.stderr
     assert "--job-name=JAX-tiny-t1 --nodes=2" in res.stdout and " -t 10 " in res.stdout
     assert "HF_TOKEN=<redacted>" in res.stdout and "abc123" not in res.stdout

@@ -43,6 +43,11 @@ def test_ruff_clean():
     assert res.returncode == 0, res.stdout
 
 
+def test_ruff_formatted():
+    res = run([str(VENV / "bin" / "ruff"), "format", "--check", str(REPO)], cwd=REPO)
+    assert res.returncode == 0, res.stdout
+
+
 def shell_entry_points() -> list[Path]:
     """Every shell script with a #! line (sourced libraries such as utils/lib.sh have none)."""
     return sorted(p for p in shell_scripts() if p.read_bytes().startswith(b"#!"))

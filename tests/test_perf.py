@@ -306,8 +306,24 @@ def test_cli_help_and_lookup(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "bad", ["nosuchjob", "/nonexistent/x.log", "binary", "text", "empty", "", ".", "dir", "fifo", "dangling", "long",
-            "gpu", "peak", "warmup", "both"]
+    "bad",
+    [
+        "nosuchjob",
+        "/nonexistent/x.log",
+        "binary",
+        "text",
+        "empty",
+        "",
+        ".",
+        "dir",
+        "fifo",
+        "dangling",
+        "long",
+        "gpu",
+        "peak",
+        "warmup",
+        "both",
+    ],
 )
 def test_cli_bad_input_is_one_line_exit_2(bad, tmp_path):
     log = write_log(tmp_path / "ws", {"n1": series(8, 0.5, {})})

@@ -25,20 +25,38 @@ sys.path.insert(0, str(UTILS))
 import metrics_exporter as mx  # noqa: E402
 
 MAXTEXT_TAGS = [  # what MaxText 0.2.5 writes (shared notes: environment-facts.md)
-    "learning/loss", "learning/lm_loss", "learning/perplexity", "learning/total_weights", "learning/grad_norm",
-    "learning/raw_grad_norm", "learning/param_norm", "learning/current_learning_rate", "learning/z_loss",
-    "learning/moe_lb_loss", "learning/mtp_loss", "learning/indexer_loss", "perf/step_time_seconds",
-    "perf/per_device_tflops", "perf/per_device_tflops_per_sec", "perf/per_device_tokens",
+    "learning/loss",
+    "learning/lm_loss",
+    "learning/perplexity",
+    "learning/total_weights",
+    "learning/grad_norm",
+    "learning/raw_grad_norm",
+    "learning/param_norm",
+    "learning/current_learning_rate",
+    "learning/z_loss",
+    "learning/moe_lb_loss",
+    "learning/mtp_loss",
+    "learning/indexer_loss",
+    "perf/step_time_seconds",
+    "perf/per_device_tflops",
+    "perf/per_device_tflops_per_sec",
+    "perf/per_device_tokens",
     "perf/per_device_tokens_per_sec",
 ]
 
 
-def run_plugin(name: str, env: dict[str, str] | None = None, args: tuple[str, ...] = (),
-               timeout: float = 30) -> subprocess.CompletedProcess:
+def run_plugin(
+    name: str, env: dict[str, str] | None = None, args: tuple[str, ...] = (), timeout: float = 30
+) -> subprocess.CompletedProcess:
     base = {"PATH": os.environ["PATH"], "LC_ALL": "C", "HOME": os.environ.get("HOME", "/tmp")}
     base.update(env or {})
-    return subprocess.run(["bash", str(UTILS / f"{name}_metrics_plugin.sh"), *args], env=base,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        ["bash", str(UTILS / f"{name}_metrics_plugin.sh"), *args],
+        env=base,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def samples(text: str) -> dict[tuple[str, frozenset], float]:
@@ -65,12 +83,15 @@ def names(got: dict) -> set[str]:
 
 
 def machine_has_gpu() -> bool:
-    amd = any(Path(c, "device/vendor").is_file() and Path(c, "device/vendor").read_text().strip() == "0x1002"
-              for c in Path("/sys/class/drm").glob("card*"))
+    amd = any(
+        Path(c, "device/vendor").is_file() and Path(c, "device/vendor").read_text().strip() == "0x1002"
+        for c in Path("/sys/class/drm").glob("card*")
+    )
     return amd or any(Path("/proc/driver/nvidia/gpus").glob("*"))
 
 
 # ---- host plugin ---------------------------------------------------------------------------------------
+
 
 def host_fixture_env() -> dict[str, str]:
     return {"METRICS_PROCFS_ROOT": str(FIX / "host/proc"), "METRICS_SYSFS_ROOT": str(FIX / "host/sys")}
@@ -150,12 +171,17 @@ def test_host_plugin_tolerates_missing_files(tmp_path):
 
 # ---- GPU plugin ----------------------------------------------------------------------------------------
 
+
 def nvidia_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     state = tmp_path / "state"
     state.mkdir(exist_ok=True)
-    env = {"METRICS_SYSFS_ROOT": str(FIX / "nvidia_h100/sys"), "METRICS_PROCFS_ROOT": str(FIX / "nvidia_h100/proc"),
-           "NVIDIA_SMI": str(FIX / "nvidia_h100/bin/nvidia-smi"), "METRICS_STATE_DIR": str(state),
-           "FAKE_NVIDIA_SMI_LOG": str(tmp_path / "smi.log")}
+    env = {
+        "METRICS_SYSFS_ROOT": str(FIX / "nvidia_h100/sys"),
+        "METRICS_PROCFS_ROOT": str(FIX / "nvidia_h100/proc"),
+        "NVIDIA_SMI": str(FIX / "nvidia_h100/bin/nvidia-smi"),
+        "METRICS_STATE_DIR": str(state),
+        "FAKE_NVIDIA_SMI_LOG": str(tmp_path / "smi.log"),
+    }
     env.update(extra)
     return env
 
@@ -257,8 +283,9 @@ def test_gpu_plugin_nvidia_smi_failure(tmp_path):
 
 def test_gpu_plugin_never_again_without_gpu():
     """Only the BMC's VGA card and no NVIDIA driver: exit with the never-again code."""
-    r = run_plugin("gpu", {"METRICS_SYSFS_ROOT": str(FIX / "no_gpu/sys"),
-                           "METRICS_PROCFS_ROOT": str(FIX / "no_gpu/proc")})
+    r = run_plugin(
+        "gpu", {"METRICS_SYSFS_ROOT": str(FIX / "no_gpu/sys"), "METRICS_PROCFS_ROOT": str(FIX / "no_gpu/proc")}
+    )
     assert r.returncode == mx.NEVER_AGAIN_EXIT
     assert r.stdout == ""
     if not machine_has_gpu():
@@ -279,6 +306,7 @@ def test_plugin_discovery_finds_gpu_and_host_only(tmp_path):
 
 
 # ---- TensorBoard collector of the exporter --------------------------------------------------------------
+
 
 class TB:
     """The exporter's TensorBoard collector over one job dir, read like Prometheus reads it."""
@@ -330,8 +358,11 @@ def settle(writer: object, logdir: Path, scalars: int) -> None:
     deadline = time.monotonic() + 10
     while True:
         writer.flush()
-        n = sum(len(e.summary.value) for p in logdir.glob("events.out.tfevents.*")
-                for e in LegacyEventFileLoader(str(p)).Load())
+        n = sum(
+            len(e.summary.value)
+            for p in logdir.glob("events.out.tfevents.*")
+            for e in LegacyEventFileLoader(str(p)).Load()
+        )
         if n >= scalars or time.monotonic() > deadline:
             assert n == scalars
             return
@@ -352,8 +383,11 @@ def test_tb_collector_reads_only_new_events(tb):
     got = tb.poll()
     run1 = run_label("run1")
     assert got[("tb_learning_loss", run1)] == [(6.5, 1763779480123), (5.5, 1763779481123), (4.5, 1763779482123)]
-    assert got[("tb_perf_step_time_seconds", run1)] == [(0.25, 1763779480124), (0.25, 1763779481124),
-                                                        (0.25, 1763779482124)]
+    assert got[("tb_perf_step_time_seconds", run1)] == [
+        (0.25, 1763779480124),
+        (0.25, 1763779481124),
+        (0.25, 1763779482124),
+    ]
     assert got[("tb_step", run1)] == [(0, 1763779480123), (1, 1763779481123), (2, 1763779482123)]
 
     assert tb.poll() == {}  # nothing appended
@@ -361,9 +395,11 @@ def test_tb_collector_reads_only_new_events(tb):
     w.add_scalar("learning/moe_lb_loss", 0.01, 3, walltime=t0 + 3)
     settle(w, logdir, 8)
     got = tb.poll()
-    assert got == {("tb_learning_loss", run1): [(3.25, 1763779483123)],
-                   ("tb_learning_moe_lb_loss", run1): [(0.01, 1763779483123)],  # as written, not float32's 0.0099999998
-                   ("tb_step", run1): [(3, 1763779483123)]}
+    assert got == {
+        ("tb_learning_loss", run1): [(3.25, 1763779483123)],
+        ("tb_learning_moe_lb_loss", run1): [(0.01, 1763779483123)],  # as written, not float32's 0.0099999998
+        ("tb_step", run1): [(3, 1763779483123)],
+    }
     w.close()
 
     w2 = SummaryWriter(str(tb.job / "out/run2/tensorboard/run2"))  # a new file appears
@@ -374,8 +410,10 @@ def test_tb_collector_reads_only_new_events(tb):
     while not got and time.monotonic() < deadline:
         time.sleep(0.05)
         got = tb.poll()
-    assert got == {("tb_learning_loss", run_label("run2")): [(7.0, 1763779490123)],
-                   ("tb_step", run_label("run2")): [(0, 1763779490123)]}
+    assert got == {
+        ("tb_learning_loss", run_label("run2")): [(7.0, 1763779490123)],
+        ("tb_step", run_label("run2")): [(0, 1763779490123)],
+    }
     assert tb.collector.samples_read == 14 and tb.collector.errors == 0
 
 
@@ -401,8 +439,11 @@ def _event_bytes(tag: str, value: float, step: int, wall_time: float) -> bytes:
     from tensorboard.summary.writer.record_writer import RecordWriter
 
     buf = io.BytesIO()
-    event = event_pb2.Event(wall_time=wall_time, step=step,
-                            summary=summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)]))
+    event = event_pb2.Event(
+        wall_time=wall_time,
+        step=step,
+        summary=summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)]),
+    )
     RecordWriter(buf).write(event.SerializeToString())
     return buf.getvalue()
 
@@ -415,7 +456,10 @@ def test_tb_collector_waits_for_a_partial_record(tb):
     writer.close()
     path = next(logdir.glob("events.out.tfevents.*"))
     assert tb.poll() == {}
-    first, second = _event_bytes("learning/loss", 2.0, 1, 1763779500.0), _event_bytes("learning/loss", 1.5, 2, 1763779501.0)
+    first, second = (
+        _event_bytes("learning/loss", 2.0, 1, 1763779500.0),
+        _event_bytes("learning/loss", 1.5, 2, 1763779501.0),
+    )
     with open(path, "ab") as f:
         f.write(first + second[:10])  # the second record is cut inside its header
     assert tb.poll()[("tb_learning_loss", run_label("tb"))] == [(2.0, 1763779500000)]
@@ -441,8 +485,10 @@ def test_tb_collector_skips_a_corrupt_file_and_rereads_a_replaced_one(tb):
     replaced = good / "events.out.tfevents.1.n1.new"
     replaced.write_bytes(_event_bytes("learning/loss", 1.0, 2, 1763779551.0))
     replaced.rename(good / "events.out.tfevents.1.n1")  # a new inode under the old name: read from the start
-    assert tb.poll() == {("tb_learning_loss", run_label("good")): [(1.0, 1763779551000)],
-                         ("tb_step", run_label("good")): [(2, 1763779551000)]}
+    assert tb.poll() == {
+        ("tb_learning_loss", run_label("good")): [(1.0, 1763779551000)],
+        ("tb_step", run_label("good")): [(2, 1763779551000)],
+    }
 
 
 def test_tb_collector_decodes_tensor_scalars(tb):
@@ -453,17 +499,26 @@ def test_tb_collector_decodes_tensor_scalars(tb):
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
     def value(tag: str, **tensor: object) -> summary_pb2.Summary.Value:
-        return summary_pb2.Summary.Value(tag=tag, tensor=tensor_pb2.TensorProto(
-            tensor_shape=tensor_shape_pb2.TensorShapeProto(), **tensor))
+        return summary_pb2.Summary.Value(
+            tag=tag, tensor=tensor_pb2.TensorProto(tensor_shape=tensor_shape_pb2.TensorShapeProto(), **tensor)
+        )
 
     writer = EventFileWriter(str(tb.job / "tf"))
-    writer.add_event(event_pb2.Event(wall_time=1763779600.5, step=7, summary=summary_pb2.Summary(value=[
-        value("a/float", dtype=types_pb2.DT_FLOAT, float_val=[2.5]),
-        value("a/double", dtype=types_pb2.DT_DOUBLE, double_val=[0.1]),
-        value("a/content", dtype=types_pb2.DT_FLOAT, tensor_content=struct.pack("<f", 1.25)),
-        value("a/int", dtype=types_pb2.DT_INT64, int64_val=[42]),
-        value("a/text", dtype=types_pb2.DT_STRING, string_val=[b"not a scalar"]),
-    ])))
+    writer.add_event(
+        event_pb2.Event(
+            wall_time=1763779600.5,
+            step=7,
+            summary=summary_pb2.Summary(
+                value=[
+                    value("a/float", dtype=types_pb2.DT_FLOAT, float_val=[2.5]),
+                    value("a/double", dtype=types_pb2.DT_DOUBLE, double_val=[0.1]),
+                    value("a/content", dtype=types_pb2.DT_FLOAT, tensor_content=struct.pack("<f", 1.25)),
+                    value("a/int", dtype=types_pb2.DT_INT64, int64_val=[42]),
+                    value("a/text", dtype=types_pb2.DT_STRING, string_val=[b"not a scalar"]),
+                ]
+            ),
+        )
+    )
     writer.close()
     got = tb.poll()
     run = run_label("tf")
@@ -478,9 +533,24 @@ def exporter_once(tmp_path: Path, *args: str, env: dict[str, str] | None = None)
     plugins = tmp_path / "plugins"  # one trivial plugin, so that the per-plugin self-metrics have samples
     plugins.mkdir(exist_ok=True)
     (plugins / "noop_metrics_plugin.sh").write_text("exit 0\n")
-    r = subprocess.run([sys.executable, str(UTILS / "metrics_exporter.py"), "--once", "--plugin-dir", str(plugins),
-                        "--state-dir", str(tmp_path / "xs"), "--host", "n1", *args],
-                       capture_output=True, text=True, timeout=30, env={**os.environ, **(env or {})})
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(UTILS / "metrics_exporter.py"),
+            "--once",
+            "--plugin-dir",
+            str(plugins),
+            "--state-dir",
+            str(tmp_path / "xs"),
+            "--host",
+            "n1",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, **(env or {})},
+    )
     assert r.returncode == 0, r.stderr
     return r.stdout
 
@@ -492,8 +562,12 @@ def test_tb_read_on_node_rank_0_only(tb, tmp_path):
     assert line in exporter_once(tmp_path, "--job-dir", str(tb.job), "--node-rank", "0").splitlines()
     off = exporter_once(tmp_path, "--job-dir", str(tb.job), "--node-rank", "1", env={"TB_METRICS_ALL_NODES": ""})
     assert "tb_" not in off and "exporter_tensorboard" not in off
-    assert line in exporter_once(tmp_path, "--job-dir", str(tb.job), "--node-rank", "1",
-                                 env={"TB_METRICS_ALL_NODES": "1"}).splitlines()
+    assert (
+        line
+        in exporter_once(
+            tmp_path, "--job-dir", str(tb.job), "--node-rank", "1", env={"TB_METRICS_ALL_NODES": "1"}
+        ).splitlines()
+    )
     assert "tb_" not in exporter_once(tmp_path, "--job-dir", str(tb.job), "--tensorboard", "off")
 
 
@@ -509,6 +583,7 @@ def test_maxtext_tags_map_to_documented_names():
 
 
 # ---- docs/metrics.md agrees with what is emitted -------------------------------------------------------
+
 
 def documented_metrics() -> dict[str, tuple[str, set[str], str]]:
     """name -> (type, label names, source text) from the tables of docs/metrics.md."""

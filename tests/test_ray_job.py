@@ -115,8 +115,11 @@ def check_listeners_and_auth(job_dir: Path, log: Path, token: str) -> None:
     for lis in socks:
         if not lis.loopback:
             verdicts[(lis.addr, lis.port, lis.cmd[:60])] = probe(lis.host(node_addr), lis.port, token)
-    open_ports = {k: v for k, v in verdicts.items()
-                  if v not in ("authenticated", "unreachable") and not (v == "metrics" and k[1] in metrics_ports)}
+    open_ports = {
+        k: v
+        for k, v in verdicts.items()
+        if v not in ("authenticated", "unreachable") and not (v == "metrics" and k[1] in metrics_ports)
+    }
     assert not open_ports, f"reachable off loopback without the token: {open_ports}"
     assert list(verdicts.values()).count("authenticated") >= 8, verdicts  # GCS, 2 raylets x 2, 2 agents x 2, ...
     # the dashboard's Jobs API (loopback) and every dashboard agent HTTP port (node address and loopback)
@@ -126,8 +129,12 @@ def check_listeners_and_auth(job_dir: Path, log: Path, token: str) -> None:
     assert http_status("POST", url, "0" * 64, b'{"entrypoint": "id"}')[0] == 403
     assert http_status("POST", url, token, b"{}")[0] == 400  # let in, then refused for the missing entrypoint
     agents = [lis for lis in socks if lis.cmd.startswith("ray::DashboardAgent") and lis.port not in metrics_ports]
-    agent_http = [lis for lis in agents if http_status("GET", f"http://{lis.host(node_addr)}:{lis.port}/")[0] is not None]
-    assert len({lis.pid for lis in agent_http}) == 2 and len(agent_http) == 4, agents  # 2 nodes x (node address, loopback)
+    agent_http = [
+        lis for lis in agents if http_status("GET", f"http://{lis.host(node_addr)}:{lis.port}/")[0] is not None
+    ]
+    assert len({lis.pid for lis in agent_http}) == 2 and len(agent_http) == 4, (
+        agents
+    )  # 2 nodes x (node address, loopback)
     for lis in agent_http:
         url = f"http://{lis.host(node_addr)}:{lis.port}/api/job_agent/jobs/"
         assert http_status("POST", url, None, b'{"entrypoint": "id"}')[0] == 401, url
@@ -143,8 +150,9 @@ def test_ray_job_is_private_authenticated_and_leaves_a_tsdb(cluster, workspace, 
     secret = f"PRIVATE-{uuid.uuid4().hex}".encode()
     (victim / "secret.txt").write_bytes(secret)
     (victim / "secret.txt").chmod(0o600)
-    job_id, log = submit(cluster, workspace, "tiny", "-N", "2", "--hold", "--", "steps=40", "log_period=5",
-                         RAY="1", TMPDIR=str(node_tmp))
+    job_id, log = submit(
+        cluster, workspace, "tiny", "-N", "2", "--hold", "--", "steps=40", "log_period=5", RAY="1", TMPDIR=str(node_tmp)
+    )
     traps: list[Path] = []
     try:
         traps = plant_old_scratch(node_tmp, job_id)
@@ -182,8 +190,9 @@ def test_ray_job_is_private_authenticated_and_leaves_a_tsdb(cluster, workspace, 
             run(["scancel", job_id], env=cluster)
             wait_job_end(cluster, job_id, 60)
         leftovers = sorted(p.name for p in node_tmp.glob("mst.*"))
-        trapped = [(d / "job.env").read_bytes() + b"".join(p.name.encode() for p in (d / "exporter").iterdir())
-                   for d in traps]
+        trapped = [
+            (d / "job.env").read_bytes() + b"".join(p.name.encode() for p in (d / "exporter").iterdir()) for d in traps
+        ]
         shutil.rmtree(node_tmp, ignore_errors=True)
     assert summary(log)["status"] == "completed"
     assert log_has(log, r"^n1: prometheus: http://127\.0\.0\.1:(\d+) +tunnel: ssh -N -L \1:127\.0\.0\.1:\1 n1$")
@@ -206,7 +215,10 @@ def test_ray_job_is_private_authenticated_and_leaves_a_tsdb(cluster, workspace, 
     tsdb = log.with_suffix("") / "prometheus"
     assert set(by_host(query(tsdb, "count by (host) (hw_procs_running)"))) == {"n1", "n2"}
     assert set(by_host(query(tsdb, "count by (host) (hw_tcp_retransmits_total)"))) == {"n1", "n2"}
-    assert set(by_host(query(tsdb, 'count by (host) ({__name__=~"ray_node_cpu_utilization|ray_node_mem_used"})'))) == {"n1", "n2"}
+    assert set(by_host(query(tsdb, 'count by (host) ({__name__=~"ray_node_cpu_utilization|ray_node_mem_used"})'))) == {
+        "n1",
+        "n2",
+    }
     # every step's loss and step time, stamped with the event's wall time, which matches the log
     for name in ("tb_learning_loss", "tb_perf_step_time_seconds"):
         assert by_host(query(tsdb, f"count_over_time({name}[1d])")) == {"n1": 40.0}
@@ -216,7 +228,9 @@ def test_ray_job_is_private_authenticated_and_leaves_a_tsdb(cluster, workspace, 
     assert abs(float(last[0]["value"][1]) - steps[39]) < 3, (last, steps[39])
 
     # the diagnosis tools on this real job: no GPUs or RDMA here, everything present is clean
-    res = run([str(venv / "bin/python"), str(REPO / "utils/diagnose.py"), str(log.with_suffix("")), "--json"], timeout=300)
+    res = run(
+        [str(venv / "bin/python"), str(REPO / "utils/diagnose.py"), str(log.with_suffix("")), "--json"], timeout=300
+    )
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
     d = json.loads(res.stdout)
     assert d["verdict"] == "none" and d["culprit_hosts"] == [] and not d["insufficient_evidence"], d["summary"]
@@ -229,19 +243,36 @@ def test_ray_job_is_private_authenticated_and_leaves_a_tsdb(cluster, workspace, 
 
 def test_sigkill_of_the_whole_job_keeps_every_scraped_sample(cluster, workspace, venv):
     job_id, log = submit(cluster, workspace, "tiny", "-N", "2", "--", "steps=1000000", RAY="1", METRICS_INTERVAL="1")
-    port = wait_for(lambda: log_has(log, r"^n1: prometheus: http://127\.0\.0\.1:(\d+)") and
-                    re.search(r"^n1: prometheus: http://127\.0\.0\.1:(\d+)", log.read_text(), re.M).group(1), 240, "Prometheus")
+    port = wait_for(
+        lambda: (
+            log_has(log, r"^n1: prometheus: http://127\.0\.0\.1:(\d+)")
+            and re.search(r"^n1: prometheus: http://127\.0\.0\.1:(\d+)", log.read_text(), re.M).group(1)
+        ),
+        240,
+        "Prometheus",
+    )
     wait_for(lambda: log_has(log, r"completed step: 20,"), 240, "training")
 
     def live_count() -> float:
-        out = subprocess.run(["curl", "-s", "--noproxy", "*", f"http://127.0.0.1:{port}/api/v1/query",
-                              "--data-urlencode", "query=sum(count_over_time(hw_procs_running[1h]))"],
-                             capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [
+                "curl",
+                "-s",
+                "--noproxy",
+                "*",
+                f"http://127.0.0.1:{port}/api/v1/query",
+                "--data-urlencode",
+                "query=sum(count_over_time(hw_procs_running[1h]))",
+            ],
+            capture_output=True,
+            text=True,
+        ).stdout
         try:  # a restarted Prometheus answers "Service Unavailable" until its WAL is replayed
             result = json.loads(out)["data"]["result"]
         except (ValueError, KeyError):
             return 0.0
         return float(result[0]["value"][1]) if result else 0.0
+
     wait_for(lambda: live_count() >= 10, 60, "ten scrapes")
     # Prometheus dies mid-job: the job restarts it on the same TSDB and scraping goes on
     tsdb = log.with_suffix("") / "prometheus"
@@ -249,6 +280,7 @@ def test_sigkill_of_the_whole_job_keeps_every_scraped_sample(cluster, workspace,
     def prometheus_pid() -> int | None:
         out = subprocess.run(["pgrep", "-f", f"storage.tsdb.path={tsdb}"], capture_output=True, text=True).stdout
         return int(out.split()[0]) if out.split() else None
+
     first_pid = prometheus_pid()
     assert first_pid
     os.kill(first_pid, signal.SIGKILL)
@@ -276,8 +308,18 @@ def test_sigkill_of_the_whole_job_keeps_every_scraped_sample(cluster, workspace,
 def test_falls_back_to_the_plain_launch_when_ray_cannot_start(cluster, workspace, venv):
     # an object store larger than the machine's memory (1 TB; valid for the launcher, which only
     # checks the range) makes `ray start` fail on every node
-    job_id, log = submit(cluster, workspace, "tiny", "-N", "2", "--", "steps=5", RAY="1",
-                         RAY_OBJECT_STORE_BYTES="1000000000000", RAY_JOIN_TIMEOUT="20")
+    job_id, log = submit(
+        cluster,
+        workspace,
+        "tiny",
+        "-N",
+        "2",
+        "--",
+        "steps=5",
+        RAY="1",
+        RAY_OBJECT_STORE_BYTES="1000000000000",
+        RAY_JOIN_TIMEOUT="20",
+    )
     assert wait_job_end(cluster, job_id, 300) == "COMPLETED", log.read_text()[-3000:]
     assert log_has(log, r"^n1: _train_with_ray.sh: Ray head did not start on n1 .* falling back to the plain launch")
     assert log_has(log, r"^n2: _train_with_ray.sh: .*falling back to the plain launch")
@@ -331,7 +373,9 @@ def test_frozen_rank_hang_then_heartbeat_timeout(cluster, workspace, venv):
     assert log_has(log, r"stopped sending heartbeats")
     r = triage(log, cluster)
     assert r["failure_class"] == "heartbeat_timeout" and r["culprit_hosts"] == ["n2"], r["summary"]
-    res = run([str(venv / "bin/python"), str(REPO / "utils/diagnose.py"), str(log.with_suffix("")), "--json"], timeout=300)
+    res = run(
+        [str(venv / "bin/python"), str(REPO / "utils/diagnose.py"), str(log.with_suffix("")), "--json"], timeout=300
+    )
     assert res.returncode == 0, res.stderr
     d = json.loads(res.stdout)
     assert d["verdict"] != "heartbeat_false_positive", d["summary"]

@@ -30,9 +30,24 @@ def exporter_once(tmp_path: Path, *args: str, env: dict[str, str] | None = None)
     plugins.mkdir(exist_ok=True)
     (plugins / "probe_metrics_plugin.sh").write_text(
         'touch "$METRICS_STATE_DIR/mark"; mkfifo "$METRICS_STATE_DIR/req" 2>/dev/null\n'
-        'echo "state_info{dir=\\"$(dirname "$METRICS_STATE_DIR")\\",mode=\\"$(stat -c %a "$(dirname "$METRICS_STATE_DIR")")\\"} 1"\n')
-    return run([sys.executable, str(UTILS / "metrics_exporter.py"), "--once", "--plugin-dir", str(plugins),
-                "--host", "n1", "--job-dir", str(tmp_path), *args], env=env, timeout=60)
+        'echo "state_info{dir=\\"$(dirname "$METRICS_STATE_DIR")\\",mode=\\"$(stat -c %a "$(dirname "$METRICS_STATE_DIR")")\\"} 1"\n'
+    )
+    return run(
+        [
+            sys.executable,
+            str(UTILS / "metrics_exporter.py"),
+            "--once",
+            "--plugin-dir",
+            str(plugins),
+            "--host",
+            "n1",
+            "--job-dir",
+            str(tmp_path),
+            *args,
+        ],
+        env=env,
+        timeout=60,
+    )
 
 
 def test_exporter_makes_a_private_state_dir_and_ignores_the_old_predictable_one(tmp_path):
@@ -89,9 +104,17 @@ def test_exporter_makes_a_missing_state_dir_private(tmp_path):
 def job_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     job_dir = tmp_path / "job"
     job_dir.mkdir(exist_ok=True)
-    return {"JOB_DIR": str(job_dir), "JOB_ID": f"sec-{uuid.uuid4().hex[:8]}", "JOB_HOSTNAME": "h1",
-            "JOB_NUM_NODES": "1", "JOB_NODELIST": "h1", "JOB_NODE_RANK": "0", "MST_REPO": str(REPO),
-            "MST_PYTHON": str(VENV / "bin" / "python"), **extra}
+    return {
+        "JOB_DIR": str(job_dir),
+        "JOB_ID": f"sec-{uuid.uuid4().hex[:8]}",
+        "JOB_HOSTNAME": "h1",
+        "JOB_NUM_NODES": "1",
+        "JOB_NODELIST": "h1",
+        "JOB_NODE_RANK": "0",
+        "MST_REPO": str(REPO),
+        "MST_PYTHON": str(VENV / "bin" / "python"),
+        **extra,
+    }
 
 
 def test_no_private_scratch_no_job(tmp_path):
@@ -100,8 +123,10 @@ def test_no_private_scratch_no_job(tmp_path):
     env = job_env(tmp_path, TMPDIR=str(tmp_path / "no-such-dir"))
     res = run([str(REPO / "_train_with_ray.sh")], env=env, timeout=60)
     assert res.returncode == 1, res.stdout + res.stderr
-    assert res.stderr.strip() == (f"_train_with_ray.sh: cannot create a private directory in '{tmp_path}/no-such-dir' "
-                                  "(set TMPDIR to a writable node-local directory)")
+    assert res.stderr.strip() == (
+        f"_train_with_ray.sh: cannot create a private directory in '{tmp_path}/no-such-dir' "
+        "(set TMPDIR to a writable node-local directory)"
+    )
     assert "falling back" not in res.stdout and not (Path(env["JOB_DIR"]) / "ray" / "head").exists()
     assert job_processes(Path(env["JOB_DIR"])) == {}
 
@@ -122,9 +147,11 @@ def test_a_node_does_not_start_ray_without_a_private_token(tmp_path, flaw):
         os.chown(auth / "token", NOBODY, NOBODY)
     res = run([str(UTILS / "ray_cluster.sh"), "worker", "127.0.0.1", "127.0.0.1:6379"], env=env, timeout=60)
     assert res.returncode == 1 and res.stdout == "", res.stdout + res.stderr
-    assert res.stderr.strip() == (f"ray_cluster.sh: the Ray token '{auth}/token' is missing or not private (want: "
-                                  f"directory 0700, file 0600, owned by {pwd.getpwuid(os.getuid()).pw_name}); "
-                                  "not starting Ray without it")
+    assert res.stderr.strip() == (
+        f"ray_cluster.sh: the Ray token '{auth}/token' is missing or not private (want: "
+        f"directory 0700, file 0600, owned by {pwd.getpwuid(os.getuid()).pw_name}); "
+        "not starting Ray without it"
+    )
     assert job_processes(Path(env["JOB_DIR"])) == {}
 
 
@@ -135,8 +162,9 @@ def test_head_refuses_a_token_dir_made_before_it(tmp_path):
     os.chown(auth, NOBODY, NOBODY)
     res = run([str(UTILS / "ray_cluster.sh"), "head", "127.0.0.1"], env=env, timeout=60)
     assert res.returncode == 1 and res.stdout == "", res.stdout + res.stderr
-    assert res.stderr.strip() == (f"ray_cluster.sh: cannot create '{auth}' for the Ray token "
-                                  "(it must not exist before the job starts)")
+    assert res.stderr.strip() == (
+        f"ray_cluster.sh: cannot create '{auth}' for the Ray token (it must not exist before the job starts)"
+    )
     assert list(auth.iterdir()) == []
 
 
@@ -170,9 +198,18 @@ def test_one_node_ray_is_on_loopback_and_authenticated(tmp_path):
         assert http_status("POST", url, token, b"{}")[0] == 400
         # the driver does not know the scratch: the actor learns it from its node's raylet
         driver_env = {k: v for k, v in env.items() if k != "MST_JOB_SCRATCH"}
-        drv = run([str(VENV / "bin" / "python"), str(REPO / "_ray_actor.py")], timeout=180, env={
-            **driver_env, "MST_REPO": str(repo), "RAY_ADDRESS": address, "RAY_AUTH_MODE": "token",
-            "RAY_AUTH_TOKEN_PATH": token_file, "RAY_JOIN_TIMEOUT": "60"})
+        drv = run(
+            [str(VENV / "bin" / "python"), str(REPO / "_ray_actor.py")],
+            timeout=180,
+            env={
+                **driver_env,
+                "MST_REPO": str(repo),
+                "RAY_ADDRESS": address,
+                "RAY_AUTH_MODE": "token",
+                "RAY_AUTH_TOKEN_PATH": token_file,
+                "RAY_JOIN_TIMEOUT": "60",
+            },
+        )
         assert drv.returncode == 0, drv.stdout[-2000:] + drv.stderr[-2000:]
         assert "h1: trained as saved-env, _train.sh" in drv.stdout.splitlines(), drv.stdout
     finally:

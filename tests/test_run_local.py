@@ -35,8 +35,9 @@ def test_trains_and_summarises(workspace, venv):
 
 def test_config_error_is_refused_before_the_run(workspace, venv):
     """A misspelt MaxText key costs a second, not a start-up: refused against MaxText's schema."""
-    res = run([str(REPO / "run_local.sh"), "tiny", "--", "per_device_batch_sizee=1"],
-              env=launcher_env(workspace), timeout=300)
+    res = run(
+        [str(REPO / "run_local.sh"), "tiny", "--", "per_device_batch_sizee=1"], env=launcher_env(workspace), timeout=300
+    )
     lines = res.stderr.strip().splitlines()
     assert res.returncode != 0 and len(lines) == 1, res.stderr
     assert "MaxText has no key 'per_device_batch_sizee' (did you mean 'per_device_batch_size'" in lines[0]
@@ -45,10 +46,15 @@ def test_config_error_is_refused_before_the_run(workspace, venv):
 
 def test_crash_leaves_a_core_dump_in_the_job_dir(workspace, venv):
     if Path("/proc/sys/kernel/core_pattern").read_text().strip().startswith(("/", "|")):
-        raise AssertionError("kernel.core_pattern sends cores elsewhere on this machine; the test needs a relative pattern")
-    proc = subprocess.Popen([str(REPO / "run_local.sh"), "tiny", "--", "steps=100000"],
-                            env={**os.environ, **launcher_env(workspace), "ENABLE_COREDUMPS": "1"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        raise AssertionError(
+            "kernel.core_pattern sends cores elsewhere on this machine; the test needs a relative pattern"
+        )
+    proc = subprocess.Popen(
+        [str(REPO / "run_local.sh"), "tiny", "--", "steps=100000"],
+        env={**os.environ, **launcher_env(workspace), "ENABLE_COREDUMPS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         log = wait_for(lambda: list(workspace.glob("local-*.log")), 60, "the log")[0]
         wait_for(lambda: log_has(log, "core dumps enabled"), 60, "the trainer to start")
@@ -68,8 +74,12 @@ def test_crash_leaves_a_core_dump_in_the_job_dir(workspace, venv):
 
 def test_shell_has_the_job_environment(workspace, venv):
     script = 'echo "PY=$MST_PYTHON FRAC=$XLA_PYTHON_CLIENT_MEM_FRACTION RT=$MST_CONTAINER"; exit 0\n'
-    res = run([str(REPO / "run_local.sh")], env={**launcher_env(workspace), "CONTAINER_RUNTIME": "none"},
-              input=script, timeout=60)
+    res = run(
+        [str(REPO / "run_local.sh")],
+        env={**launcher_env(workspace), "CONTAINER_RUNTIME": "none"},
+        input=script,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     assert f"PY={Path(launcher_env(workspace)['MAXTEXT_SLURM_VENV'])}/bin/python FRAC=0.93 RT=none" in res.stdout
 
@@ -79,9 +89,12 @@ def test_secrets_stay_out_of_argv_and_the_record(workspace, venv):
     environment (M_HF_ACCESS_TOKEN), run_local.sh drops the overrides from its own argv, and
     neither the log nor the snapshot holds a secret value."""
     secret, pw = "hf_Zq81SECRETx", "correct horse battery"
-    proc = subprocess.Popen([str(REPO / "run_local.sh"), "tiny", "--", "steps=40", f"hf_access_token={secret}",
-                             f"_env_DB_PASSWORD={pw}"], env={**os.environ, **launcher_env(workspace)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(REPO / "run_local.sh"), "tiny", "--", "steps=40", f"hf_access_token={secret}", f"_env_DB_PASSWORD={pw}"],
+        env={**os.environ, **launcher_env(workspace)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         log = wait_for(lambda: list(workspace.glob("local-*.log")), 60, "the log")[0]
         job_id = log.name.split("-JAX-")[0]
@@ -98,4 +111,7 @@ def test_secrets_stay_out_of_argv_and_the_record(workspace, venv):
     for path in (log, job_dir / "artifact" / ".submit" / "command.txt"):
         text = path.read_text(errors="replace")
         assert secret not in text and "horse" not in text, path
-    assert "hf_access_token=<redacted> _env_DB_PASSWORD=<redacted>" in (job_dir / "artifact" / ".submit" / "command.txt").read_text()
+    assert (
+        "hf_access_token=<redacted> _env_DB_PASSWORD=<redacted>"
+        in (job_dir / "artifact" / ".submit" / "command.txt").read_text()
+    )

@@ -25,11 +25,20 @@ def next_job_id(cluster: dict[str, str]) -> int:
 def fake_leftover(workspace: Path, job_id: str = "1") -> tuple[subprocess.Popen, Path]:
     """What a finished job of this user might have left on a node: a process carrying its job
     variables, and its labelled private scratch dir (utils/lib.sh job_scratch)."""
-    env = {**os.environ, "JOB_ID": job_id, "JOB_SCHEDULER": "slurm", "MST_REPO": "/old/snapshot",
-           "JOB_WORKSPACE": str(workspace)}
+    env = {
+        **os.environ,
+        "JOB_ID": job_id,
+        "JOB_SCHEDULER": "slurm",
+        "MST_REPO": "/old/snapshot",
+        "JOB_WORKSPACE": str(workspace),
+    }
     proc = subprocess.Popen(["sleep", "600"], env=env)
-    scratch = Path(run(["bash", "-c", f'source {REPO}/utils/lib.sh; job_scratch'], env={
-        "JOB_SCHEDULER": "slurm", "JOB_ID": job_id, "JOB_HOSTNAME": "n1", "JOB_WORKSPACE": str(workspace)}).stdout.strip())
+    scratch = Path(
+        run(
+            ["bash", "-c", f"source {REPO}/utils/lib.sh; job_scratch"],
+            env={"JOB_SCHEDULER": "slurm", "JOB_ID": job_id, "JOB_HOSTNAME": "n1", "JOB_WORKSPACE": str(workspace)},
+        ).stdout.strip()
+    )
     assert scratch.is_dir() and (scratch / "job").is_file()
     return proc, scratch
 
@@ -97,11 +106,15 @@ def test_preflight_kills_nothing_when_squeue_fails(cluster, workspace, tmp_path,
 def test_summary_reads_only_this_run_of_an_appended_log(tmp_path):
     """A requeued job appends to its earlier run's log: the summary must not report that run's error."""
     log = tmp_path / "7-JAX-tiny.log"
-    log.write_text("==================== JOB ====================\nn1: ValueError: the first run's error\n"
-                   "==================== JOB ====================\nn1: RuntimeError: this run's error\n")
+    log.write_text(
+        "==================== JOB ====================\nn1: ValueError: the first run's error\n"
+        "==================== JOB ====================\nn1: RuntimeError: this run's error\n"
+    )
     job_dir = tmp_path / "7-JAX-tiny"
     (job_dir / ".stages" / "train").mkdir(parents=True)
     (job_dir / ".stages" / "train" / "n1").write_text("rc=1 end=2.0 reason=exit\n")
-    res = run([str(REPO / "utils/job_summary.sh"), "failed", "train"],
-              env={"JOB_DIR": str(job_dir), "JOB_LOG": str(log), "JOB_NODELIST": "n1", "JOB_ID": "7"})
+    res = run(
+        [str(REPO / "utils/job_summary.sh"), "failed", "train"],
+        env={"JOB_DIR": str(job_dir), "JOB_LOG": str(log), "JOB_NODELIST": "n1", "JOB_ID": "7"},
+    )
     assert "first_error: n1: RuntimeError: this run's error" in res.stdout, res.stdout

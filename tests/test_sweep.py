@@ -24,8 +24,9 @@ FAST = ["--poll", "0.5", "--timeout", "240"]
 
 
 def sweep_run(workspace: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 300):
-    return run([str(VENV / "bin" / "python"), TOOL, *args], env={**launcher_env(workspace), **(env or {})},
-               timeout=timeout)
+    return run(
+        [str(VENV / "bin" / "python"), TOOL, *args], env={**launcher_env(workspace), **(env or {})}, timeout=timeout
+    )
 
 
 def as_json(res) -> dict:
@@ -40,14 +41,31 @@ def commands(rec: dict) -> list[str]:
 # --- a made-up baseline job (header, step lines, summary, recorded command) -------------------------
 def fake_job(workspace: Path, job_id: str, command: str, model: str = "tiny") -> None:
     name = f"{job_id}-JAX-{model}-base"
-    lines = ["==================== JOB ====================", f"job: {job_id} {name}", "scheduler: slurm",
-             f"model: {model} (tag base)", "nodes: 1 (n1)", "overrides: steps=10", f"job_dir: {workspace / name}",
-             "started: 2026-11-22T05:00:00Z", "============================================="]
+    lines = [
+        "==================== JOB ====================",
+        f"job: {job_id} {name}",
+        "scheduler: slurm",
+        f"model: {model} (tag base)",
+        "nodes: 1 (n1)",
+        "overrides: steps=10",
+        f"job_dir: {workspace / name}",
+        "started: 2026-11-22T05:00:00Z",
+        "=============================================",
+    ]
     for s in range(10):
-        lines.append(f"n1: I1122 05:00:{10 + s:02d}.000000 1 metric_logger.py:265] completed step: {s}, seconds: 0.010, "
-                     f"TFLOP/s/device: 0.005, Tokens/s/device: {1000 + s}.000, total_weights: 64, loss: {6.1 - s / 100:.3f}")
-    lines += ["==================== JOB SUMMARY ====================", "status: completed", f"job: {job_id} {name}",
-              "nodes: 1 (n1)", "stage: train", "failed_nodes: none", "====================================================="]
+        lines.append(
+            f"n1: I1122 05:00:{10 + s:02d}.000000 1 metric_logger.py:265] completed step: {s}, seconds: 0.010, "
+            f"TFLOP/s/device: 0.005, Tokens/s/device: {1000 + s}.000, total_weights: 64, loss: {6.1 - s / 100:.3f}"
+        )
+    lines += [
+        "==================== JOB SUMMARY ====================",
+        "status: completed",
+        f"job: {job_id} {name}",
+        "nodes: 1 (n1)",
+        "stage: train",
+        "failed_nodes: none",
+        "=====================================================",
+    ]
     (workspace / f"{name}.log").write_text("\n".join(lines) + "\n")
     submit_dir = workspace / name / "artifact" / ".submit"
     submit_dir.mkdir(parents=True)
@@ -63,19 +81,50 @@ def test_help_runs_with_the_shebang():
 
 
 def test_dry_run_batch(workspace):
-    res = sweep_run(workspace, "batch", "tiny:exp", "--values", "4,1,2,2", "--steps", "5", "-N", "2", "--dry-run",
-                    "--json", "--", "--exclude=n9", "-t", "10:00", "--", "remat_policy=full", "_env_A=1")
+    res = sweep_run(
+        workspace,
+        "batch",
+        "tiny:exp",
+        "--values",
+        "4,1,2,2",
+        "--steps",
+        "5",
+        "-N",
+        "2",
+        "--dry-run",
+        "--json",
+        "--",
+        "--exclude=n9",
+        "-t",
+        "10:00",
+        "--",
+        "remat_policy=full",
+        "_env_A=1",
+    )
     assert res.returncode == 0, res.stderr
     rec = as_json(res)
     assert rec["state"] == "dry_run" and rec["record"] is None
     assert commands(rec) == [
         f"{SUBMIT} tiny:exp-bs{v} -N 2 --exclude=n9 -t 10:00 -- per_device_batch_size={v} steps=5 remat_policy=full _env_A=1"
-        for v in (1, 2, 4)]
+        for v in (1, 2, 4)
+    ]
     assert [j["value"] for j in rec["jobs"]] == ["1", "2", "4"]
     assert not (workspace / "sweeps").exists() and not list(workspace.iterdir()), "a dry run writes nothing"
     # KEY=VALUE tokens without a second `--` are overrides; the human text lists the same commands
-    res = sweep_run(workspace, "batch", "tiny", "--values", "8", "--key", "remat_policy_x", "--dry-run", "--",
-                    "-p", "gpu", "ici_fsdp_parallelism=2")
+    res = sweep_run(
+        workspace,
+        "batch",
+        "tiny",
+        "--values",
+        "8",
+        "--key",
+        "remat_policy_x",
+        "--dry-run",
+        "--",
+        "-p",
+        "gpu",
+        "ici_fsdp_parallelism=2",
+    )
     assert res.returncode == 0, res.stderr
     assert f"{SUBMIT} tiny:bs8 -N 1 -p gpu -- remat_policy_x=8 steps=30 ici_fsdp_parallelism=2" in res.stdout
 
@@ -92,7 +141,9 @@ def fake_sinfo(tmp_path):
 
 
 def test_dry_run_nodes_and_bisect(workspace, fake_sinfo):
-    res = sweep_run(workspace, "nodes", "tiny", "--nodes", "a2,a4", "--steps", "5", "--dry-run", "--json", env=fake_sinfo)
+    res = sweep_run(
+        workspace, "nodes", "tiny", "--nodes", "a2,a4", "--steps", "5", "--dry-run", "--json", env=fake_sinfo
+    )
     assert res.returncode == 0, res.stderr
     assert commands(as_json(res)) == [f"{SUBMIT} tiny:node-{n} -N 1 -w {n} -- steps=5" for n in ("a2", "a4")]
     res = sweep_run(workspace, "nodes", "tiny", "--dry-run", "--json", env=fake_sinfo)
@@ -104,8 +155,9 @@ def test_dry_run_nodes_and_bisect(workspace, fake_sinfo):
     res = sweep_run(workspace, "bisect", "tiny", "--nodes", "all", "--dry-run", "--json", env=fake_sinfo)
     assert res.returncode == 0, res.stderr
     rec = as_json(res)
-    assert commands(rec) == [f"{SUBMIT} tiny:pair-{a}-{b} -N 2 -w {a},{b} -- steps=30"
-                             for a, b in (("a1", "a2"), ("a3", "a4"), ("a5", "a1"))]
+    assert commands(rec) == [
+        f"{SUBMIT} tiny:pair-{a}-{b} -N 2 -w {a},{b} -- steps=30" for a, b in (("a1", "a2"), ("a3", "a4"), ("a5", "a1"))
+    ]
     assert "round 2" in rec["notes"][0]
     assert not list(workspace.iterdir()), "a dry run writes nothing"
 
@@ -123,8 +175,23 @@ def test_dry_run_regress(workspace):
     assert base["tgs_steady"] == pytest.approx(1006.0) and base["final_loss"] == pytest.approx(6.01)
     assert base["command_owner_is_you"] is True and base["command_owner"]
     # --steps and -N replace the recorded values; extra overrides replace by key; --replay-sbatch replays -t 10
-    res = sweep_run(workspace, "regress", "tiny", "--baseline", "77", "--steps", "12", "-N", "1", "--replay-sbatch",
-                    "--dry-run", "--json", "--", "--", "remat_policy=minimal")
+    res = sweep_run(
+        workspace,
+        "regress",
+        "tiny",
+        "--baseline",
+        "77",
+        "--steps",
+        "12",
+        "-N",
+        "1",
+        "--replay-sbatch",
+        "--dry-run",
+        "--json",
+        "--",
+        "--",
+        "remat_policy=minimal",
+    )
     assert res.returncode == 0, res.stderr
     rec = as_json(res)
     assert commands(rec) == [f"{SUBMIT} tiny:base -N 1 -t 10 -- steps=12 remat_policy=minimal"]
@@ -135,15 +202,26 @@ def test_regress_never_replays_a_redacted_value(workspace):
     # whole-value redaction as the launcher writes it (NAME=<redacted>), next to a %q-quoted value
     fake_job(workspace, "78", "submit.sh tiny:base -N 1 -- steps=10 run_name=a\\ b _env_HF_TOKEN=<redacted>")
     res = sweep_run(workspace, "regress", "tiny", "--baseline", "78", "--dry-run")
-    assert res.returncode == 0, res.stderr   # the environment is not replayed: nothing redacted is submitted
+    assert res.returncode == 0, res.stderr  # the environment is not replayed: nothing redacted is submitted
     assert f"{SUBMIT} tiny:base -N 1 -- steps=10 'run_name=a b'" in res.stdout
     assert "_env_HF_TOKEN=<redacted>' (add --replay-env" in res.stdout, res.stdout
     res = sweep_run(workspace, "regress", "tiny", "--baseline", "78", "--replay-env")
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert "'_env_HF_TOKEN' was redacted" in res.stderr and "cannot be replayed" in res.stderr, res.stderr
     # a value given after `-- --` replaces the redacted one
-    res = sweep_run(workspace, "regress", "tiny", "--baseline", "78", "--replay-env", "--dry-run", "--json", "--",
-                    "--", "_env_HF_TOKEN=mine")
+    res = sweep_run(
+        workspace,
+        "regress",
+        "tiny",
+        "--baseline",
+        "78",
+        "--replay-env",
+        "--dry-run",
+        "--json",
+        "--",
+        "--",
+        "_env_HF_TOKEN=mine",
+    )
     assert res.returncode == 0 and commands(as_json(res))[0].endswith("_env_HF_TOKEN=mine"), res.stderr
     # a redacted MaxText credential: MaxText overrides are replayed, so it is refused unless given
     fake_job(workspace, "80", "submit.sh tiny:base -N 1 -- steps=10 hf_access_token=<redacted>")
@@ -158,7 +236,7 @@ def test_regress_never_replays_a_redacted_value(workspace):
 
 FAKE_SLURM = {  # record what submit.sh hands to sbatch (argv and environment); every job ends at once
     "sbatch": '#!/bin/bash\nn=$(( $(cat "$CALLS/n" 2>/dev/null || echo 500) + 1 )); echo "$n" > "$CALLS/n"\n'
-              'printf "%s\\n" "$@" > "$CALLS/$n.argv"; env > "$CALLS/$n.env"; echo "$n"\n',
+    'printf "%s\\n" "$@" > "$CALLS/$n.argv"; env > "$CALLS/$n.env"; echo "$n"\n',
     "scontrol": '#!/bin/bash\n[[ "$1" == show ]] && echo "JobId=${4:-$3} JobState=COMPLETED"; exit 0\n',
 }
 
@@ -192,7 +270,7 @@ def test_regress_replays_sbatch_flags_and_env_only_when_asked(workspace, fake_sl
 
     rec, argv, seen, err = regress()
     job = rec["jobs"][0]
-    assert job["job_id"] and argv, (job, argv)    # submitted through submit.sh to (the fake) sbatch
+    assert job["job_id"] and argv, (job, argv)  # submitted through submit.sh to (the fake) sbatch
     assert str(target) not in argv and "LD_PRELOAD=/x.so" not in seen, (argv, seen)
     assert str(target) not in job["command"] and "LD_PRELOAD" not in job["command"]
     # ... but shown: in the record and on stderr before anything is submitted
@@ -291,9 +369,21 @@ class FakeSweep(sweep.Sweep):
 
 
 def test_batch_stops_going_up_at_the_first_oom(tmp_path):
-    params = {"model": "tiny", "tag": "", "sbatch": [], "overrides": [], "values": ["1", "2", "4", "8"],
-              "key": "per_device_batch_size", "nodes": 1, "steps": 5}
-    outcomes = {"bs1": ("completed", None, 100.0), "bs2": ("completed", None, 150.0), "bs4": ("failed", "oom_device", None)}
+    params = {
+        "model": "tiny",
+        "tag": "",
+        "sbatch": [],
+        "overrides": [],
+        "values": ["1", "2", "4", "8"],
+        "key": "per_device_batch_size",
+        "nodes": 1,
+        "steps": 5,
+    }
+    outcomes = {
+        "bs1": ("completed", None, 100.0),
+        "bs2": ("completed", None, 150.0),
+        "bs4": ("failed", "oom_device", None),
+    }
     sw = FakeSweep("batch", params, outcomes, tmp_path)
     sweep.drive_batch(sw)
     assert sw.submitted == ["bs1", "bs2", "bs4"]
@@ -313,11 +403,23 @@ def test_nodes_outliers_are_robust():
 
 
 def test_bisect_names_the_node_that_is_bad_with_every_partner(tmp_path):
-    params = {"model": "tiny", "tag": "", "sbatch": [], "overrides": [], "nodes": ["n1", "n2", "n3", "n4", "n5", "n6"],
-              "steps": 5, "slow_threshold_pct": 10.0}
+    params = {
+        "model": "tiny",
+        "tag": "",
+        "sbatch": [],
+        "overrides": [],
+        "nodes": ["n1", "n2", "n3", "n4", "n5", "n6"],
+        "steps": 5,
+        "slow_threshold_pct": 10.0,
+    }
     ok = ("completed", None, 100.0)
-    outcomes = {"r1-n1-n2": ok, "r1-n3-n4": ("completed", None, 50.0), "r1-n5-n6": ok,
-                "r2-n3-n1": ("failed", "collective_error", None), "r2-n4-n2": ok}
+    outcomes = {
+        "r1-n1-n2": ok,
+        "r1-n3-n4": ("completed", None, 50.0),
+        "r1-n5-n6": ok,
+        "r2-n3-n1": ("failed", "collective_error", None),
+        "r2-n4-n2": ok,
+    }
     sw = FakeSweep("bisect", params, outcomes, tmp_path)
     sweep.drive_bisect(sw)
     assert sw.submitted == ["r1-n1-n2", "r1-n3-n4", "r1-n5-n6", "r2-n3-n1", "r2-n4-n2"]
@@ -327,14 +429,22 @@ def test_bisect_names_the_node_that_is_bad_with_every_partner(tmp_path):
     assert [e["verdict"] for e in r["suspects"][0]["evidence"]] == ["slow", "failed"]
     assert "n3" in r["conclusion"] and r["suspect_pairs"] == []
     # odd count: the last node pairs with the first; its cross-check uses another good node
-    sw = FakeSweep("bisect", {**params, "nodes": ["n1", "n2", "n3", "n4", "n5"]},
-                   {"r1-n1-n2": ok, "r1-n3-n4": ok, "r1-n5-n1": ("failed", None, None), "r2-n5-n2": ok}, tmp_path)
+    sw = FakeSweep(
+        "bisect",
+        {**params, "nodes": ["n1", "n2", "n3", "n4", "n5"]},
+        {"r1-n1-n2": ok, "r1-n3-n4": ok, "r1-n5-n1": ("failed", None, None), "r2-n5-n2": ok},
+        tmp_path,
+    )
     sweep.drive_bisect(sw)
     assert sw.submitted[-1] == "r2-n5-n2" and sw.result["suspects"] == []
     assert sw.result["suspect_pairs"] == [["n5", "n1"]]
     # every pair bad: no single node to blame, and no cross-check is possible
-    sw = FakeSweep("bisect", {**params, "nodes": ["n1", "n2", "n3", "n4"]},
-                   {"r1-n1-n2": ("failed", None, None), "r1-n3-n4": ("failed", None, None)}, tmp_path)
+    sw = FakeSweep(
+        "bisect",
+        {**params, "nodes": ["n1", "n2", "n3", "n4"]},
+        {"r1-n1-n2": ("failed", None, None), "r1-n3-n4": ("failed", None, None)},
+        tmp_path,
+    )
     sweep.drive_bisect(sw)
     assert sw.submitted == ["r1-n1-n2", "r1-n3-n4"] and "every pair" in sw.result["conclusion"]
 
@@ -343,8 +453,22 @@ def test_bisect_names_the_node_that_is_bad_with_every_partner(tmp_path):
 @pytest.fixture(scope="module")
 def batch_run(cluster, venv, tmp_path_factory):
     ws = tmp_path_factory.mktemp("sweep-batch")
-    res = sweep_run(ws, "batch", "tiny", "--values", "1,2", "--steps", "5", "-N", "1", "--max-parallel", "2", "--json",
-                    *FAST, env=cluster)
+    res = sweep_run(
+        ws,
+        "batch",
+        "tiny",
+        "--values",
+        "1,2",
+        "--steps",
+        "5",
+        "-N",
+        "1",
+        "--max-parallel",
+        "2",
+        "--json",
+        *FAST,
+        env=cluster,
+    )
     return ws, res
 
 
@@ -371,8 +495,20 @@ def test_batch_real(cluster, batch_run):
 
 @pytest.mark.cluster
 def test_nodes_real(cluster, workspace, venv):
-    res = sweep_run(workspace, "nodes", "tiny", "--nodes", "all", "--steps", "5", "--max-parallel", "2", "--json",
-                    *FAST, env=cluster)
+    res = sweep_run(
+        workspace,
+        "nodes",
+        "tiny",
+        "--nodes",
+        "all",
+        "--steps",
+        "5",
+        "--max-parallel",
+        "2",
+        "--json",
+        *FAST,
+        env=cluster,
+    )
     assert res.returncode == 0, res.stderr
     rec = as_json(res)
     assert sorted(rec["result"]["rates"]) == ["n1", "n2"], rec["result"]
@@ -403,10 +539,28 @@ def test_ctrl_c_cancels_only_the_sweeps_jobs(cluster, workspace, venv):
     other = run(["sbatch", "--parsable", "-w", "n2", "-o", "/dev/null", "--wrap", "sleep 120"], env=env).stdout.strip()
     assert other.isdigit()
     try:
-        proc = subprocess.Popen([str(VENV / "bin" / "python"), TOOL, "batch", "tiny:int", "--values", "1,2",
-                                 "--steps", "100000", "--json", "--poll", "0.2", "--", "-w", "n1"],
-                                env={**os.environ, **env}, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [
+                str(VENV / "bin" / "python"),
+                TOOL,
+                "batch",
+                "tiny:int",
+                "--values",
+                "1,2",
+                "--steps",
+                "100000",
+                "--json",
+                "--poll",
+                "0.2",
+                "--",
+                "-w",
+                "n1",
+            ],
+            env={**os.environ, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         records = workspace / "sweeps"
 
         def submitted() -> str | None:
@@ -416,6 +570,7 @@ def test_ctrl_c_cancels_only_the_sweeps_jobs(cluster, workspace, venv):
                 except (ValueError, KeyError, IndexError):
                     return None
             return None
+
         mine = str(wait_for(submitted, 60, "the sweep to submit its first job"))
         time.sleep(1)
         proc.send_signal(signal.SIGINT)

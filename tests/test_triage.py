@@ -25,8 +25,13 @@ TRIAGE = str(REPO / "utils" / "triage.py")
 CLASSES_TOOL = str(REPO / "utils" / "failure_classes.py")
 HOSTS = ["n1", "n2", "n3"]
 # what each injected failure must be classified as (killed_gloo: a SIGKILLed rank, survivors print Gloo errors)
-EXPECTED = {None: None, **{f: f for f in logcorpus.FAILURES}, "killed_gloo": "oom_host", "preflight": None,
-            "time_limit": "stage_timeout"}
+EXPECTED = {
+    None: None,
+    **{f: f for f in logcorpus.FAILURES},
+    "killed_gloo": "oom_host",
+    "preflight": None,
+    "time_limit": "stage_timeout",
+}
 EXPECTED_STATUS = {None: "completed", "cancelled": "cancelled", "node_failure": "cancelled", "hang": "hung"}
 
 
@@ -55,8 +60,15 @@ FORMATS = {
 }
 
 
-@pytest.mark.parametrize(("failure", "fmt"), [(f, fmt) for fmt in FORMATS for f in [None, *logcorpus.FAILURES]
-                                               if len(FORMATS[fmt]["hosts"]) > 1 or f not in logcorpus.MULTI_NODE])
+@pytest.mark.parametrize(
+    ("failure", "fmt"),
+    [
+        (f, fmt)
+        for fmt in FORMATS
+        for f in [None, *logcorpus.FAILURES]
+        if len(FORMATS[fmt]["hosts"]) > 1 or f not in logcorpus.MULTI_NODE
+    ],
+)
 def test_failure_class(failure, fmt, tmp_path):
     kw = FORMATS[fmt]
     job, log = job_for(failure, tmp_path, **kw)
@@ -64,8 +76,17 @@ def test_failure_class(failure, fmt, tmp_path):
     assert r["failure_class"] == EXPECTED[failure], (r["summary"], r["evidence"])
     assert r["status"] == EXPECTED_STATUS.get(failure, "failed")
     culprit = kw["hosts"][job.culprit % len(kw["hosts"])]
-    if failure in ("oom_host", "oom_device", "segfault", "collective_error", "python_exception", "heartbeat_timeout",
-                   "heartbeat_false_positive", "node_failure", "killed_gloo"):
+    if failure in (
+        "oom_host",
+        "oom_device",
+        "segfault",
+        "collective_error",
+        "python_exception",
+        "heartbeat_timeout",
+        "heartbeat_false_positive",
+        "node_failure",
+        "killed_gloo",
+    ):
         assert r["culprit_hosts"] == [culprit], r
     if failure == "hang" and len(kw["hosts"]) > 1:
         assert r["culprit_hosts"] == [culprit], r  # the rank that is one step behind
@@ -92,8 +113,15 @@ def test_needle_search_finds_the_same(tmp_path, monkeypatch):
 
 
 def _essentials(r: dict) -> tuple:
-    return (r["status"], r["failure_class"], r["culprit_hosts"], r["progress"], r["tgs"], r["hosts"],
-            [(e["file"], e["line"], e["text"]) for e in r["evidence"]])
+    return (
+        r["status"],
+        r["failure_class"],
+        r["culprit_hosts"],
+        r["progress"],
+        r["tgs"],
+        r["hosts"],
+        [(e["file"], e["line"], e["text"]) for e in r["evidence"]],
+    )
 
 
 def test_small_blocks_give_the_same_report(tmp_path, monkeypatch):
@@ -139,7 +167,9 @@ def test_killed_rank_with_gloo_errors_on_the_survivors(tmp_path):
     # the culprit is still the silent peer
     bare = tmp_path / "bare.log"
     text = log.read_text()
-    text = text[:text.index("==================== JOB SUMMARY")].replace(f"job_dir: {log.with_suffix('')}", "job_dir: /gone")
+    text = text[: text.index("==================== JOB SUMMARY")].replace(
+        f"job_dir: {log.with_suffix('')}", "job_dir: /gone"
+    )
     bare.write_text("".join(ln for ln in text.splitlines(keepends=True) if not ln.startswith("srun: error:")))
     r = report(bare)
     assert r["failure_class"] == "collective_error" and r["culprit_hosts"] == ["n2"], r["summary"]
@@ -290,7 +320,9 @@ def test_docs_tables_are_generated_from_the_registry(tmp_path):
         assert failure_classes.regenerate((tmp_path / rel).read_text(), name, table()) == text
         (tmp_path / rel).write_text(text)
     # every class a report can carry is in the generated skill table, in the registry's order
-    rows = [ln for ln in failure_classes.class_table() if ln.startswith("| `") and not ln.startswith("| `failure_class`")]
+    rows = [
+        ln for ln in failure_classes.class_table() if ln.startswith("| `") and not ln.startswith("| `failure_class`")
+    ]
     assert [ln.split("`")[1] for ln in rows] == list(triage.CLASSES)
 
 
@@ -319,9 +351,16 @@ def test_cli_help_json_text_and_lookup(tmp_path):
 
 
 BAD_JOBS = {  # kind of JOB argument -> what the one line must say
-    "nosuchjob": "no job 'nosuchjob'", "/nonexistent/x.log": "no such job, directory or log", "binary": "binary",
-    "text": "not a job log", "empty": "not a job log", "": "empty JOB argument", ".": "not a job directory",
-    "dir": "not a job directory", "fifo": "not a regular file", "dangling": "dangling symlink",
+    "nosuchjob": "no job 'nosuchjob'",
+    "/nonexistent/x.log": "no such job, directory or log",
+    "binary": "binary",
+    "text": "not a job log",
+    "empty": "not a job log",
+    "": "empty JOB argument",
+    ".": "not a job directory",
+    "dir": "not a job directory",
+    "fifo": "not a regular file",
+    "dangling": "dangling symlink",
     "long": "File name too long",
 }
 
@@ -333,12 +372,21 @@ def test_cli_bad_input_is_one_line_exit_2(bad, tmp_path):
     assert res.returncode == 2, res.stdout
     assert res.stdout == "" and len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
     assert res.stderr.startswith("triage.py: ") and BAD_JOBS[bad] in res.stderr, res.stderr
-    if bad not in ("binary", "text", "empty"):   # a file that is no log needs no hint; a wrong path does
+    if bad not in ("binary", "text", "empty"):  # a file that is no log needs no hint; a wrong path does
         assert "give a job id" in res.stderr, res.stderr
 
 
-@pytest.mark.parametrize("option", [["--hang-factor", "nan"], ["--hang-factor", "0.5"], ["--warmup-steps", "-1"],
-                                    ["--phase-min-steps", "x"], ["--now=-5"], ["--hang-min-seconds", "inf"]])
+@pytest.mark.parametrize(
+    "option",
+    [
+        ["--hang-factor", "nan"],
+        ["--hang-factor", "0.5"],
+        ["--warmup-steps", "-1"],
+        ["--phase-min-steps", "x"],
+        ["--now=-5"],
+        ["--hang-min-seconds", "inf"],
+    ],
+)
 def test_cli_bad_option_is_one_line_exit_2(option, tmp_path):
     _, log = job_for("oom_device", tmp_path)
     res = run([TRIAGE, str(log), "--no-scheduler", *option], timeout=30)
@@ -348,9 +396,13 @@ def test_cli_bad_option_is_one_line_exit_2(option, tmp_path):
 
 # --- real jobs (run_local.sh) ----------------------------------------------------------------
 def _start(workspace: Path, *overrides: str) -> subprocess.Popen:
-    return subprocess.Popen([str(REPO / "run_local.sh"), "tiny", "--", *overrides],
-                            env={**os.environ, **launcher_env(workspace)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen(
+        [str(REPO / "run_local.sh"), "tiny", "--", *overrides],
+        env={**os.environ, **launcher_env(workspace)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def _trainer_pid(job_id: str) -> int | None:
@@ -373,8 +425,11 @@ def real_jobs(tmp_path_factory, venv):
     ws = {k: base / k for k in ("ok", "config", "killed")}
     for w in ws.values():
         w.mkdir()
-    procs = {"ok": _start(ws["ok"], "steps=5"), "config": _start(ws["config"], "enable_streaming_diloco=true"),
-             "killed": _start(ws["killed"], "steps=100000")}
+    procs = {
+        "ok": _start(ws["ok"], "steps=5"),
+        "config": _start(ws["config"], "enable_streaming_diloco=true"),
+        "killed": _start(ws["killed"], "steps=100000"),
+    }
     out: dict = {}
     try:
         log = wait_for(lambda: list(ws["killed"].glob("local-*-JAX-tiny.log")), 60, "the long job's log")[0]

@@ -51,12 +51,31 @@ except ImportError:  # pragma: no cover - joblog is part of the repo; without it
     joblog = None
 
 REPO = Path(__file__).resolve().parent.parent
-VERDICTS = ("network", "gpu_thermal", "gpu_power", "gpu_hardware", "cpu_contention", "io_pressure", "memory",
-            "training_dynamics", "hang", "heartbeat_false_positive", "none")
-POINTS = 480             # target points per range query (step = range / POINTS, at least the scrape interval)
-HB_TIMEOUT = 100.0       # JAX's default heartbeat timeout, seconds
-RDMA_RETRANS = ("local_ack_timeout_err", "roce_adp_retrans", "roce_adp_retrans_to", "packet_seq_err",
-                "out_of_sequence", "implied_nak_seq_err", "rnr_nak_retry_err", "duplicate_request")
+VERDICTS = (
+    "network",
+    "gpu_thermal",
+    "gpu_power",
+    "gpu_hardware",
+    "cpu_contention",
+    "io_pressure",
+    "memory",
+    "training_dynamics",
+    "hang",
+    "heartbeat_false_positive",
+    "none",
+)
+POINTS = 480  # target points per range query (step = range / POINTS, at least the scrape interval)
+HB_TIMEOUT = 100.0  # JAX's default heartbeat timeout, seconds
+RDMA_RETRANS = (
+    "local_ack_timeout_err",
+    "roce_adp_retrans",
+    "roce_adp_retrans_to",
+    "packet_seq_err",
+    "out_of_sequence",
+    "implied_nak_seq_err",
+    "rnr_nak_retry_err",
+    "duplicate_request",
+)
 
 # The checks and the families each needs (any one of them is enough to run it).
 NEEDS: dict[str, tuple[str, ...]] = {
@@ -72,9 +91,9 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "training_dynamics": ("tb_learning_loss", "tb_learning_moe_lb_loss", "tb_learning_grad_norm"),
     "throughput": ("tb_perf_per_device_tokens_per_sec", "tb_perf_step_time_seconds"),
 }
-OPTIONAL = {"hw_gpu_throttle_reasons"}   # NVIDIA only: its absence on AMD is no gap in the evidence
+OPTIONAL = {"hw_gpu_throttle_reasons"}  # NVIDIA only: its absence on AMD is no gap in the evidence
 # Which verdict a family points to when it differs between two jobs (--vs), and which way is worse.
-VS_CATEGORY: list[tuple[str, str, int]] = [   # first match wins; within a verdict, earlier entries lead
+VS_CATEGORY: list[tuple[str, str, int]] = [  # first match wins; within a verdict, earlier entries lead
     (r"hw_procs_running", "cpu_contention", +1),
     (r"hw_cpu_pressure_.*|hw_load\d+", "cpu_contention", +1),
     (r"hw_io_pressure_.*|hw_procs_blocked", "io_pressure", +1),
@@ -94,20 +113,27 @@ class InputError(Exception):
 # --- data model ---------------------------------------------------------------------------
 @dataclasses.dataclass
 class Finding:
-    kind: str                           # a verdict, or host_outlier / vs_difference / heartbeat_timeout
+    kind: str  # a verdict, or host_outlier / vs_difference / heartbeat_timeout
     summary: str
     hosts: list[str]
     window: tuple[float, float] | None
     queries: list[str]
     values: dict
-    score: float                        # ranking; findings that may decide the verdict have decides=True
+    score: float  # ranking; findings that may decide the verdict have decides=True
     decides: bool = True
-    plot: dict | None = None            # {"title", "unit", "series": {host: (t, y)}, "highlight": [hosts]}
+    plot: dict | None = None  # {"title", "unit", "series": {host: (t, y)}, "highlight": [hosts]}
 
     def as_json(self) -> dict:
         w = {"start": round(self.window[0], 3), "end": round(self.window[1], 3)} if self.window else None
-        return {"kind": self.kind, "summary": self.summary, "hosts": self.hosts, "window": w,
-                "queries": self.queries, "values": _jsonable(self.values), "score": round(self.score, 3)}
+        return {
+            "kind": self.kind,
+            "summary": self.summary,
+            "hosts": self.hosts,
+            "window": w,
+            "queries": self.queries,
+            "values": _jsonable(self.values),
+            "score": round(self.score, 3),
+        }
 
 
 @dataclasses.dataclass
@@ -118,12 +144,13 @@ class Target:
     log: Path | None
 
 
-PerHost = dict[str, dict[str, np.ndarray]]   # family key -> host -> values on the grid
+PerHost = dict[str, dict[str, np.ndarray]]  # family key -> host -> values on the grid
 
 
 @dataclasses.dataclass
 class Data:
     """What the range queries returned for one job, on one time grid."""
+
     target: Target
     start: float
     end: float
@@ -132,12 +159,12 @@ class Data:
     names: set[str]
     grid: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
     hosts: list[str] = dataclasses.field(default_factory=list)
-    gauges: PerHost = dataclasses.field(default_factory=dict)       # max by host
-    gpu_min: PerHost = dataclasses.field(default_factory=dict)      # min by host (GPU signals)
-    rates: PerHost = dataclasses.field(default_factory=dict)        # counters, per second
-    peaks: PerHost = dataclasses.field(default_factory=dict)        # max_over_time by host (pressure)
-    throttle: PerHost = dataclasses.field(default_factory=dict)     # GPUs with throttle bits, by host
-    deltas: PerHost = dataclasses.field(default_factory=dict)       # increase over the whole range, by host
+    gauges: PerHost = dataclasses.field(default_factory=dict)  # max by host
+    gpu_min: PerHost = dataclasses.field(default_factory=dict)  # min by host (GPU signals)
+    rates: PerHost = dataclasses.field(default_factory=dict)  # counters, per second
+    peaks: PerHost = dataclasses.field(default_factory=dict)  # max_over_time by host (pressure)
+    throttle: PerHost = dataclasses.field(default_factory=dict)  # GPUs with throttle bits, by host
+    deltas: PerHost = dataclasses.field(default_factory=dict)  # increase over the whole range, by host
     tb: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     queries: dict[str, str] = dataclasses.field(default_factory=dict)
     train: tuple[float, float] | None = None
@@ -178,7 +205,7 @@ def _jsonable(x: object) -> object:
         v = float(x)
         if not math.isfinite(v):
             return None
-        return round(v, 3) if abs(v) >= 1e6 else float(f"{v:.6g}")   # unix times keep their milliseconds
+        return round(v, 3) if abs(v) >= 1e6 else float(f"{v:.6g}")  # unix times keep their milliseconds
     return x
 
 
@@ -301,16 +328,28 @@ def change_points(y: np.ndarray, min_len: int, rel: float, depth: int = 3) -> li
     a, b = float(np.mean(y[:best])), float(np.mean(y[best:]))
     if abs(a - b) / max(abs(a), abs(b), 1e-12) < rel:
         return []
-    return (change_points(y[:best], min_len, rel, depth - 1) + [best]
-            + [best + i for i in change_points(y[best:], min_len, rel, depth - 1)])
+    return (
+        change_points(y[:best], min_len, rel, depth - 1)
+        + [best]
+        + [best + i for i in change_points(y[best:], min_len, rel, depth - 1)]
+    )
 
 
 def fmt(v: float, unit: str = "") -> str:
     if not math.isfinite(v):
         return "n/a"
     a = abs(v)
-    s = (f"{v / 1e12:.3g}T" if a >= 1e12 else f"{v / 1e9:.3g}G" if a >= 1e9 else f"{v / 1e6:.3g}M" if a >= 1e6
-         else f"{v / 1e3:.3g}k" if a >= 1e4 else f"{v:.3g}")
+    s = (
+        f"{v / 1e12:.3g}T"
+        if a >= 1e12
+        else f"{v / 1e9:.3g}G"
+        if a >= 1e9
+        else f"{v / 1e6:.3g}M"
+        if a >= 1e6
+        else f"{v / 1e3:.3g}k"
+        if a >= 1e4
+        else f"{v:.3g}"
+    )
     return s + unit
 
 
@@ -387,24 +426,38 @@ def _queries(d: Data) -> dict[str, str]:
     """The range queries to run, by what they feed; only those whose families exist."""
     s, q = f"{int(d.step)}s", {}
     if any(n.startswith(("hw_", "ray_node_")) and not n.endswith("_total") for n in d.names):
-        q["gauges"] = ('max by (__name__, host, type, sensor) ({__name__=~"hw_.+|ray_node_.+", '
-                       '__name__!~".+_total|hw_gpu_throttle_reasons"})')
+        q["gauges"] = (
+            'max by (__name__, host, type, sensor) ({__name__=~"hw_.+|ray_node_.+", '
+            '__name__!~".+_total|hw_gpu_throttle_reasons"})'
+        )
     if d.has("hw_gpu_utilization_pct", "hw_gpu_clock_mhz", "hw_gpu_power_limit_watts", "hw_gpu_pcie_link_width"):
-        q["gpu_min"] = ('min by (__name__, host) ({__name__=~"hw_gpu_(utilization_pct|clock_mhz|power_limit_watts|'
-                        'pcie_link_width)", type!="memory"})')
+        q["gpu_min"] = (
+            'min by (__name__, host) ({__name__=~"hw_gpu_(utilization_pct|clock_mhz|power_limit_watts|'
+            'pcie_link_width)", type!="memory"})'
+        )
     if any(n.startswith("hw_") and n.endswith("_total") for n in d.names):
         q["counters"] = 'sum by (__name__, host, mode, kind, severity, counter) ({__name__=~"hw_.+_total"})'
-    for name in ("hw_io_pressure_full_pct", "hw_io_pressure_some_pct", "hw_memory_pressure_full_pct",
-                 "hw_memory_pressure_some_pct"):
+    for name in (
+        "hw_io_pressure_full_pct",
+        "hw_io_pressure_some_pct",
+        "hw_memory_pressure_full_pct",
+        "hw_memory_pressure_some_pct",
+    ):
         if name in d.names:
             q[f"peak:{name}"] = f"max by (host) (max_over_time({name}[{s}]))"
     if "hw_gpu_throttle_reasons" in d.names:
         x = "hw_gpu_throttle_reasons"
         q["throttle:thermal"] = f"count by (host) (floor({x} / 32) % 4 > 0 or floor({x} / 8) % 2 > 0)"
         q["throttle:power"] = f"count by (host) (floor({x} / 4) % 2 > 0 or floor({x} / 128) % 2 > 0)"
-    tb = {"tokens": ("avg", "tb_perf_per_device_tokens_per_sec"), "step_time": ("avg", "tb_perf_step_time_seconds"),
-          "steps": ("count", "tb_step"), "step": ("max", "tb_step"), "loss": ("max", "tb_learning_loss"),
-          "moe_lb_loss": ("max", "tb_learning_moe_lb_loss"), "grad_norm": ("max", "tb_learning_grad_norm")}
+    tb = {
+        "tokens": ("avg", "tb_perf_per_device_tokens_per_sec"),
+        "step_time": ("avg", "tb_perf_step_time_seconds"),
+        "steps": ("count", "tb_step"),
+        "step": ("max", "tb_step"),
+        "loss": ("max", "tb_learning_loss"),
+        "moe_lb_loss": ("max", "tb_learning_moe_lb_loss"),
+        "grad_norm": ("max", "tb_learning_grad_norm"),
+    }
     for key, (fn, name) in tb.items():
         if name in d.names:
             q[f"tb:{key}"] = f"{'sum' if fn == 'count' else 'max'}({fn}_over_time({name}[{s}]))"
@@ -415,8 +468,11 @@ def _deltas(d: Data) -> dict[str, str]:
     """Instant queries at the end: each counter's exact increase over the whole range, by host."""
     span = f"{int(d.end - d.start) + 2 * int(d.step) + 1}s"
     q = {}
-    for name, by in (("hw_oom_kills_total", ""), ("hw_gpu_ras_errors_total", ", kind"),
-                     ("hw_gpu_pcie_aer_errors_total", ", severity")):
+    for name, by in (
+        ("hw_oom_kills_total", ""),
+        ("hw_gpu_ras_errors_total", ", kind"),
+        ("hw_gpu_pcie_aer_errors_total", ", severity"),
+    ):
         if name in d.names:
             q[name] = f"sum by (host{by}) (max_over_time({name}[{span}]) - min_over_time({name}[{span}]))"
     return q
@@ -447,8 +503,11 @@ def load(target: Target, prom: tsdb.Served) -> Data:
         if kind == "peak":
             d.peaks[name] = _per_host(rows, d).get("", {})
         elif kind == "throttle":
-            d.throttle[name] = {r["metric"]["host"]: _to_grid(r["values"], start, step, d.grid.size)
-                                for r in rows if "host" in r["metric"]}
+            d.throttle[name] = {
+                r["metric"]["host"]: _to_grid(r["values"], start, step, d.grid.size)
+                for r in rows
+                if "host" in r["metric"]
+            }
         elif kind == "tb":
             d.tb[name] = _to_grid(rows[0]["values"], start, step, d.grid.size) if rows else np.full(d.grid.size, np.nan)
     for k, rows in dres.items():
@@ -550,23 +609,39 @@ def check_hang(d: Data, rep: Report) -> None:
         first = max(first, int(np.searchsorted(d.grid, last + d.step, side="left")))
     need = max(3, int(300 // d.step))
     if d.grid.size - first < need:
-        return rep.clean("hang", "steps advanced until the end of the data" if last and last >= d.end - need * d.step
-                         else "no tail with busy GPUs at low power", NEEDS["hang"])
+        return rep.clean(
+            "hang",
+            "steps advanced until the end of the data"
+            if last and last >= d.end - need * d.step
+            else "no tail with busy GPUs at low power",
+            NEEDS["hang"],
+        )
     tail = np.arange(d.grid.size) >= first
     start = last if last is not None else float(d.grid[first] - d.step)
     idle = [h for h in d.hosts if h in util and np.nanmean(util[h][tail] < 50) > 0.8]
     spinning = [h for h in ref if h not in idle]
-    rep.findings.append(Finding(
-        "hang", f"{'steps stopped' if last else 'GPUs went quiet'} at {utc(start)} ({dur(d.end - start)} before the "
-                f"end of the data) while the GPUs of {len(spinning)}/{len(ref)} hosts stayed 100 % busy at standby "
-                f"power: a collective deadlock"
-                + (f"; {', '.join(idle)} had idle GPUs (never entered the collective)" if idle else ""),
-        idle, (start, d.end),
-        [d.queries["gpu_min"], d.queries["gauges"]] + ([d.queries["tb:steps"]] if "tb:steps" in d.queries else []),
-        {"last_step_time": last, "hosts_spinning": len(spinning), "hosts": len(ref),
-         "util_min_median": {h: nanmed(util[h][tail]) for h in ref},
-         "power_median_w": {h: nanmed(power[h][tail]) for h in ref}, "power_full_w": ref},
-        0.97, plot=series_plot("GPU power per host (max GPU)", "W", power, d, idle)))
+    rep.findings.append(
+        Finding(
+            "hang",
+            f"{'steps stopped' if last else 'GPUs went quiet'} at {utc(start)} ({dur(d.end - start)} before the "
+            f"end of the data) while the GPUs of {len(spinning)}/{len(ref)} hosts stayed 100 % busy at standby "
+            f"power: a collective deadlock"
+            + (f"; {', '.join(idle)} had idle GPUs (never entered the collective)" if idle else ""),
+            idle,
+            (start, d.end),
+            [d.queries["gpu_min"], d.queries["gauges"]] + ([d.queries["tb:steps"]] if "tb:steps" in d.queries else []),
+            {
+                "last_step_time": last,
+                "hosts_spinning": len(spinning),
+                "hosts": len(ref),
+                "util_min_median": {h: nanmed(util[h][tail]) for h in ref},
+                "power_median_w": {h: nanmed(power[h][tail]) for h in ref},
+                "power_full_w": ref,
+            },
+            0.97,
+            plot=series_plot("GPU power per host (max GPU)", "W", power, d, idle),
+        )
+    )
 
 
 def check_heartbeat(d: Data, rep: Report, prom: tsdb.Served) -> None:
@@ -577,11 +652,11 @@ def check_heartbeat(d: Data, rep: Report, prom: tsdb.Served) -> None:
     summary = d.target.job_dir / "summary.txt" if d.target.job_dir else None
     if summary and summary.is_file():
         status = joblog.parse_block(summary.read_text(errors="replace").splitlines()).get("status")
-        if status == "completed":   # a heartbeat claim ends the job: a completed one had none
+        if status == "completed":  # a heartbeat claim ends the job: a completed one had none
             return rep.clean("heartbeat_false_positive", "the job completed (summary.txt)", ["summary.txt"])
     try:
         scan = joblog.scan(log)
-    except (OSError, ValueError) as e:   # a binary or unreadable log (joblog.NotALog is a ValueError)
+    except (OSError, ValueError) as e:  # a binary or unreadable log (joblog.NotALog is a ValueError)
         rep.missing.add("job log")
         rep.notes.append(f"the job log could not be read ({e}): heartbeat claims not checked")
         return rep.skipped.append({"check": "heartbeat_false_positive", "needs": ["job log"]})
@@ -598,8 +673,11 @@ def check_heartbeat(d: Data, rep: Report, prom: tsdb.Served) -> None:
     # look-back would count the work it did before it stopped.
     near = max(20.0, 2.5 * d.interval)
     q = f"max by (host) (min_over_time(hw_gpu_power_watts[{int(near)}s]))"
-    at_claim = {r["metric"]["host"]: float(r["value"][1]) for r in prom.query(q, t_claim) if "host" in r["metric"]} \
-        if power else {}
+    at_claim = (
+        {r["metric"]["host"]: float(r["value"][1]) for r in prom.query(q, t_claim) if "host" in r["metric"]}
+        if power
+        else {}
+    )
     # training is synchronous: a step completed just before the claim means every host took part in it
     qs = "timestamp(tb_step)"
     rows = prom.query(qs, t_claim) if "tb_step" in d.names else []
@@ -612,31 +690,59 @@ def check_heartbeat(d: Data, rep: Report, prom: tsdb.Served) -> None:
         seen = scan.hosts.get(h)
         last_step = seen.last_step_ts if seen else None
         logged = last_step is not None and last_step >= t_claim - near
-        values[h] = {"power_at_claim_w": at_claim.get(h, math.nan), "power_training_w": base,
-                     "last_step_logged": last_step, "last_step": seen.last_step if seen else None}
+        values[h] = {
+            "power_at_claim_w": at_claim.get(h, math.nan),
+            "power_training_w": base,
+            "last_step_logged": last_step,
+            "last_step": seen.last_step if seen else None,
+        }
         (alive if (ratio >= 0.7 or logged or steps_to_claim) else dead).append(h)
     queries = [q + f"   @ {t_claim:.0f}"] + ([qs + f"   @ {t_claim:.0f}"] if rows else [])
     win = (t_claim - HB_TIMEOUT, t_claim)
-    vals = {"claim_time": t_claim, "tasks": tasks, "hosts": values, "near_seconds": near,
-            "last_tb_step_time": last_tb if math.isfinite(last_tb) else None}
+    vals = {
+        "claim_time": t_claim,
+        "tasks": tasks,
+        "hosts": values,
+        "near_seconds": near,
+        "last_tb_step_time": last_tb if math.isfinite(last_tb) else None,
+    }
     if accused and not dead:
-        rep.findings.append(Finding(
-            "heartbeat_false_positive",
-            f"JAX declared task(s) {tasks} ({', '.join(accused)}) dead at {utc(t_claim)}, but they were alive up to "
-            f"the claim (GPU power in the last {near:.0f} s {', '.join(fmt(values[h]['power_at_claim_w']) + ' W' for h in accused)}"
-            + (f"; the last step {t_claim - last_tb:.0f} s before it" if steps_to_claim else "")
-            + f"): the heartbeats were lost, not the hosts (look at the coordinator {nodes[0] if nodes else '?'} "
-            "and the network around that time)",
-            accused, win, queries, vals, 0.96,
-            plot=series_plot("GPU power per host (max GPU)", "W", power, d, accused) if power else None))
+        rep.findings.append(
+            Finding(
+                "heartbeat_false_positive",
+                f"JAX declared task(s) {tasks} ({', '.join(accused)}) dead at {utc(t_claim)}, but they were alive up to "
+                f"the claim (GPU power in the last {near:.0f} s {', '.join(fmt(values[h]['power_at_claim_w']) + ' W' for h in accused)}"
+                + (f"; the last step {t_claim - last_tb:.0f} s before it" if steps_to_claim else "")
+                + f"): the heartbeats were lost, not the hosts (look at the coordinator {nodes[0] if nodes else '?'} "
+                "and the network around that time)",
+                accused,
+                win,
+                queries,
+                vals,
+                0.96,
+                plot=series_plot("GPU power per host (max GPU)", "W", power, d, accused) if power else None,
+            )
+        )
     elif dead:
-        rep.findings.append(Finding(
-            "heartbeat_timeout", f"{', '.join(dead)} stopped ({'GPU power fell, ' if power else ''}no steps"
-                                 + (f"; the last one {t_claim - last_tb:.0f} s" if math.isfinite(last_tb) else "")
-                                 + f" before JAX's heartbeat claim at {utc(t_claim)}): a real loss of the host or its process",
-            dead, win, queries, vals, 0.5, decides=False))
-        rep.clean("heartbeat_false_positive", "the accused hosts really stopped before the claim",
-                  ["hw_gpu_power_watts", "tb_step"])
+        rep.findings.append(
+            Finding(
+                "heartbeat_timeout",
+                f"{', '.join(dead)} stopped ({'GPU power fell, ' if power else ''}no steps"
+                + (f"; the last one {t_claim - last_tb:.0f} s" if math.isfinite(last_tb) else "")
+                + f" before JAX's heartbeat claim at {utc(t_claim)}): a real loss of the host or its process",
+                dead,
+                win,
+                queries,
+                vals,
+                0.5,
+                decides=False,
+            )
+        )
+        rep.clean(
+            "heartbeat_false_positive",
+            "the accused hosts really stopped before the claim",
+            ["hw_gpu_power_watts", "tb_step"],
+        )
 
 
 def _phase_windows(d: Data) -> tuple[dict, dict] | None:
@@ -676,11 +782,22 @@ def check_network(d: Data, rep: Report) -> None:
             r_slow = {h: float(np.nanmean(v[ms])) if ms.any() else math.nan for h, v in per.items()}
             z = robust_z(r_slow, floor / 4)
             peer = nanmed(list(r_slow.values()))
-            bad = [h for h in d.hosts if h in r_slow and r_slow[h] >= max(floor, 4 * peer)
-                   and r_slow[h] >= 4 * r_fast.get(h, 0) + floor / 2 and (z[h] >= 4 or len(per) < 3)]
-            score, win, how = 0.82, (slow["start"], slow["end"]), (
-                f"rose in the slow phase ({utc(slow['start'])} .. {utc(slow['end'])}: "
-                f"{fmt(slow['level'])} vs {fmt(fast['level'])} {slow.get('unit', '')})")
+            bad = [
+                h
+                for h in d.hosts
+                if h in r_slow
+                and r_slow[h] >= max(floor, 4 * peer)
+                and r_slow[h] >= 4 * r_fast.get(h, 0) + floor / 2
+                and (z[h] >= 4 or len(per) < 3)
+            ]
+            score, win, how = (
+                0.82,
+                (slow["start"], slow["end"]),
+                (
+                    f"rose in the slow phase ({utc(slow['start'])} .. {utc(slow['end'])}: "
+                    f"{fmt(slow['level'])} vs {fmt(fast['level'])} {slow.get('unit', '')})"
+                ),
+            )
         else:
             m = d.mask()
             r_slow = {h: float(np.nanmean(v[m])) if m.any() else math.nan for h, v in per.items()}
@@ -695,18 +812,29 @@ def check_network(d: Data, rep: Report) -> None:
         if best is None or rate / floor > best.values["_weight"]:
             q = f"sum by (host) (rate({key}[{int(max(d.step, 4 * d.interval))}s]))"
             best = Finding(
-                "network", f"{key} {how} on {', '.join(bad)}: " + ", ".join(f"{h} {fmt(r_slow[h])}/s" for h in bad)
-                + f" (peer median {fmt(peer)}/s)", bad, win, [d.queries["counters"] + f"   # {key}: rate by host", q],
-                {"signal": key, "rate_per_s": {h: r_slow[h] for h in bad}, "peer_median_per_s": peer,
-                 "rate_before_per_s": {h: r_fast.get(h, math.nan) for h in bad}, "_weight": rate / floor,
-                 "phases": d.phases}, score,
-                plot=series_plot(f"rate({key}) per host", "/s", per, d, bad))
+                "network",
+                f"{key} {how} on {', '.join(bad)}: "
+                + ", ".join(f"{h} {fmt(r_slow[h])}/s" for h in bad)
+                + f" (peer median {fmt(peer)}/s)",
+                bad,
+                win,
+                [d.queries["counters"] + f"   # {key}: rate by host", q],
+                {
+                    "signal": key,
+                    "rate_per_s": {h: r_slow[h] for h in bad},
+                    "peer_median_per_s": peer,
+                    "rate_before_per_s": {h: r_fast.get(h, math.nan) for h in bad},
+                    "_weight": rate / floor,
+                    "phases": d.phases,
+                },
+                score,
+                plot=series_plot(f"rate({key}) per host", "/s", per, d, bad),
+            )
     if best:
         best.values.pop("_weight")
         rep.findings.append(best)
     else:
-        detail = "no host's retransmit or link-error rate stands out" + (
-            " (not even in the slow phase)" if pw else "")
+        detail = "no host's retransmit or link-error rate stands out" + (" (not even in the slow phase)" if pw else "")
         rep.clean("network", detail, NEEDS["network"])
 
 
@@ -726,29 +854,53 @@ def check_gpu_thermal(d: Data, rep: Report) -> None:
     slow = deviation_fraction(clock, m, lambda v, p: v <= 0.9 * p) if clock else {}
     thr_frac = {h: float(np.nanmean(np.nan_to_num(v[m]) > 0)) for h, v in thr.items()} if thr else {}
     thr_peer = nanmed([thr_frac.get(h, 0.0) for h in d.hosts]) if thr else 0.0
-    bad = [h for h in d.hosts if (hot.get(h, 0) >= 0.1 and (slow.get(h, 0) >= 0.05 or thr_frac.get(h, 0) >= 0.05))
-           or (thr_frac.get(h, 0) >= 0.1 and thr_peer < 0.02 and hot.get(h, 0) >= 0.02)]
+    bad = [
+        h
+        for h in d.hosts
+        if (hot.get(h, 0) >= 0.1 and (slow.get(h, 0) >= 0.05 or thr_frac.get(h, 0) >= 0.05))
+        or (thr_frac.get(h, 0) >= 0.1 and thr_peer < 0.02 and hot.get(h, 0) >= 0.02)
+    ]
     if not bad or len(bad) > max(1, len(d.hosts) // 2):
-        return rep.clean("gpu_thermal", "no host runs hotter than its peers with lower clocks or thermal throttling",
-                         NEEDS["gpu_thermal"])
+        return rep.clean(
+            "gpu_thermal",
+            "no host runs hotter than its peers with lower clocks or thermal throttling",
+            NEEDS["gpu_thermal"],
+        )
     key = next((k for k in temps if "junction" in k), next((k for k in temps if "mem" not in k), None))
     per = temps.get(key, {}) if key else {}
     hit = np.zeros(d.grid.size, bool)
     for h in bad:
         if h in per:
             hit |= m & (per[h] >= peer_median(per, h) + 10)
-    vals = {h: {"temp_c": nanmed(per[h][hit]) if h in per and hit.any() else math.nan,
-                "peer_temp_c": nanmed(peer_median(per, h)[hit]) if h in per and hit.any() else math.nan,
-                "min_core_clock_mhz": nanmed(clock[h][hit]) if h in clock and hit.any() else math.nan,
-                "peer_core_clock_mhz": nanmed(peer_median(clock, h)[hit]) if h in clock and hit.any() else math.nan,
-                "hot_fraction": hot.get(h, 0.0), "throttle_fraction": thr_frac.get(h, math.nan)} for h in bad}
+    vals = {
+        h: {
+            "temp_c": nanmed(per[h][hit]) if h in per and hit.any() else math.nan,
+            "peer_temp_c": nanmed(peer_median(per, h)[hit]) if h in per and hit.any() else math.nan,
+            "min_core_clock_mhz": nanmed(clock[h][hit]) if h in clock and hit.any() else math.nan,
+            "peer_core_clock_mhz": nanmed(peer_median(clock, h)[hit]) if h in clock and hit.any() else math.nan,
+            "hot_fraction": hot.get(h, 0.0),
+            "throttle_fraction": thr_frac.get(h, math.nan),
+        }
+        for h in bad
+    }
     qs = [d.queries.get("gauges", ""), d.queries.get("gpu_min", "")] + ([d.queries["throttle:thermal"]] if thr else [])
-    rep.findings.append(Finding(
-        "gpu_thermal", f"GPUs on {', '.join(bad)} run hot and clock down while their peers don't: "
-        + "; ".join(f"{h} {fmt(v['temp_c'])}C vs {fmt(v['peer_temp_c'])}C, core clock {fmt(v['min_core_clock_mhz'])} "
-                    f"vs {fmt(v['peer_core_clock_mhz'])} MHz" for h, v in vals.items()),
-        bad, window_of(d.grid, hit, d.step) or d.train, qs, {"sensor": key, "hosts": vals}, 0.85,
-        plot=series_plot(f"{key} (max GPU per host)", "C", per, d, bad) if per else None))
+    rep.findings.append(
+        Finding(
+            "gpu_thermal",
+            f"GPUs on {', '.join(bad)} run hot and clock down while their peers don't: "
+            + "; ".join(
+                f"{h} {fmt(v['temp_c'])}C vs {fmt(v['peer_temp_c'])}C, core clock {fmt(v['min_core_clock_mhz'])} "
+                f"vs {fmt(v['peer_core_clock_mhz'])} MHz"
+                for h, v in vals.items()
+            ),
+            bad,
+            window_of(d.grid, hit, d.step) or d.train,
+            qs,
+            {"sensor": key, "hosts": vals},
+            0.85,
+            plot=series_plot(f"{key} (max GPU per host)", "C", per, d, bad) if per else None,
+        )
+    )
 
 
 def check_gpu_power(d: Data, rep: Report) -> None:
@@ -763,25 +915,44 @@ def check_gpu_power(d: Data, rep: Report) -> None:
     thr_peer = nanmed([thr_frac.get(h, 0.0) for h in d.hosts]) if thr else 0.0
     bad = [h for h in d.hosts if capped.get(h, 0) >= 0.1 or (thr_frac.get(h, 0) >= 0.3 and thr_peer < 0.1)]
     if not bad or len(bad) > max(1, len(d.hosts) // 2):
-        return rep.clean("gpu_power", "no host has a lower GPU power limit or more power-cap throttling than its "
-                         "peers", NEEDS["gpu_power"])
+        return rep.clean(
+            "gpu_power",
+            "no host has a lower GPU power limit or more power-cap throttling than its peers",
+            NEEDS["gpu_power"],
+        )
     hit = np.zeros(d.grid.size, bool)
     for h in bad:
         if h in limit:
             hit |= m & (limit[h] <= 0.9 * peer_median(limit, h))
     if not hit.any():
         hit = m
-    vals = {h: {"power_limit_w": nanmed(limit[h][hit]) if h in limit else math.nan,
-                "peer_power_limit_w": nanmed(peer_median(limit, h)[hit]) if h in limit else math.nan,
-                "power_w": nanmed(power[h][hit]) if h in power else math.nan,
-                "capped_fraction": capped.get(h, 0.0), "power_throttle_fraction": thr_frac.get(h, math.nan)}
-            for h in bad}
-    rep.findings.append(Finding(
-        "gpu_power", f"GPU power capped on {', '.join(bad)}: "
-        + "; ".join(f"{h} limit {fmt(v['power_limit_w'])} W vs peers {fmt(v['peer_power_limit_w'])} W, drawing "
-                    f"{fmt(v['power_w'])} W" for h, v in vals.items()),
-        bad, window_of(d.grid, hit, d.step), [d.queries.get("gpu_min", "")] + ([d.queries["throttle:power"]] if thr else []),
-        {"hosts": vals}, 0.84, plot=series_plot("GPU power limit (min GPU per host)", "W", limit, d, bad) if limit else None))
+    vals = {
+        h: {
+            "power_limit_w": nanmed(limit[h][hit]) if h in limit else math.nan,
+            "peer_power_limit_w": nanmed(peer_median(limit, h)[hit]) if h in limit else math.nan,
+            "power_w": nanmed(power[h][hit]) if h in power else math.nan,
+            "capped_fraction": capped.get(h, 0.0),
+            "power_throttle_fraction": thr_frac.get(h, math.nan),
+        }
+        for h in bad
+    }
+    rep.findings.append(
+        Finding(
+            "gpu_power",
+            f"GPU power capped on {', '.join(bad)}: "
+            + "; ".join(
+                f"{h} limit {fmt(v['power_limit_w'])} W vs peers {fmt(v['peer_power_limit_w'])} W, drawing "
+                f"{fmt(v['power_w'])} W"
+                for h, v in vals.items()
+            ),
+            bad,
+            window_of(d.grid, hit, d.step),
+            [d.queries.get("gpu_min", "")] + ([d.queries["throttle:power"]] if thr else []),
+            {"hosts": vals},
+            0.84,
+            plot=series_plot("GPU power limit (min GPU per host)", "W", limit, d, bad) if limit else None,
+        )
+    )
 
 
 def check_gpu_hardware(d: Data, rep: Report) -> None:
@@ -803,17 +974,30 @@ def check_gpu_hardware(d: Data, rep: Report) -> None:
             if f >= 0.5:
                 bad.setdefault(h, []).append(f"PCIe link width {nanmed(width[h][m]):g} < peers")
     if not bad or len(bad) > max(1, len(d.hosts) // 2):
-        return rep.clean("gpu_hardware", "no RAS/ECC or PCIe AER error counts, no degraded PCIe link "
-                         "(XID events are not exported)", NEEDS["gpu_hardware"])
+        return rep.clean(
+            "gpu_hardware",
+            "no RAS/ECC or PCIe AER error counts, no degraded PCIe link (XID events are not exported)",
+            NEEDS["gpu_hardware"],
+        )
     hosts = [h for h in d.hosts if h in bad]
     severe = any("{ue}" in s or "fatal" in s for h in hosts for s in bad[h])
-    ce = d.rates.get(next((k for k in d.rates if k.startswith("hw_gpu_ras_errors_total")
-                           and 'kind="ce"' in k), ""), {})
-    rep.findings.append(Finding(
-        "gpu_hardware", "GPU hardware errors on " + "; ".join(f"{h}: {', '.join(bad[h])}" for h in hosts),
-        hosts, d.train, [d.queries[f"delta:{k}"] for k in ("hw_gpu_ras_errors_total", "hw_gpu_pcie_aer_errors_total")
-                         if f"delta:{k}" in d.queries], {"errors": bad}, 0.9 if severe else 0.7,
-        plot=series_plot("rate(hw_gpu_ras_errors_total{kind=ce}) per host", "/s", ce, d, hosts) if ce else None))
+    ce = d.rates.get(next((k for k in d.rates if k.startswith("hw_gpu_ras_errors_total") and 'kind="ce"' in k), ""), {})
+    rep.findings.append(
+        Finding(
+            "gpu_hardware",
+            "GPU hardware errors on " + "; ".join(f"{h}: {', '.join(bad[h])}" for h in hosts),
+            hosts,
+            d.train,
+            [
+                d.queries[f"delta:{k}"]
+                for k in ("hw_gpu_ras_errors_total", "hw_gpu_pcie_aer_errors_total")
+                if f"delta:{k}" in d.queries
+            ],
+            {"errors": bad},
+            0.9 if severe else 0.7,
+            plot=series_plot("rate(hw_gpu_ras_errors_total{kind=ce}) per host", "/s", ce, d, hosts) if ce else None,
+        )
+    )
 
 
 def check_cpu(d: Data, rep: Report) -> None:
@@ -831,28 +1015,55 @@ def check_cpu(d: Data, rep: Report) -> None:
         base = {h: nanmed(v[mf]) for h, v in procs.items()}
         up = [h for h in d.hosts if h in rise and rise[h] >= max(8, 0.5 * base[h])]
         if len(up) >= 0.75 * len(procs):
-            rep.findings.append(Finding(
-                "cpu_contention", f"the run queue rose on {len(up)}/{len(procs)} hosts when throughput dropped "
-                f"(median +{nanmed(list(rise.values())):.0f} tasks)", up, (slow["start"], slow["end"]),
-                [d.queries["gauges"] + "   # hw_procs_running"], {"rise": rise, "before": base}, 0.7,
-                plot=series_plot("hw_procs_running per host", "tasks", procs, d, up)))
+            rep.findings.append(
+                Finding(
+                    "cpu_contention",
+                    f"the run queue rose on {len(up)}/{len(procs)} hosts when throughput dropped "
+                    f"(median +{nanmed(list(rise.values())):.0f} tasks)",
+                    up,
+                    (slow["start"], slow["end"]),
+                    [d.queries["gauges"] + "   # hw_procs_running"],
+                    {"rise": rise, "before": base},
+                    0.7,
+                    plot=series_plot("hw_procs_running per host", "tasks", procs, d, up),
+                )
+            )
             return
     if not bad or len(bad) > max(1, len(d.hosts) // 2):
-        return rep.clean("cpu_contention", "run queues are alike on every host"
-                         + (" and did not rise with the slowdown" if pw else ""), NEEDS["cpu_contention"])
+        return rep.clean(
+            "cpu_contention",
+            "run queues are alike on every host" + (" and did not rise with the slowdown" if pw else ""),
+            NEEDS["cpu_contention"],
+        )
     hit = np.zeros(d.grid.size, bool)
     for h in bad:
         hit |= m & (procs[h] - peer_median(procs, h) >= 8)
     cpu = d.gauges.get("hw_cpu_pressure_some_pct", {})
-    vals = {h: {"procs_running": nanmed(procs[h][hit]), "peer_procs_running": nanmed(peer_median(procs, h)[hit]),
-                "cpu_pressure_some_pct": nanmed(cpu[h][hit]) if h in cpu else math.nan,
-                "peer_cpu_pressure_some_pct": nanmed(peer_median(cpu, h)[hit]) if h in cpu else math.nan,
-                "fraction": frac[h]} for h in bad}
-    rep.findings.append(Finding(
-        "cpu_contention", "run queue far above the peers on " + "; ".join(
-            f"{h}: {v['procs_running']:.0f} runnable vs {v['peer_procs_running']:.0f}" for h, v in vals.items()),
-        bad, window_of(d.grid, hit, d.step), [d.queries["gauges"] + "   # hw_procs_running, hw_cpu_pressure_some_pct"],
-        {"hosts": vals}, 0.75, plot=series_plot("hw_procs_running per host", "tasks", procs, d, bad)))
+    vals = {
+        h: {
+            "procs_running": nanmed(procs[h][hit]),
+            "peer_procs_running": nanmed(peer_median(procs, h)[hit]),
+            "cpu_pressure_some_pct": nanmed(cpu[h][hit]) if h in cpu else math.nan,
+            "peer_cpu_pressure_some_pct": nanmed(peer_median(cpu, h)[hit]) if h in cpu else math.nan,
+            "fraction": frac[h],
+        }
+        for h in bad
+    }
+    rep.findings.append(
+        Finding(
+            "cpu_contention",
+            "run queue far above the peers on "
+            + "; ".join(
+                f"{h}: {v['procs_running']:.0f} runnable vs {v['peer_procs_running']:.0f}" for h, v in vals.items()
+            ),
+            bad,
+            window_of(d.grid, hit, d.step),
+            [d.queries["gauges"] + "   # hw_procs_running, hw_cpu_pressure_some_pct"],
+            {"hosts": vals},
+            0.75,
+            plot=series_plot("hw_procs_running per host", "tasks", procs, d, bad),
+        )
+    )
 
 
 def check_io(d: Data, rep: Report) -> None:
@@ -879,17 +1090,29 @@ def check_io(d: Data, rep: Report) -> None:
     dip = math.nan
     if tok is not None and np.isfinite(tok[anyhit]).any():
         dip = nanmed(tok[anyhit]) / nanmed(tok[~anyhit & d.mask()])
-    vals = {h: {"io_full_peak_pct": float(np.nanmax(full[h])) if h in full else math.nan,
-                "io_some_peak_pct": float(np.nanmax(some[h])) if h in some else math.nan,
-                "minutes_pressured": float(hit_of[h].sum() * d.step / 60)} for h in bad}
+    vals = {
+        h: {
+            "io_full_peak_pct": float(np.nanmax(full[h])) if h in full else math.nan,
+            "io_some_peak_pct": float(np.nanmax(some[h])) if h in some else math.nan,
+            "minutes_pressured": float(hit_of[h].sum() * d.step / 60),
+        }
+        for h in bad
+    }
     every = len(bad) == len(d.hosts)
-    rep.findings.append(Finding(
-        "io_pressure", ("every host" if every else ", ".join(bad)) + " stalled on IO (PSI 'full' up to "
-        f"{fmt(max(v['io_full_peak_pct'] for v in vals.values()))} %) in {int(_runs(anyhit))} episode(s)"
-        + (f"; throughput in those windows was {dip * 100:.0f} % of the rest" if math.isfinite(dip) else ""),
-        bad, window_of(d.grid, anyhit, d.step), [d.queries[k] for k in d.queries if k.startswith("peak:hw_io")],
-        {"hosts": vals, "throughput_ratio_in_windows": dip}, 0.72,
-        plot=series_plot("max_over_time(hw_io_pressure_full_pct) per host", "%", full, d, bad) if full else None))
+    rep.findings.append(
+        Finding(
+            "io_pressure",
+            ("every host" if every else ", ".join(bad)) + " stalled on IO (PSI 'full' up to "
+            f"{fmt(max(v['io_full_peak_pct'] for v in vals.values()))} %) in {int(_runs(anyhit))} episode(s)"
+            + (f"; throughput in those windows was {dip * 100:.0f} % of the rest" if math.isfinite(dip) else ""),
+            bad,
+            window_of(d.grid, anyhit, d.step),
+            [d.queries[k] for k in d.queries if k.startswith("peak:hw_io")],
+            {"hosts": vals, "throughput_ratio_in_windows": dip},
+            0.72,
+            plot=series_plot("max_over_time(hw_io_pressure_full_pct) per host", "%", full, d, bad) if full else None,
+        )
+    )
 
 
 def _runs(mask: np.ndarray) -> int:
@@ -918,17 +1141,31 @@ def check_memory(d: Data, rep: Report) -> None:
     for h in bad:
         if h in avail and h in total:
             hit |= (avail[h] / total[h]) <= 0.1
-    vals = {h: {"oom_kills": kills.get(h, 0.0),
-                "min_available_pct": float(np.nanmin(avail[h] / total[h]) * 100) if h in avail and h in total else math.nan,
-                "memory_pressure_full_peak_pct": float(np.nanmax(mfull[h])) if h in mfull else math.nan} for h in bad}
+    vals = {
+        h: {
+            "oom_kills": kills.get(h, 0.0),
+            "min_available_pct": float(np.nanmin(avail[h] / total[h]) * 100) if h in avail and h in total else math.nan,
+            "memory_pressure_full_peak_pct": float(np.nanmax(mfull[h])) if h in mfull else math.nan,
+        }
+        for h in bad
+    }
     what = "the kernel OOM killer killed a process" if killed else "host memory ran out (no OOM kill recorded)"
-    rep.findings.append(Finding(
-        "memory", f"{what} on {', '.join(bad)}: " + "; ".join(
-            f"{h} available memory down to {fmt(v['min_available_pct'])} %" for h, v in vals.items()),
-        bad, window_of(d.grid, hit, d.step) or d.train,
-        [d.queries.get("delta:hw_oom_kills_total", ""), d.queries.get("gauges", "") + "   # hw_memory_available_bytes"],
-        {"hosts": vals}, 0.93 if killed else 0.6,
-        plot=series_plot("hw_memory_available_bytes per host", "B", avail, d, bad) if ref is not None else None))
+    rep.findings.append(
+        Finding(
+            "memory",
+            f"{what} on {', '.join(bad)}: "
+            + "; ".join(f"{h} available memory down to {fmt(v['min_available_pct'])} %" for h, v in vals.items()),
+            bad,
+            window_of(d.grid, hit, d.step) or d.train,
+            [
+                d.queries.get("delta:hw_oom_kills_total", ""),
+                d.queries.get("gauges", "") + "   # hw_memory_available_bytes",
+            ],
+            {"hosts": vals},
+            0.93 if killed else 0.6,
+            plot=series_plot("hw_memory_available_bytes per host", "B", avail, d, bad) if ref is not None else None,
+        )
+    )
 
 
 def _spikes(d: Data, key: str, ratio: float) -> tuple[np.ndarray, np.ndarray]:
@@ -965,20 +1202,41 @@ def check_training(d: Data, rep: Report) -> None:
         if hit.any():
             i = int(np.nanargmax(np.where(hit, d.tb[key] / np.where(base > 0, base, np.nan), -np.inf)))
             step = d.tb.get("step")
-            found[key] = {"peak": float(d.tb[key][i]), "baseline": float(base[i]), "at": float(d.grid[i]),
-                          "step": float(step[i]) if step is not None else None, "windows": int(_runs(hit))}
+            found[key] = {
+                "peak": float(d.tb[key][i]),
+                "baseline": float(base[i]),
+                "at": float(d.grid[i]),
+                "step": float(step[i]) if step is not None else None,
+                "windows": int(_runs(hit)),
+            }
             anyhit |= hit
     if not found:
-        return rep.clean("training_dynamics", "no loss, MoE load-balance loss or grad-norm spike",
-                         NEEDS["training_dynamics"])
+        return rep.clean(
+            "training_dynamics", "no loss, MoE load-balance loss or grad-norm spike", NEEDS["training_dynamics"]
+        )
     key = max(found, key=lambda k: found[k]["peak"] / max(found[k]["baseline"], 1e-12))
-    rep.findings.append(Finding(
-        "training_dynamics", "training scalars spiked: " + "; ".join(
-            f"{k} {fmt(v['peak'])} vs baseline {fmt(v['baseline'])} at {utc(v['at'])}"
-            + (f" (step ~{v['step']:.0f})" if v["step"] is not None else "") for k, v in found.items()),
-        [], window_of(d.grid, anyhit, d.step), [d.queries[f"tb:{k}"] for k in found], found, 0.45,
-        plot={"title": f"{key} (max per window)", "unit": "", "series": {"job": (d.grid, d.tb[key])},
-              "highlight": ["job"]}))
+    rep.findings.append(
+        Finding(
+            "training_dynamics",
+            "training scalars spiked: "
+            + "; ".join(
+                f"{k} {fmt(v['peak'])} vs baseline {fmt(v['baseline'])} at {utc(v['at'])}"
+                + (f" (step ~{v['step']:.0f})" if v["step"] is not None else "")
+                for k, v in found.items()
+            ),
+            [],
+            window_of(d.grid, anyhit, d.step),
+            [d.queries[f"tb:{k}"] for k in found],
+            found,
+            0.45,
+            plot={
+                "title": f"{key} (max per window)",
+                "unit": "",
+                "series": {"job": (d.grid, d.tb[key])},
+                "highlight": ["job"],
+            },
+        )
+    )
 
 
 # --- per-host outliers and the comparison of two jobs ---------------------------------------
@@ -1003,8 +1261,16 @@ def _noise(d: Data) -> dict[str, dict[str, float]]:
 def abs_floor(key: str, med: float) -> float:
     """The smallest per-host difference worth reporting for a family (by its unit)."""
     name = key.split("{")[0]
-    for suffix, floor in (("_pct", 2.0), ("_celsius", 3.0), ("_watts", 20.0), ("_mhz", 100.0), ("_gts", 1.0),
-                          ("_width", 1.0), ("_seconds_total", 1.0), ("_total", 1.0)):
+    for suffix, floor in (
+        ("_pct", 2.0),
+        ("_celsius", 3.0),
+        ("_watts", 20.0),
+        ("_mhz", 100.0),
+        ("_gts", 1.0),
+        ("_width", 1.0),
+        ("_seconds_total", 1.0),
+        ("_total", 1.0),
+    ):
         if name.endswith(suffix):
             return floor
     return max(0.1 * abs(med), 2.0) if not name.endswith("_bytes") else max(0.05 * abs(med), 1.0)
@@ -1028,11 +1294,18 @@ def check_outliers(d: Data, rep: Report) -> None:
                 found.append((abs(zz), key, h, per[h], med, zz))
     found.sort(reverse=True)
     for _, key, h, v, med, zz in found[:8]:
-        rep.findings.append(Finding(
-            "host_outlier", f"{h}: {key} median {fmt(v)} vs {fmt(med)} on the other hosts (robust z {zz:+.0f})",
-            [h], d.train, [d.queries["gauges" if key in d.gauges else "counters"] + f"   # {key}"],
-            {"family": key, "host_median": v, "hosts_median": med, "robust_z": zz}, 0.2 + min(abs(zz), 50) / 500,
-            decides=False))
+        rep.findings.append(
+            Finding(
+                "host_outlier",
+                f"{h}: {key} median {fmt(v)} vs {fmt(med)} on the other hosts (robust z {zz:+.0f})",
+                [h],
+                d.train,
+                [d.queries["gauges" if key in d.gauges else "counters"] + f"   # {key}"],
+                {"family": key, "host_median": v, "hosts_median": med, "robust_z": zz},
+                0.2 + min(abs(zz), 50) / 500,
+                decides=False,
+            )
+        )
 
 
 def _vs_rows(a: Data, b: Data) -> list[tuple[str, dict, dict, dict]]:
@@ -1043,9 +1316,19 @@ def _vs_rows(a: Data, b: Data) -> list[tuple[str, dict, dict, dict]]:
     rows = []
     for key in sorted(set(ma) & set(mb)):
         hosts = sorted(shared & set(ma[key]) & set(mb[key]))
-        pairs = ([(h, ma[key][h], mb[key][h], na[key][h], nb[key][h]) for h in hosts] if hosts else
-                 [("*", nanmed(list(ma[key].values())), nanmed(list(mb[key].values())),
-                   nanmed(list(na[key].values())), nanmed(list(nb[key].values())))])
+        pairs = (
+            [(h, ma[key][h], mb[key][h], na[key][h], nb[key][h]) for h in hosts]
+            if hosts
+            else [
+                (
+                    "*",
+                    nanmed(list(ma[key].values())),
+                    nanmed(list(mb[key].values())),
+                    nanmed(list(na[key].values())),
+                    nanmed(list(nb[key].values())),
+                )
+            ]
+        )
         eff, rel = {}, {}
         for h, x, y, sx, sy in pairs:
             if not (math.isfinite(x) and math.isfinite(y)):
@@ -1070,38 +1353,76 @@ def compare(a: Data, b: Data, rep: Report) -> None:
     """Rank every family by how it differs between job a and job b (per host when they share hosts)."""
     rows = _vs_rows(a, b)
     shared = set(a.hosts) & set(b.hosts)
-    ranked = sorted(((abs(nanmed(list(r[1].values()))), abs(nanmed(list(r[2].values()))), r) for r in rows),
-                    key=lambda x: (-x[0], -x[1], x[2][0]))
+    ranked = sorted(
+        ((abs(nanmed(list(r[1].values()))), abs(nanmed(list(r[2].values()))), r) for r in rows),
+        key=lambda x: (-x[0], -x[1], x[2][0]),
+    )
     table, verdicts = [], {}
     for size, relsize, (key, eff, rel, vals) in ranked:
         if size < 3 or relsize < 0.005:
             continue
-        row = {"family": key, "effect": nanmed(list(eff.values())), "relative": nanmed(list(rel.values())),
-               "hosts": len(eff), "this_median": nanmed([v[0] for v in vals.values()]),
-               "other_median": nanmed([v[1] for v in vals.values()])}
+        row = {
+            "family": key,
+            "effect": nanmed(list(eff.values())),
+            "relative": nanmed(list(rel.values())),
+            "hosts": len(eff),
+            "this_median": nanmed([v[0] for v in vals.values()]),
+            "other_median": nanmed([v[1] for v in vals.values()]),
+        }
         table.append(row)
-        text = (f"{key} {fmt(row['this_median'])} vs {fmt(row['other_median'])} "
-                f"({row['this_median'] - row['other_median']:+.3g}, {row['relative'] * 100:+.1f} %, "
-                f"effect {row['effect']:+.1f} noise units" + (f" over {len(eff)} host(s))" if "*" not in eff else ", job level)"))
-        query = ((a.queries.get("gauges") if key in a.gauges else a.queries.get("counters") if key in a.rates
-                  else a.queries.get(f"tb:{key[3:]}", "")) or "") + f"   # {key}"
+        text = (
+            f"{key} {fmt(row['this_median'])} vs {fmt(row['other_median'])} "
+            f"({row['this_median'] - row['other_median']:+.3g}, {row['relative'] * 100:+.1f} %, "
+            f"effect {row['effect']:+.1f} noise units"
+            + (f" over {len(eff)} host(s))" if "*" not in eff else ", job level)")
+        )
+        query = (
+            (
+                a.queries.get("gauges")
+                if key in a.gauges
+                else a.queries.get("counters")
+                if key in a.rates
+                else a.queries.get(f"tb:{key[3:]}", "")
+            )
+            or ""
+        ) + f"   # {key}"
         cat = _vs_category(key, eff, rel)
         if cat:
             verdicts.setdefault(cat[0], []).append((cat[2], -abs(row["effect"]), text, cat[1], query, row))
         elif len(table) <= 12:
-            rep.findings.append(Finding(
-                "vs_difference", f"vs {b.target.name}: {text}", [h for h in eff if h != "*"], a.train, [query],
-                {**row, "this": {h: v[0] for h, v in vals.items()}, "other": {h: v[1] for h, v in vals.items()}},
-                0.3 + min(size, 50) / 500, decides=False))
+            rep.findings.append(
+                Finding(
+                    "vs_difference",
+                    f"vs {b.target.name}: {text}",
+                    [h for h in eff if h != "*"],
+                    a.train,
+                    [query],
+                    {**row, "this": {h: v[0] for h, v in vals.items()}, "other": {h: v[1] for h, v in vals.items()}},
+                    0.3 + min(size, 50) / 500,
+                    decides=False,
+                )
+            )
     for cat, items in verdicts.items():
         items.sort(key=lambda it: it[:2])
         hosts = sorted({h for it in items for h in it[3]}, key=a.hosts.index if a.hosts else None)
-        rep.findings.append(Finding(
-            cat, f"vs {b.target.name}: " + "; ".join(it[2] for it in items[:3]), hosts, a.train,
-            [it[4] for it in items[:3]], {"families": [it[5] for it in items]}, 0.62,
-            plot=_vs_plot(a, b, items[0][5]["family"], hosts)))
-    rep.vs = {"other": b.target.name, "other_tsdb": str(b.target.tsdb), "shared_hosts": len(shared),
-              "ranked": table[:30]}
+        rep.findings.append(
+            Finding(
+                cat,
+                f"vs {b.target.name}: " + "; ".join(it[2] for it in items[:3]),
+                hosts,
+                a.train,
+                [it[4] for it in items[:3]],
+                {"families": [it[5] for it in items]},
+                0.62,
+                plot=_vs_plot(a, b, items[0][5]["family"], hosts),
+            )
+        )
+    rep.vs = {
+        "other": b.target.name,
+        "other_tsdb": str(b.target.tsdb),
+        "shared_hosts": len(shared),
+        "ranked": table[:30],
+    }
 
 
 def _vs_plot(a: Data, b: Data, key: str, hosts: list[str]) -> dict | None:
@@ -1146,7 +1467,7 @@ def missing_families(d: Data) -> set[str]:
 def diagnose(target: Target, vs: Target | None = None) -> dict:
     """Run every playbook on one job (optionally against another); the JSON report (plus _report)."""
     with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore", RuntimeWarning)   # all-NaN windows are expected (gaps, idle hosts)
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows are expected (gaps, idle hosts)
         return _diagnose(target, vs)
 
 
@@ -1181,11 +1502,27 @@ def _diagnose(target: Target, vs: Target | None) -> dict:
 
 
 def _empty(target: Target, t0: float) -> dict:
-    return {"job": target.name, "tsdb": str(target.tsdb), "log": str(target.log) if target.log else None,
-            "verdict": "none", "culprit_hosts": [], "insufficient_evidence": True,
-            "summary": "insufficient evidence: the TSDB holds no samples", "findings": [], "ruled_out": [],
-            "missing": ["hw_*", "tb_*"], "skipped": [], "hosts": [], "phases": [], "range": None, "vs": None,
-            "notes": [], "queries_run": 0, "seconds": round(time.monotonic() - t0, 3), "_report": None}
+    return {
+        "job": target.name,
+        "tsdb": str(target.tsdb),
+        "log": str(target.log) if target.log else None,
+        "verdict": "none",
+        "culprit_hosts": [],
+        "insufficient_evidence": True,
+        "summary": "insufficient evidence: the TSDB holds no samples",
+        "findings": [],
+        "ruled_out": [],
+        "missing": ["hw_*", "tb_*"],
+        "skipped": [],
+        "hosts": [],
+        "phases": [],
+        "range": None,
+        "vs": None,
+        "notes": [],
+        "queries_run": 0,
+        "seconds": round(time.monotonic() - t0, 3),
+        "_report": None,
+    }
 
 
 def _assemble(rep: Report, n_queries: int, seconds: float) -> dict:
@@ -1205,20 +1542,34 @@ def _assemble(rep: Report, n_queries: int, seconds: float) -> dict:
         summary = "insufficient evidence: the TSDB holds no hw_* or tb_* metrics (was the exporter running?)"
     else:
         hb = next((f for f in rep.findings if f.kind == "heartbeat_timeout"), None)
-        summary = ("no system cause in the metrics; " + hb.summary + " (the log tells why: utils/triage.py)" if hb else
-                   "no incident found: every check with data came out clean") + (
-            f" (no data for: {', '.join(sorted(rep.missing))})" if rep.missing else "")
+        summary = (
+            "no system cause in the metrics; " + hb.summary + " (the log tells why: utils/triage.py)"
+            if hb
+            else "no incident found: every check with data came out clean"
+        ) + (f" (no data for: {', '.join(sorted(rep.missing))})" if rep.missing else "")
     return {
-        "job": d.target.name, "tsdb": str(d.target.tsdb), "log": str(d.target.log) if d.target.log else None,
-        "verdict": verdict, "culprit_hosts": culprits, "insufficient_evidence": insufficient, "summary": summary,
+        "job": d.target.name,
+        "tsdb": str(d.target.tsdb),
+        "log": str(d.target.log) if d.target.log else None,
+        "verdict": verdict,
+        "culprit_hosts": culprits,
+        "insufficient_evidence": insufficient,
+        "summary": summary,
         "range": {"start": d.start, "end": d.end, "step": d.step, "interval": round(d.interval, 3)},
         "train_window": {"start": d.train[0], "end": d.train[1]} if d.train else None,
-        "hosts": d.hosts, "phases": _jsonable(d.phases),
-        "findings": [f.as_json() for f in rep.findings], "ruled_out": rep.ruled_out,
-        "missing": sorted(rep.missing), "skipped": rep.skipped, "vs": _jsonable(rep.vs), "notes": rep.notes,
-        "families": sorted(n for n in d.names if not n.startswith("ray_")) + sorted(
-            {"ray_*"} if any(n.startswith("ray_") for n in d.names) else set()),
-        "queries_run": n_queries, "seconds": round(seconds, 3), "_report": rep,
+        "hosts": d.hosts,
+        "phases": _jsonable(d.phases),
+        "findings": [f.as_json() for f in rep.findings],
+        "ruled_out": rep.ruled_out,
+        "missing": sorted(rep.missing),
+        "skipped": rep.skipped,
+        "vs": _jsonable(rep.vs),
+        "notes": rep.notes,
+        "families": sorted(n for n in d.names if not n.startswith("ray_"))
+        + sorted({"ray_*"} if any(n.startswith("ray_") for n in d.names) else set()),
+        "queries_run": n_queries,
+        "seconds": round(seconds, 3),
+        "_report": rep,
     }
 
 
@@ -1227,8 +1578,10 @@ def render(r: dict) -> str:
     lines = [f"Job {r['job']}  (TSDB {r['tsdb']})"]
     if r["range"]:
         rg = r["range"]
-        lines.append(f"Data: {utc(rg['start'])} .. {utc(rg['end'])} ({dur(rg['end'] - rg['start'])}), "
-                     f"{len(r['hosts'])} hosts, query step {rg['step']:g} s, scrape ~{rg['interval']:.3g} s")
+        lines.append(
+            f"Data: {utc(rg['start'])} .. {utc(rg['end'])} ({dur(rg['end'] - rg['start'])}), "
+            f"{len(r['hosts'])} hosts, query step {rg['step']:g} s, scrape ~{rg['interval']:.3g} s"
+        )
     head = f"Verdict: {r['verdict']}"
     if r["culprit_hosts"]:
         head += f"   hosts: {' '.join(r['culprit_hosts'])}"
@@ -1236,8 +1589,10 @@ def render(r: dict) -> str:
     if r["insufficient_evidence"]:
         lines.append("  INSUFFICIENT EVIDENCE: no hardware or training metrics to judge from")
     if len(r["phases"]) > 1:
-        lines.append("Throughput phases: " + "; ".join(
-            f"{utc(p['start'])[11:16]}..{utc(p['end'])[11:16]} {fmt(p['level'])}" for p in r["phases"]))
+        lines.append(
+            "Throughput phases: "
+            + "; ".join(f"{utc(p['start'])[11:16]}..{utc(p['end'])[11:16]} {fmt(p['level'])}" for p in r["phases"])
+        )
     if r["findings"]:
         lines.append("Findings (strongest first):")
         for i, f in enumerate(r["findings"], 1):
@@ -1252,8 +1607,10 @@ def render(r: dict) -> str:
         lines.append("Ruled out:")
         lines += [f"  - {c['check']}: {c['detail']}" for c in r["ruled_out"]]
     if r["skipped"]:
-        lines.append("Not checked (no data): " + ", ".join(f"{s['check']} (needs {' or '.join(s['needs'])})"
-                                                           for s in r["skipped"]))
+        lines.append(
+            "Not checked (no data): "
+            + ", ".join(f"{s['check']} (needs {' or '.join(s['needs'])})" for s in r["skipped"])
+        )
     if r["missing"]:
         lines.append("Missing families: " + ", ".join(r["missing"]))
     for n in r.get("notes", []):
@@ -1265,6 +1622,7 @@ def render(r: dict) -> str:
 def plot(r: dict, out: Path) -> list[Path]:
     """PNG charts: throughput with its phases, and each of the top findings' per-host signal."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -1277,8 +1635,9 @@ def plot(r: dict, out: Path) -> list[Path]:
     tok = d.tb.get("tokens")
     figs = [f for f in rep.findings if f.plot][:4]
     for i, f in enumerate(figs or [None], 1):
-        fig, axes = plt.subplots(2 if (f and tok is not None) else 1, 1, figsize=(11, 6.5 if f else 3.5),
-                                 sharex=True, squeeze=False)
+        fig, axes = plt.subplots(
+            2 if (f and tok is not None) else 1, 1, figsize=(11, 6.5 if f else 3.5), sharex=True, squeeze=False
+        )
         ax = axes[0][0]
         x0 = d.grid[0]
         if tok is not None:
@@ -1290,12 +1649,19 @@ def plot(r: dict, out: Path) -> list[Path]:
             ax.set_title(f"{d.target.name}: throughput and phases")
         if f is not None:
             ax2 = axes[-1][0]
-            everyone = not f.plot["highlight"]   # nothing singled out: every host in one colour
+            everyone = not f.plot["highlight"]  # nothing singled out: every host in one colour
             for h, (t, y) in f.plot["series"].items():
                 hot = h in f.plot["highlight"]
                 color = "tab:blue" if everyone else (None if hot else "0.7")
-                ax2.plot((t - x0) / 3600, y, lw=1.4 if hot else 0.7, color=color, alpha=0.5 if everyone else 1,
-                         label=h if hot else None, zorder=3 if hot else 1)
+                ax2.plot(
+                    (t - x0) / 3600,
+                    y,
+                    lw=1.4 if hot else 0.7,
+                    color=color,
+                    alpha=0.5 if everyone else 1,
+                    label=h if hot else None,
+                    zorder=3 if hot else 1,
+                )
             if f.window:
                 for a in (axes[0][0], ax2):
                     a.axvspan((f.window[0] - x0) / 3600, (f.window[1] - x0) / 3600, color="tab:red", alpha=0.08)
@@ -1338,8 +1704,12 @@ def check_plot_dir(out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = _Parser(prog="diagnose.py", description=__doc__.split("\n", 2)[2], formatter_class=_Help,
-                 usage="diagnose.py JOB [--vs OTHER_JOB] [--json] [--plot DIR] [--workspace DIR]")
+    ap = _Parser(
+        prog="diagnose.py",
+        description=__doc__.split("\n", 2)[2],
+        formatter_class=_Help,
+        usage="diagnose.py JOB [--vs OTHER_JOB] [--json] [--plot DIR] [--workspace DIR]",
+    )
     ap.add_argument("job", help="job id, job dir or TSDB dir")
     ap.add_argument("--vs", metavar="OTHER_JOB", help="compare with this job (id, job dir or TSDB dir)")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -1362,8 +1732,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         pngs = plot(report, a.plot) if a.plot else []
     except OSError as e:
-        print(f"diagnose.py: cannot write the charts to {a.plot}: {e.strerror or e} (give a directory you can write "
-              "to, or leave out --plot)", file=sys.stderr)
+        print(
+            f"diagnose.py: cannot write the charts to {a.plot}: {e.strerror or e} (give a directory you can write "
+            "to, or leave out --plot)",
+            file=sys.stderr,
+        )
         return 2
     report.pop("_report", None)
     if pngs:

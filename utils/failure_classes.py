@@ -31,11 +31,16 @@ REPO = Path(__file__).resolve().parent.parent
 # --- signatures ---------------------------------------------------------------------------
 # exception texts, sorted into what they mean (a collective or coordination error is a
 # consequence of another task's death, not a cause)
-CONFIG_EXC = re.compile(r"ValidationError|yaml\.\w+\.\w+Error|'[^']+' not in '|MAXTEXT CONFIG ERROR|[Cc]onfig(?:uration)? error")
+CONFIG_EXC = re.compile(
+    r"ValidationError|yaml\.\w+\.\w+Error|'[^']+' not in '|MAXTEXT CONFIG ERROR|[Cc]onfig(?:uration)? error"
+)
 OOM_DEV = re.compile(r"RESOURCE_EXHAUSTED|Out of memory while trying to allocate")
 COLLECTIVE = re.compile(r"Gloo|\b[NR]CCL\b|nccl\w*Error|Connection reset by peer|Connection closed by peer")
-COORD = re.compile(r"heartbeat|coordination service|Barrier|DEADLINE_EXCEEDED|UNAVAILABLE|PollForError|"
-                   r"distributed service|preempt", re.I)
+COORD = re.compile(
+    r"heartbeat|coordination service|Barrier|DEADLINE_EXCEEDED|UNAVAILABLE|PollForError|"
+    r"distributed service|preempt",
+    re.I,
+)
 ABORT = re.compile(r"Fatal Python error: Aborted|SIGABRT|Signal 6 received")
 INTERRUPT = re.compile(r"^(?:KeyboardInterrupt|SystemExit)\b")
 
@@ -128,8 +133,10 @@ def on_job_heartbeat(t: Triage, status: str) -> Verdict | None:
     alive = []
     for h in accused:
         later = t_claim is not None and h.last_step_ts is not None and h.last_step_ts > t_claim
-        notice = next((e for e in h.events if e.kind == "death_notice"
-                       and (t_claim is None or e.ts is None or e.ts >= t_claim)), None)
+        notice = next(
+            (e for e in h.events if e.kind == "death_notice" and (t_claim is None or e.ts is None or e.ts >= t_claim)),
+            None,
+        )
         if later:
             t.cite_last_step(h, "the accused host logged a step after the claimed time")
         if notice:
@@ -138,14 +145,27 @@ def on_job_heartbeat(t: Triage, status: str) -> Verdict | None:
             alive.append(h)
     names = [h.name for h in accused]
     if len(alive) == len(accused):
-        return ("heartbeat_false_positive", names,
-                explain("heartbeat_false_positive", accused=", ".join(names), they="they" if len(names) > 1 else "it",
-                        coordinator=nodes[0] if nodes else None), "high")
+        return (
+            "heartbeat_false_positive",
+            names,
+            explain(
+                "heartbeat_false_positive",
+                accused=", ".join(names),
+                they="they" if len(names) > 1 else "it",
+                coordinator=nodes[0] if nodes else None,
+            ),
+            "high",
+        )
     dead = [h for h in accused if h not in alive]
     for h in dead:
         t.cite_last_step(h, "the accused host's last step")
         t.cite_record(h, "exit record")
-    return "heartbeat_timeout", [h.name for h in dead], explain("heartbeat_timeout", hosts=", ".join(h.name for h in dead)), "medium"
+    return (
+        "heartbeat_timeout",
+        [h.name for h in dead],
+        explain("heartbeat_timeout", hosts=", ".join(h.name for h in dead)),
+        "medium",
+    )
 
 
 def lost_hosts(t: Triage, status: str) -> list[Host]:
@@ -155,9 +175,11 @@ def lost_hosts(t: Triage, status: str) -> list[Host]:
     names = {e.host for e in s.events if e.kind == "node_failure" and e.host}
     # a stop request (scancel, time limit) can end a node's stage before it records its exit:
     # then a missing record alone is no node failure
-    stopped = (s.summary.get("status") in ("cancelled", "timeout")
-               or any(e.kind == "cancel" and e.data.get("level") == "job" for e in s.events)
-               or t.sched in ("CANCELLED", "PREEMPTED", "TIMEOUT"))
+    stopped = (
+        s.summary.get("status") in ("cancelled", "timeout")
+        or any(e.kind == "cancel" and e.data.get("level") == "job" for e in s.events)
+        or t.sched in ("CANCELLED", "PREEMPTED", "TIMEOUT")
+    )
     if not stopped or names or t.sched == "NODE_FAIL":
         names |= set(s.summary.get("no_exit_record", "").split())
     if t.sched == "NODE_FAIL" or any(e.kind == "node_failure" and not e.host for e in s.events):
@@ -195,17 +217,30 @@ def on_job_collective(t: Triage, status: str) -> Verdict | None:
 
     def key(h: Host) -> tuple:
         gone = h.exit is None and h.record is None
-        return (0 if h.exit not in (None, 0, 143) else 1, h.last_step if h.last_step is not None else -1,
-                h.last_step_ts or h.last_ts or math.inf, 0 if gone else 1)
+        return (
+            0 if h.exit not in (None, 0, 143) else 1,
+            h.last_step if h.last_step is not None else -1,
+            h.last_step_ts or h.last_ts or math.inf,
+            0 if gone else 1,
+        )
+
     ordered = sorted(pool, key=key)
     culprit = ordered[0]
     unique = len(ordered) == 1 or key(ordered[0])[:2] != key(ordered[1])[:2]
     t.cite_last_step(culprit, "the peer's last step (it stopped first)")
     t.cite_record(culprit, "exit record")
     conf = "medium" if peers and unique else "low"
-    return ("collective_error", [culprit.name] if unique or peers else [],
-            explain("collective_error", reporters=", ".join(h.name for h in reporters), culprit=culprit.name,
-                    how="stopped printing first" if peers else "is behind the others"), conf)
+    return (
+        "collective_error",
+        [culprit.name] if unique or peers else [],
+        explain(
+            "collective_error",
+            reporters=", ".join(h.name for h in reporters),
+            culprit=culprit.name,
+            how="stopped printing first" if peers else "is behind the others",
+        ),
+        conf,
+    )
 
 
 def _job_stops(t: Triage) -> list[joblog.Event]:
@@ -237,14 +272,15 @@ def on_job_cancelled(t: Triage, status: str) -> Verdict | None:
 @dataclasses.dataclass
 class Job:
     """What a class's next steps are templated with."""
-    log: str                   # the log path, shell-quoted
+
+    log: str  # the log path, shell-quoted
     job_id: str
-    scheduler: str | None      # the header's scheduler: slurm, local, ...
+    scheduler: str | None  # the header's scheduler: slurm, local, ...
     status: str
     culprits: list[str]
-    command: str | None        # the job's submit command (artifact/.submit/command.txt)
+    command: str | None  # the job's submit command (artifact/.submit/command.txt)
     job_dir: Path | None
-    coordinator: str           # node rank 0
+    coordinator: str  # node rank 0
 
     @property
     def slurm(self) -> bool:
@@ -263,17 +299,21 @@ TRAINER = "$(pgrep -f maxtext.trainers.pre_train.train | head -1)"
 
 def steps_oom_host(j: Job) -> list[str]:
     dmesg = "dmesg -T | grep -i -E 'out of memory|killed process|oom'"
-    out = [(dmesg if j.scheduler == "local" else f"ssh {j.first or 'HOST'} \"{dmesg}\"") + "   # confirm the OOM killer"]
+    out = [(dmesg if j.scheduler == "local" else f'ssh {j.first or "HOST"} "{dmesg}"') + "   # confirm the OOM killer"]
     if j.slurm:
         out.append(f"sacct -j {j.job_id} -o JobID,State,ExitCode,MaxRSS,MaxRSSNode   # peak host memory per step")
-    out.append("lower host memory use (smaller per_device_batch_size, fewer data-loader workers) and rerun"
-               + (f": {j.command}" if j.command else ""))
+    out.append(
+        "lower host memory use (smaller per_device_batch_size, fewer data-loader workers) and rerun"
+        + (f": {j.command}" if j.command else "")
+    )
     return out
 
 
 def steps_oom_device(j: Job) -> list[str]:
-    return ["rerun with a smaller per_device_batch_size or stronger rematerialisation (remat_policy=full)"
-            + (f": {j.command} per_device_batch_size=<smaller>" if j.command else "")]
+    return [
+        "rerun with a smaller per_device_batch_size or stronger rematerialisation (remat_policy=full)"
+        + (f": {j.command} per_device_batch_size=<smaller>" if j.command else "")
+    ]
 
 
 def steps_segfault(j: Job) -> list[str]:
@@ -288,37 +328,52 @@ def steps_python_exception(j: Job) -> list[str]:
 
 
 def steps_config_error(j: Job) -> list[str]:
-    return ["fix the override named in the error (spelling, or a key MaxText does not have) and resubmit"
-            + (f"; the job ran: {j.command}" if j.command else "")]
+    return [
+        "fix the override named in the error (spelling, or a key MaxText does not have) and resubmit"
+        + (f"; the job ran: {j.command}" if j.command else "")
+    ]
 
 
 def steps_collective_error(j: Job) -> list[str]:
-    return [f"check {j.first or 'the peer'}: {j.show_node()}dmesg, GPU/NIC errors; "
-            "rerun with _env_NCCL_DEBUG=INFO for NCCL/RCCL details"]
+    return [
+        f"check {j.first or 'the peer'}: {j.show_node()}dmesg, GPU/NIC errors; "
+        "rerun with _env_NCCL_DEBUG=INFO for NCCL/RCCL details"
+    ]
 
 
 def steps_heartbeat_timeout(j: Job) -> list[str]:
-    return [f"check why {j.first or 'the host'} stopped: {j.show_node()}dmesg (OOM, GPU Xid), its last lines in the log"]
+    return [
+        f"check why {j.first or 'the host'} stopped: {j.show_node()}dmesg (OOM, GPU Xid), its last lines in the log"
+    ]
 
 
 def steps_heartbeat_false_positive(j: Job) -> list[str]:
-    return [f"inspect the coordinator host {j.coordinator} (CPU starvation, network) around the claim time; "
-            "consider a longer jax.distributed heartbeat timeout (heartbeat_timeout_seconds)"]
+    return [
+        f"inspect the coordinator host {j.coordinator} (CPU starvation, network) around the claim time; "
+        "consider a longer jax.distributed heartbeat timeout (heartbeat_timeout_seconds)"
+    ]
 
 
 def steps_hang(j: Job) -> list[str]:
     if j.status not in ("running", "hung"):
-        return ["the processes are gone: if it hangs again, triage it while it hangs and collect stacks "
-                "(py-spy dump on each node) before cancelling"]
+        return [
+            "the processes are gone: if it hangs again, triage it while it hangs and collect stacks "
+            "(py-spy dump on each node) before cancelling"
+        ]
     if j.slurm:
-        return [f"srun --jobid {j.job_id} --overlap -w {j.first or '<host>'} py-spy dump --pid {TRAINER}"
-                "   # where each rank is stuck", f"scancel {j.job_id}   # once stacks are collected"]
+        return [
+            f"srun --jobid {j.job_id} --overlap -w {j.first or '<host>'} py-spy dump --pid {TRAINER}"
+            "   # where each rank is stuck",
+            f"scancel {j.job_id}   # once stacks are collected",
+        ]
     return [f"py-spy dump --pid {TRAINER}   # where it is stuck"]
 
 
 def steps_stage_timeout(j: Job) -> list[str]:
-    return ["if training was still progressing, raise the limit: STAGE_TIMEOUTS=train:<seconds> "
-            + (j.command or "submit.sh ...")]
+    return [
+        "if training was still progressing, raise the limit: STAGE_TIMEOUTS=train:<seconds> "
+        + (j.command or "submit.sh ...")
+    ]
 
 
 def steps_cancelled(j: Job) -> list[str]:
@@ -328,8 +383,10 @@ def steps_cancelled(j: Job) -> list[str]:
 def steps_node_failure(j: Job) -> list[str]:
     if not j.slurm:
         return []
-    return [f"scontrol show node {j.first or '<host>'}; sinfo -R   # the node's state and reason",
-            f"resubmit without it: {j.command or 'submit.sh MODEL'} (add --exclude={','.join(j.culprits) or '<host>'})"]
+    return [
+        f"scontrol show node {j.first or '<host>'}; sinfo -R   # the node's state and reason",
+        f"resubmit without it: {j.command or 'submit.sh MODEL'} (add --exclude={','.join(j.culprits) or '<host>'})",
+    ]
 
 
 # --- the table ----------------------------------------------------------------------------
@@ -338,8 +395,13 @@ SWEEP = "[batch-sweep](../batch-sweep/SKILL.md)"
 # what a per-host root cause cites, decisive first (the class's own first line is added in front); a
 # heartbeat claim is cited too when there is one (it comes after the root cause: a consequence)
 HB_CLAIM = "the coordination service's claim"
-ROOT_CITES = ("exit record of the first node that failed", "the culprit's last step",
-              "first node to fail (job summary)", "a survivor's collective error (consequence)", HB_CLAIM)
+ROOT_CITES = (
+    "exit record of the first node that failed",
+    "the culprit's last step",
+    "first node to fail (job summary)",
+    "a survivor's collective error (consequence)",
+    HB_CLAIM,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -347,166 +409,245 @@ class FailureClass:
     """One failure class. Per-host root causes have `priority` (1 wins) and `on_host`; classes
     decided for the whole job have `rule` (their place in docs/triage.md's decision order) and,
     except hang (decided from the step times in triage.py), `on_job`."""
+
     name: str
-    summary: dict[str, str]                         # variant -> explanation template (str.format)
+    summary: dict[str, str]  # variant -> explanation template (str.format)
     next_steps: Callable[[Job], list[str]]
-    cites: tuple[str, ...]                          # the `why` of each evidence item it can cite
-    decided_by: str                                 # skill table: what decides it (markdown)
-    culprit: str                                    # skill table: who is blamed
-    check_next: str                                 # skill table: what to check, which skill takes over
+    cites: tuple[str, ...]  # the `why` of each evidence item it can cite
+    decided_by: str  # skill table: what decides it (markdown)
+    culprit: str  # skill table: who is blamed
+    check_next: str  # skill table: what to check, which skill takes over
     rule: int = 1
     priority: int | None = None
     on_host: Callable[[Host], Found] | None = None
     on_job: Callable[[Triage, str], Verdict | None] | None = None
-    host_evidence: str = ""                         # docs table: the evidence on the culprit host
-    reported_as: str | None = None                  # a root cause reported under another class
-    doc_label: str = ""                             # docs table: its name, when it is no class of its own
-    metrics_why: str = ""                           # why the job's metrics are worth a look
+    host_evidence: str = ""  # docs table: the evidence on the culprit host
+    reported_as: str | None = None  # a root cause reported under another class
+    doc_label: str = ""  # docs table: its name, when it is no class of its own
+    metrics_why: str = ""  # why the job's metrics are worth a look
 
 
 REGISTRY: tuple[FailureClass, ...] = (
     FailureClass(
-        "config_error", priority=1, on_host=on_host_config_error,
+        "config_error",
+        priority=1,
+        on_host=on_host_config_error,
         summary={"": "MaxText rejected the configuration on {host}{detail}"},
-        next_steps=steps_config_error, cites=("configuration rejected", "the exception"),
+        next_steps=steps_config_error,
+        cites=("configuration rejected", "the exception"),
         host_evidence="`MAXTEXT CONFIG ERROR` (pyconfig), a pydantic `ValidationError`, a `yaml.*Error`, or an "
-                      "exception `'<key>' not in '<valid fields>'`.",
+        "exception `'<key>' not in '<valid fields>'`.",
         decided_by="`MAXTEXT CONFIG ERROR`, pydantic `ValidationError`, `yaml.*Error`, `'<key>' not in '<valid fields>'`",
         culprit="the host that printed it (all hosts usually do)",
-        check_next="The key or value named in the error; [model-config-guide](../model-config-guide/SKILL.md)."),
+        check_next="The key or value named in the error; [model-config-guide](../model-config-guide/SKILL.md).",
+    ),
     FailureClass(
-        "oom_device", priority=2, on_host=on_host_oom_device,
+        "oom_device",
+        priority=2,
+        on_host=on_host_oom_device,
         summary={"": "device memory exhausted on {host}{detail}"},
-        next_steps=steps_oom_device, cites=("the first error on the culprit", *ROOT_CITES),
+        next_steps=steps_oom_device,
+        cites=("the first error on the culprit", *ROOT_CITES),
         host_evidence="`RESOURCE_EXHAUSTED` or `Out of memory while trying to allocate` (an XLA error line or the "
-                      "exception).",
+        "exception).",
         decided_by="`RESOURCE_EXHAUSTED` / `Out of memory while trying to allocate`",
         culprit="the first host to fail",
         check_next=f"Smaller `per_device_batch_size` or `remat_policy=full`; {SWEEP} `batch` for the largest value "
-                   "that fits."),
+        "that fits.",
+    ),
     FailureClass(
-        "oom_host", priority=3, on_host=on_host_oom_host,
+        "oom_host",
+        priority=3,
+        on_host=on_host_oom_host,
         summary={"": "{host} ran out of host memory (the kernel/cgroup OOM killer ended it){detail}"},
         next_steps=steps_oom_host,
         cites=("the first error on the culprit", *ROOT_CITES, "bash: the stage's process was killed"),
         host_evidence="srun's `task N: Out Of Memory`, kernel `oom-kill` / `Out of memory: Killed process` / "
-                      "`invoked oom-killer` text.",
+        "`invoked oom-killer` text.",
         decided_by="srun's `task N: Out Of Memory`, kernel `oom-kill` text; also exit 137 with no message (then "
-                   "`confidence` low: `kill -9` and the scheduler look the same)",
+        "`confidence` low: `kill -9` and the scheduler look the same)",
         culprit="the host killed",
         check_next=f"`dmesg` on the host, `sacct -j ID -o JobID,State,ExitCode,MaxRSS,MaxRSSNode`; with a TSDB, the "
-                   f"`memory` check of {TSDB}."),
+        f"`memory` check of {TSDB}.",
+    ),
     FailureClass(
-        "segfault", priority=4, on_host=on_host_segfault,
+        "segfault",
+        priority=4,
+        on_host=on_host_segfault,
         summary={"": "native crash on {host}{exit}{detail}"},
-        next_steps=steps_segfault, cites=("the first error on the culprit", *ROOT_CITES),
+        next_steps=steps_segfault,
+        cites=("the first error on the culprit", *ROOT_CITES),
         host_evidence="`Segmentation fault`, `Fatal Python error`, absl's `*** SIGSEGV received at time=`, an absl "
-                      "`F` (fatal) line that is not JAX's distributed-service death notice, or exit 139. Not the "
-                      "abort that follows the death notice on the same host (`Fatal Python error: Aborted`, SIGABRT, "
-                      "exit 134: measured on a survivor of a frozen rank)",
+        "`F` (fatal) line that is not JAX's distributed-service death notice, or exit 139. Not the "
+        "abort that follows the death notice on the same host (`Fatal Python error: Aborted`, SIGABRT, "
+        "exit 134: measured on a survivor of a frozen rank)",
         decided_by="`Segmentation fault`, `Fatal Python error`, `*** SIGSEGV received`, an absl `F` line (not JAX's "
-                   "death notice), exit 139",
+        "death notice), exit 139",
         culprit="the host that crashed",
-        check_next="Core dumps (`ENABLE_COREDUMPS=1`), the stack in the log."),
+        check_next="Core dumps (`ENABLE_COREDUMPS=1`), the stack in the log.",
+    ),
     FailureClass(
-        "python_exception", priority=5, on_host=on_host_python_exception,
+        "python_exception",
+        priority=5,
+        on_host=on_host_python_exception,
         summary={"": "Python exception on {host}{detail}"},
         next_steps=steps_python_exception,
         cites=("the first error on the culprit", ROOT_CITES[0], "the exception", *ROOT_CITES[1:]),
         host_evidence="The exception line after `Traceback (most recent call last):` when it is none of the others "
-                      "and not a consequence (collective, coordination/heartbeat, KeyboardInterrupt/SystemExit).",
+        "and not a consequence (collective, coordination/heartbeat, KeyboardInterrupt/SystemExit).",
         decided_by="the exception after `Traceback (most recent call last):` that is not a consequence (collective, "
-                   "coordination, KeyboardInterrupt)",
+        "coordination, KeyboardInterrupt)",
         culprit="the first host to fail",
-        check_next="`grep -a -n -B30 -m1 'Traceback' LOG` (in `next_steps`)."),
+        check_next="`grep -a -n -B30 -m1 'Traceback' LOG` (in `next_steps`).",
+    ),
     FailureClass(
-        "killed", priority=6, on_host=on_host_killed, reported_as="oom_host",
+        "killed",
+        priority=6,
+        on_host=on_host_killed,
+        reported_as="oom_host",
         doc_label="killed (reported as `oom_host`, confidence low)",
-        summary={"": "{host} was killed by SIGKILL (exit 137) and printed no error of its own: the usual cause is "
-                     "the kernel OOM killer, but kill -9 or the scheduler look the same"},
-        next_steps=steps_oom_host, cites=(*ROOT_CITES, "bash: the stage's process was killed"),
+        summary={
+            "": "{host} was killed by SIGKILL (exit 137) and printed no error of its own: the usual cause is "
+            "the kernel OOM killer, but kill -9 or the scheduler look the same"
+        },
+        next_steps=steps_oom_host,
+        cites=(*ROOT_CITES, "bash: the stage's process was killed"),
         host_evidence="Exit 137 (SIGKILL) with `reason=exit`, and none of the above: the kernel OOM killer is the "
-                      "usual cause but `kill -9` or the scheduler look the same; `summary` says so and `next_steps` "
-                      "says how to check (`dmesg`, `sacct ... MaxRSS`).",
-        decided_by="", culprit="", check_next=""),
+        "usual cause but `kill -9` or the scheduler look the same; `summary` says so and `next_steps` "
+        "says how to check (`dmesg`, `sacct ... MaxRSS`).",
+        decided_by="",
+        culprit="",
+        check_next="",
+    ),
     FailureClass(
-        "stage_timeout", priority=7, on_host=on_host_stage_timeout, rule=5, on_job=on_job_time_limit,
-        summary={"": "stage '{stage}' ran past its time limit{extra}", "slurm": "the job ran past its Slurm time limit"},
+        "stage_timeout",
+        priority=7,
+        on_host=on_host_stage_timeout,
+        rule=5,
+        on_job=on_job_time_limit,
+        summary={
+            "": "stage '{stage}' ran past its time limit{extra}",
+            "slurm": "the job ran past its Slurm time limit",
+        },
         next_steps=steps_stage_timeout,
         cites=("stage time limit", "exit record", "Slurm's time limit", "the job summary", HB_CLAIM),
         host_evidence="Its stage record says `reason=timeout`, or run_stage.sh's `stage 'S' exceeded its N s limit "
-                      "on HOST`.",
+        "on HOST`.",
         decided_by="a stage record with `reason=timeout`, run_stage.sh's `exceeded its N s limit`, or the job's time "
-                   "limit (`status: timeout`, `DUE TO TIME LIMIT`)",
+        "limit (`status: timeout`, `DUE TO TIME LIMIT`)",
         culprit="hosts whose last step is behind (often none)",
         check_next="Was it still progressing (`progress`, `tgs.phases`)? Then raise `STAGE_TIMEOUTS=train:<s>` or "
-                   "the time limit; if it had stopped, treat it as a hang."),
+        "the time limit; if it had stopped, treat it as a hang.",
+    ),
     FailureClass(
-        "heartbeat_false_positive", rule=2, on_job=on_job_heartbeat, metrics_why="a heartbeat claim",
-        summary={"": "JAX declared {accused} dead (missed heartbeats) but {they} still logged after the claim, so "
-                     "{they} did not crash: suspect the coordinator ({coordinator}) or the network missing "
-                     "heartbeats, or a freeze longer than the heartbeat timeout (swap, SIGSTOP) on {accused}"},
+        "heartbeat_false_positive",
+        rule=2,
+        on_job=on_job_heartbeat,
+        metrics_why="a heartbeat claim",
+        summary={
+            "": "JAX declared {accused} dead (missed heartbeats) but {they} still logged after the claim, so "
+            "{they} did not crash: suspect the coordinator ({coordinator}) or the network missing "
+            "heartbeats, or a freeze longer than the heartbeat timeout (swap, SIGSTOP) on {accused}"
+        },
         next_steps=steps_heartbeat_false_positive,
-        cites=("the coordination service's claim", "the accused host logged a step after the claimed time",
-               "the accused host logged its own death notice"),
+        cites=(
+            "the coordination service's claim",
+            "the accused host logged a step after the claimed time",
+            "the accused host logged its own death notice",
+        ),
         decided_by="JAX's `tasks are unhealthy (stopped sending heartbeats)` / `Task N heartbeat timeout`, and every "
-                   "accused host logged a step or its own death notice after the claim",
+        "accused host logged a step or its own death notice after the claim",
         culprit="the accused hosts (they were alive)",
         check_next=f"The coordinator (node rank 0) and the network; with a TSDB, {TSDB} checks the accused hosts' "
-                   "GPU power at the claim time."),
+        "GPU power at the claim time.",
+    ),
     FailureClass(
-        "heartbeat_timeout", rule=2, on_job=on_job_heartbeat, metrics_why="a heartbeat claim",
-        summary={"": "{hosts} stopped sending heartbeats (no output after the claim): it died, froze or lost the "
-                     "network",
-                 "unmapped": "JAX reported tasks {tasks} unhealthy (not mapped to hosts)"},
+        "heartbeat_timeout",
+        rule=2,
+        on_job=on_job_heartbeat,
+        metrics_why="a heartbeat claim",
+        summary={
+            "": "{hosts} stopped sending heartbeats (no output after the claim): it died, froze or lost the network",
+            "unmapped": "JAX reported tasks {tasks} unhealthy (not mapped to hosts)",
+        },
         next_steps=steps_heartbeat_timeout,
-        cites=("the coordination service's claim", "the accused host logged a step after the claimed time",
-               "the accused host logged its own death notice", "the accused host's last step", "exit record"),
+        cites=(
+            "the coordination service's claim",
+            "the accused host logged a step after the claimed time",
+            "the accused host logged its own death notice",
+            "the accused host's last step",
+            "exit record",
+        ),
         decided_by="the same claim, but an accused host went silent",
         culprit="the silent accused hosts",
-        check_next="Why it stopped: `scontrol show node`, `dmesg` (OOM, GPU Xid), its last log lines."),
+        check_next="Why it stopped: `scontrol show node`, `dmesg` (OOM, GPU Xid), its last log lines.",
+    ),
     FailureClass(
-        "node_failure", rule=3, on_job=on_job_node_failure,
+        "node_failure",
+        rule=3,
+        on_job=on_job_node_failure,
         summary={"": "node(s) {hosts} vanished without an exit record (node failure)"},
-        next_steps=steps_node_failure, cites=("node lost", "its last step", "no exit record from these nodes"),
+        next_steps=steps_node_failure,
+        cites=("node lost", "its last step", "no exit record from these nodes"),
         decided_by="JOB SUMMARY `no_exit_record:` (not alone in a job that was cancelled or timed out: the stop can "
-                   "beat the record), `Node failure on HOST`, `CANCELLED AT ... DUE TO NODE FAILURE`, Slurm "
-                   "`NODE_FAIL`",
+        "beat the record), `Node failure on HOST`, `CANCELLED AT ... DUE TO NODE FAILURE`, Slurm "
+        "`NODE_FAIL`",
         culprit="those hosts",
         check_next=f"`scontrol show node HOST; sinfo -R`; resubmit with `--exclude=HOST` if the user wants; {SWEEP} "
-                   "`nodes` to test the node."),
+        "`nodes` to test the node.",
+    ),
     FailureClass(
-        "collective_error", rule=4, on_job=on_job_collective,
+        "collective_error",
+        rule=4,
+        on_job=on_job_collective,
         summary={"": "collective failed on {reporters}; the peer that {how} is {culprit}"},
         next_steps=steps_collective_error,
         cites=("collective error reported by a survivor", "the peer's last step (it stopped first)", "exit record"),
         decided_by="Gloo/NCCL/RCCL errors on some hosts: those are survivors",
         culprit="the peer that died first (failing exit code, else lowest last step, else earliest last line); "
-                "`medium`, or `low` if every host reported",
+        "`medium`, or `low` if every host reported",
         check_next=f"The culprit's `dmesg`, GPU/NIC errors; rerun with `_env_NCCL_DEBUG=INFO`; {SWEEP} `bisect` if "
-                   "it repeats."),
+        "it repeats.",
+    ),
     FailureClass(
-        "cancelled", rule=6, on_job=on_job_cancelled,
+        "cancelled",
+        rule=6,
+        on_job=on_job_cancelled,
         summary={"": "the job was {how}; no node failed first"},
-        next_steps=steps_cancelled, cites=("the stop request", "the job summary"),
+        next_steps=steps_cancelled,
+        cites=("the stop request", "the job summary"),
         decided_by="JOB SUMMARY `status: cancelled`, `received a stop signal`, `*** JOB <id> ... CANCELLED AT`, Slurm "
-                   "`CANCELLED`/`PREEMPTED`",
+        "`CANCELLED`/`PREEMPTED`",
         culprit="none",
-        check_next="`sacct -j ID -o JobID,State,ExitCode,Start,End`: who or what ended it."),
+        check_next="`sacct -j ID -o JobID,State,ExitCode,Start,End`: who or what ended it.",
+    ),
     FailureClass(
-        "hang", rule=7, metrics_why="the job hangs",
-        summary={"running": "no step for {age:.0f} s (> {threshold:.0f} s) while the job still runs{behind}",
-                 "before_end": "hung: no step for {age:.0f} s (> {threshold:.0f} s) before the job was {ended}; the "
-                               "{stop} only ended it{behind}"},
+        "hang",
+        rule=7,
+        metrics_why="the job hangs",
+        summary={
+            "running": "no step for {age:.0f} s (> {threshold:.0f} s) while the job still runs{behind}",
+            "before_end": "hung: no step for {age:.0f} s (> {threshold:.0f} s) before the job was {ended}; the "
+            "{stop} only ended it{behind}",
+        },
         next_steps=steps_hang,
-        cites=("this host is behind the others", "the newest step line in the log",
-               "the newest step line: nothing after it until the end",  # then what the stop had cited:
-               "the stop request", "Slurm's time limit", "the job summary", "stage time limit", "exit record", HB_CLAIM),
+        cites=(
+            "this host is behind the others",
+            "the newest step line in the log",
+            "the newest step line: nothing after it until the end",  # then what the stop had cited:
+            "the stop request",
+            "Slurm's time limit",
+            "the job summary",
+            "stage time limit",
+            "exit record",
+            HB_CLAIM,
+        ),
         decided_by="running job, no step for longer than the threshold; or a `cancelled`/`stage_timeout` job whose "
-                   "last step was older than the threshold when it ended (the cancel only ended a hang)",
+        "last step was older than the threshold when it ended (the cancel only ended a hang)",
         culprit="hosts behind the others; none when all stopped at the same step (`low`)",
         check_next=f"Stacks: `py-spy dump` through `srun --overlap` (in `next_steps`); with a TSDB, {TSDB} (`hang` "
-                   "check: GPUs busy at standby power = collective deadlock)."),
+        "check: GPUs busy at standby power = collective deadlock).",
+    ),
 )
 BY_NAME = {fc.name: fc for fc in REGISTRY}
 # the failure_class values a report can carry
@@ -516,8 +657,13 @@ ROOT_CAUSES = tuple(sorted((fc for fc in REGISTRY if fc.on_host), key=lambda fc:
 # job-level detectors in decision order (one detector can decide several classes)
 JOB_RULES = tuple(dict.fromkeys(fc.on_job for fc in sorted(REGISTRY, key=lambda fc: fc.rule) if fc.on_job))
 # the row for a failed job outside the classes (skill table)
-UNCLASSIFIED = ("null, failed", "a preflight check (`preflight: FAILED: ...`, hosts named) or a non-zero exit with "
-                "no known text (first such host, `low`)", "as named", "Read `summary` and the host's last lines.")
+UNCLASSIFIED = (
+    "null, failed",
+    "a preflight check (`preflight: FAILED: ...`, hosts named) or a non-zero exit with "
+    "no known text (first such host, `low`)",
+    "as named",
+    "Read `summary` and the host's last lines.",
+)
 
 
 def explain(name: str, variant: str = "", **fields: Any) -> str:
@@ -539,18 +685,28 @@ def root_cause_table() -> list[str]:
 
 def class_table() -> list[str]:
     """skills/job-log-triage/reference.md: every class, what decides it, who is blamed, what next."""
-    rows = ["| `failure_class` | Decided by (on the culprit's own lines) | Culprit | Check next / hand over |",
-            "|---|---|---|---|"]
-    rows += [f"| `{fc.name}` | {fc.decided_by} | {fc.culprit} | {fc.check_next} |" for fc in REGISTRY
-             if fc.reported_as is None]
+    rows = [
+        "| `failure_class` | Decided by (on the culprit's own lines) | Culprit | Check next / hand over |",
+        "|---|---|---|---|",
+    ]
+    rows += [
+        f"| `{fc.name}` | {fc.decided_by} | {fc.culprit} | {fc.check_next} |"
+        for fc in REGISTRY
+        if fc.reported_as is None
+    ]
     return rows + ["| " + " | ".join(UNCLASSIFIED) + " |"]
 
 
 # file -> (block name, its lines)
-GENERATED = {"docs/triage.md": ("root-causes", root_cause_table),
-             "skills/job-log-triage/reference.md": ("classes", class_table)}
-_BLOCK = re.compile(r"(?m)^(?P<indent>[ \t]*)<!-- generated by utils/failure_classes\.py: (?P<name>[\w-]+)[^\n]*-->\n"
-                    r"(?P<body>.*?)^[ \t]*<!-- end of generated block -->$", re.S)
+GENERATED = {
+    "docs/triage.md": ("root-causes", root_cause_table),
+    "skills/job-log-triage/reference.md": ("classes", class_table),
+}
+_BLOCK = re.compile(
+    r"(?m)^(?P<indent>[ \t]*)<!-- generated by utils/failure_classes\.py: (?P<name>[\w-]+)[^\n]*-->\n"
+    r"(?P<body>.*?)^[ \t]*<!-- end of generated block -->$",
+    re.S,
+)
 
 
 def regenerate(text: str, name: str, lines: list[str]) -> str:
@@ -559,7 +715,7 @@ def regenerate(text: str, name: str, lines: list[str]) -> str:
     if m is None:
         raise ValueError(f"no '<!-- generated by utils/failure_classes.py: {name} ... -->' block")
     body = "".join(f"{m.group('indent')}{ln}\n" for ln in lines)
-    return text[:m.start("body")] + body + text[m.end("body"):]
+    return text[: m.start("body")] + body + text[m.end("body") :]
 
 
 def stale_docs(repo: Path = REPO) -> list[str]:
@@ -578,8 +734,11 @@ def main(argv: list[str] | None = None) -> int:
         print((__doc__ or "").strip())
         return 0
     if args not in ([], ["--check"]):
-        print(f"failure_classes.py: unknown arguments {' '.join(args)!r}: give nothing (rewrite the generated "
-              "blocks) or --check (see failure_classes.py --help)", file=sys.stderr)
+        print(
+            f"failure_classes.py: unknown arguments {' '.join(args)!r}: give nothing (rewrite the generated "
+            "blocks) or --check (see failure_classes.py --help)",
+            file=sys.stderr,
+        )
         return 2
     try:
         stale = stale_docs()
@@ -588,8 +747,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args == ["--check"]:
         for rel in stale:
-            print(f"failure_classes.py: {rel}: the generated failure-class table differs from the registry "
-                  "(run utils/failure_classes.py)", file=sys.stderr)
+            print(
+                f"failure_classes.py: {rel}: the generated failure-class table differs from the registry "
+                "(run utils/failure_classes.py)",
+                file=sys.stderr,
+            )
         return 1 if stale else 0
     for rel in stale:
         name, table = GENERATED[rel]

@@ -25,20 +25,39 @@ import time
 from collections import Counter
 from pathlib import Path
 
-BLOCK = 4 << 20           # bytes read per block (4 MiB measured fastest: stays in cache)
-LOOKAHEAD = 64 << 10      # bytes kept after the last processed line (tracebacks, task lists)
-DENSE = 8000              # more candidate lines than this in a block: search for needles instead
-EVENT_CAP = 20            # events kept per (kind, host); the rest are only counted
+BLOCK = 4 << 20  # bytes read per block (4 MiB measured fastest: stays in cache)
+LOOKAHEAD = 64 << 10  # bytes kept after the last processed line (tracebacks, task lists)
+DENSE = 8000  # more candidate lines than this in a block: search for needles instead
+EVENT_CAP = 20  # events kept per (kind, host); the rest are only counted
 
 # --- line grammar -------------------------------------------------------------------------
 HOST_RE = rb"[A-Za-z0-9][\w.-]*"
 # names that look like a host prefix but are programs (unprefixed lines of the log)
-NOT_HOSTS = {"srun", "sbatch", "salloc", "slurmstepd", "_job.sbatch", "run_stage.sh", "run_local.sh", "_train.sh",
-             "_container.sh", "preflight", "Traceback", "status", "job", "nodes", "stage", "log", "job_dir"}
+NOT_HOSTS = {
+    "srun",
+    "sbatch",
+    "salloc",
+    "slurmstepd",
+    "_job.sbatch",
+    "run_stage.sh",
+    "run_local.sh",
+    "_train.sh",
+    "_container.sh",
+    "preflight",
+    "Traceback",
+    "status",
+    "job",
+    "nodes",
+    "stage",
+    "log",
+    "job_dir",
+}
 ABSL = re.compile(rb"([IWEF])(\d{4} \d\d:\d\d:\d\d\.\d+) +\d+ ([^\]\s]*)\] ")
 # groups: ramp-up marker, step, seconds, TFLOP/s/device, Tokens/s/device (the last two absent in ramp-up lines)
-STEP = re.compile(rb"(\[Rampup Batch Size Phase\] )?completed step: (\d+), seconds: ([\d.]+)"
-                  rb"(?:, TFLOP/s/device: ([\d.]+))?(?:[^\n]*?Tokens/s/device: ([\d.]+))?")
+STEP = re.compile(
+    rb"(\[Rampup Batch Size Phase\] )?completed step: (\d+), seconds: ([\d.]+)"
+    rb"(?:, TFLOP/s/device: ([\d.]+))?(?:[^\n]*?Tokens/s/device: ([\d.]+))?"
+)
 # a line start that is neither an absl INFO line nor a step line: every error, notice and
 # header/summary line (possessive repeat: no backtracking, ~0.2 us per line)
 _STEP_TEXT = rb"(?:\[Rampup Batch Size Phase\] )?completed step: "
@@ -56,39 +75,81 @@ SIGNATURES: list[tuple[str, str]] = [
     ("cancel", r"received a stop signal \(job state ([A-Z_]*)\)|\*\*\* (?:JOB|STEP) [\d.]+ ON (\S+) CANCELLED AT"),
     ("stage_timeout", r"run_stage\.sh: stage '([\w-]+)' exceeded its (\d+) s limit on (\S+)"),
     ("preflight", r"^preflight: FAILED: (.*)"),
-    ("config_error", r"MAXTEXT CONFIG ERROR|ValidationError: \d+ validation errors? for"
-                     r"|yaml\.(?:scanner|parser|constructor|composer)\.\w+Error"),
+    (
+        "config_error",
+        r"MAXTEXT CONFIG ERROR|ValidationError: \d+ validation errors? for"
+        r"|yaml\.(?:scanner|parser|constructor|composer)\.\w+Error",
+    ),
     ("oom_device", r"RESOURCE_EXHAUSTED|Out of memory while trying to allocate"),
     ("oom_host", r"\bOut Of Memory\b|oom-kill|oom_kill|Out of memory: Killed process|invoked oom-killer"),
     ("hb_claim", r"The following tasks are unhealthy \(stopped sending heartbeats\)"),
     ("hb_task", r"Task (?:/job:[\w-]+/replica:\d+/task:)?(\d+) heartbeat timeout"),
     ("death_notice", r"Terminating process because the JAX distributed service detected fatal errors"),
-    ("coordination", r"Polled an error from coordination service|Failed to send RPC to coordination service"
-                     r"|Leader incarnation ID mismatch"),
+    (
+        "coordination",
+        r"Polled an error from coordination service|Failed to send RPC to coordination service"
+        r"|Leader incarnation ID mismatch",
+    ),
     ("preemption", r"Received preemption notice|will be preempted at"),
-    ("segfault", r"Segmentation fault|Fatal Python error|\*\*\* SIG\w+ received at time=|\*\*\* Signal \d+ received at time="),
-    ("collective", r"Gloo\b.*(?:failed|[Ee]rror|[Tt]imed? ?out)|\b[NR]CCL WARN|\b[NR]CCL (?:error|Error)"
-                   r"|\bnccl\w*Error\b|\bRCCL\b.*(?:failed|[Ee]rror)"),
+    (
+        "segfault",
+        r"Segmentation fault|Fatal Python error|\*\*\* SIG\w+ received at time=|\*\*\* Signal \d+ received at time=",
+    ),
+    (
+        "collective",
+        r"Gloo\b.*(?:failed|[Ee]rror|[Tt]imed? ?out)|\b[NR]CCL WARN|\b[NR]CCL (?:error|Error)"
+        r"|\bnccl\w*Error\b|\bRCCL\b.*(?:failed|[Ee]rror)",
+    ),
     ("node_failure", r"Node failure on (\S+)|DUE TO NODE FAILURE|\bNODE_FAIL\b"),
     ("killed", r"^\S+: line \d+: +\d+ Killed\b"),
     ("fatal", r"^F\d{4} \d\d:\d\d:\d\d\.\d+ "),
 ]
 _PYDANTIC_HEAD = re.compile(r"\d+ validation errors? for \w+\s*$")
 _PYDANTIC_TAIL = re.compile(r"\s*\[type=.*$")
-_SIG_ANY = re.compile("|".join(f"(?:{p})" for _, p in SIGNATURES))   # cheap "anything here?" test
-_SIG_KIND = [(k, re.compile(p)) for k, p in SIGNATURES]                 # then the kind, by priority
+_SIG_ANY = re.compile("|".join(f"(?:{p})" for _, p in SIGNATURES))  # cheap "anything here?" test
+_SIG_KIND = [(k, re.compile(p)) for k, p in SIGNATURES]  # then the kind, by priority
 _ABSL_S = re.compile(ABSL.pattern.decode())
 # a block with very many candidate lines (e.g. every line a warning) is searched for these
 # literals instead (bytes.find, ~1.5 GB/s each); each signature above has one of them
-_NEEDLES = (b"Traceback (most recent", b"MAXTEXT CONFIG ERROR", b"ValidationError", b"yaml.", b"RESOURCE_EXHAUSTED",
-            b"Out of memory", b"Out Of Memory", b"oom", b"unhealthy", b"heartbeat timeout", b"Terminating process",
-            b"coordination service", b"incarnation", b"preempt", b"Segmentation fault", b"Fatal Python",
-            b"received at time=", b"Gloo", b"CCL", b"nccl", b"exceeded its", b"stop signal", b"CANCELLED",
-            b"Node failure", b"NODE_FAIL", b"srun: error", b" Killed", b"==== JOB", b"preflight: FAILED")
+_NEEDLES = (
+    b"Traceback (most recent",
+    b"MAXTEXT CONFIG ERROR",
+    b"ValidationError",
+    b"yaml.",
+    b"RESOURCE_EXHAUSTED",
+    b"Out of memory",
+    b"Out Of Memory",
+    b"oom",
+    b"unhealthy",
+    b"heartbeat timeout",
+    b"Terminating process",
+    b"coordination service",
+    b"incarnation",
+    b"preempt",
+    b"Segmentation fault",
+    b"Fatal Python",
+    b"received at time=",
+    b"Gloo",
+    b"CCL",
+    b"nccl",
+    b"exceeded its",
+    b"stop signal",
+    b"CANCELLED",
+    b"Node failure",
+    b"NODE_FAIL",
+    b"srun: error",
+    b" Killed",
+    b"==== JOB",
+    b"preflight: FAILED",
+)
 _F_LINE = re.compile(rb"\n(?:[^:\n]{1,64}+: )?F\d{4} \d\d:")
-_EXC_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Failure|Warning)\b(?::|$)")
-_CANCEL = re.compile(r"job state ([A-Z_]*)\)|\*\*\* (JOB|STEP) ([\d.]+) ON (\S+) CANCELLED AT (?:\S+)"
-                     r"(?: DUE TO ([A-Z ]+?))?(?:,| \*\*\*)")
+_EXC_LINE = re.compile(
+    r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Failure|Warning)\b(?::|$)"
+)
+_CANCEL = re.compile(
+    r"job state ([A-Z_]*)\)|\*\*\* (JOB|STEP) ([\d.]+) ON (\S+) CANCELLED AT (?:\S+)"
+    r"(?: DUE TO ([A-Z ]+?))?(?:,| \*\*\*)"
+)
 _TASK_LINE = re.compile(r"^(?:/job:[\w-]+/replica:\d+/task:)?(\d+)$")
 
 
@@ -99,18 +160,20 @@ class NotALog(ValueError):
 @dataclasses.dataclass
 class Event:
     """One signature found in the log."""
+
     kind: str
     host: str | None
     line: int
     text: str
     ts: float | None = None
     data: dict = dataclasses.field(default_factory=dict)
-    raw: str = ""                     # the whole log line, as written
+    raw: str = ""  # the whole log line, as written
 
 
 @dataclasses.dataclass
 class HostSeen:
     """The last things one host printed (host None: lines without a host prefix)."""
+
     last_step: int | None = None
     last_step_ts: float | None = None
     last_step_line: int | None = None
@@ -124,6 +187,7 @@ class Steps:
     """Step lines of one host, in log order. Columns: step, seconds, tokens (Tokens/s/device),
     tflops (TFLOP/s/device; both None in ramp-up lines) and the raw absl stamp (b"" without absl
     prefix), turned into epoch seconds on demand by ts(i)."""
+
     host: str | None = None
     step: list[int] = dataclasses.field(default_factory=list)
     seconds: list[float] = dataclasses.field(default_factory=list)
@@ -147,7 +211,7 @@ class Scan:
     lines: int = 0
     header: dict[str, str] = dataclasses.field(default_factory=dict)
     header_line: int | None = None
-    runs: int = 0                     # JOB headers seen (a requeued job appends a second run)
+    runs: int = 0  # JOB headers seen (a requeued job appends a second run)
     summary: dict[str, str] = dataclasses.field(default_factory=dict)
     summary_lines: dict[str, int] = dataclasses.field(default_factory=dict)
     hosts: dict[str | None, HostSeen] = dataclasses.field(default_factory=dict)
@@ -290,10 +354,10 @@ class _Scanner:
         self.ref_re: re.Pattern[bytes] | None = None
         self.host_keys: list[tuple[str, bytes]] = []
         self.kept: Counter = Counter()
-        self.skip_until = -1          # absolute line numbers already consumed by a block parse
+        self.skip_until = -1  # absolute line numbers already consumed by a block parse
         self.exc_seen: set[tuple[str | None, int]] = set()
-        self.n = 0                    # valid bytes in the buffer
-        self.gone: set[str] = set()   # hosts absent from a whole block (see _host_tails)
+        self.n = 0  # valid bytes in the buffer
+        self.gone: set[str] = set()  # hosts absent from a whole block (see _host_tails)
 
     def _set_header(self, header: dict[str, str], line: int) -> None:
         s = self.s
@@ -315,7 +379,7 @@ class _Scanner:
             return
         a = buf.rfind(b"\n", 0, i) + 1
         e = buf.find(b"\n", i, self.n)
-        line = buf[a:e if e >= 0 else self.n].decode(errors="replace")
+        line = buf[a : e if e >= 0 else self.n].decode(errors="replace")
         host, rest = split_host(line, self.known or None)
         s = self.s
         s.step_lines_seen = True
@@ -326,7 +390,7 @@ class _Scanner:
         s.steps.clock = self.clock
         if host is not None and not self.known:
             # no header: learn the hosts from the step lines near the first one
-            window = buf[a:min(cut, a + (1 << 20))]
+            window = buf[a : min(cut, a + (1 << 20))]
             found = re.findall(rb"(?m)^(" + HOST_RE + rb"): [^\n]*completed step: ", window)
             hosts = list(dict.fromkeys(h.decode() for h in found if h.decode() not in NOT_HOSTS))
             self.known = set(hosts)
@@ -362,7 +426,7 @@ class _Scanner:
         until it shows up at a block's end), so a dead node costs one block walk."""
         prefixed = self.s.host_prefix is not False and bool(self.host_keys)
         hosts = [h for h, _ in self.host_keys] if prefixed else [None]
-        want = {h: [True, has_steps] for h in hosts if h not in self.gone}   # [want last ts, want last step]
+        want = {h: [True, has_steps] for h in hosts if h not in self.gone}  # [want last ts, want last step]
         seen: set[str | None] = set()
         limit = max(2000, 8 * len(hosts))
         pos, k = cut, 0
@@ -371,7 +435,7 @@ class _Scanner:
                 break
             p = buf.rfind(b"\n", 0, pos)
             k += 1
-            full = buf[p + 1:pos]
+            full = buf[p + 1 : pos]
             pos = p
             if prefixed:
                 c = full.find(b": ", 0, 80)
@@ -381,7 +445,7 @@ class _Scanner:
                     want[host] = [True, has_steps]
                 if host not in want:
                     continue
-                rest = full[c + 2:]
+                rest = full[c + 2 :]
             else:
                 host, rest = None, full
             seen.add(host)
@@ -422,7 +486,7 @@ class _Scanner:
         end = buf.find(b"\n", p + 1, self.n)
         if end < 0:
             end = self.n
-        return buf[p + 1:end].decode(errors="replace"), end
+        return buf[p + 1 : end].decode(errors="replace"), end
 
     def _follow(self, buf: bytearray, p: int, host: str | None, n: int = 400) -> list[tuple[int, str]]:
         """Up to n following lines of the same host: [(offset of their '\n', text after the prefix)]."""
@@ -437,8 +501,9 @@ class _Scanner:
             q = end if end < self.n else -1
         return out
 
-    def _add(self, kind: str, host: str | None, line: int, text: str, ts: float | None = None, raw: str = "",
-             **data: object) -> None:
+    def _add(
+        self, kind: str, host: str | None, line: int, text: str, ts: float | None = None, raw: str = "", **data: object
+    ) -> None:
         self.s.counts[kind] += 1
         key = (kind, host)
         self.kept[key] += 1
@@ -518,8 +583,17 @@ class _Scanner:
                 if notice:
                     self._add("death_notice", host, line_no, rest, ts, raw=text, tasks=tasks)
                 if tasks or "unhealthy" in rest:
-                    self._add("hb_claim", host, line_no, rest, ts, raw=text, tasks=tasks, notice=notice,
-                              coordinator="propagate the following error" in rest)
+                    self._add(
+                        "hb_claim",
+                        host,
+                        line_no,
+                        rest,
+                        ts,
+                        raw=text,
+                        tasks=tasks,
+                        notice=notice,
+                        coordinator="propagate the following error" in rest,
+                    )
                 continue
             if kind == "hb_task":
                 data = {"tasks": [int(m.group(1))]}
@@ -560,7 +634,7 @@ class _Scanner:
             if not nxt.strip() or _ABSL_S.match(nxt) or nxt.startswith(("Traceback", "pydantic")):
                 break
             parts.append(_PYDANTIC_TAIL.sub("", nxt).strip())
-            if nxt[0].isspace():   # the message line ends one error's description
+            if nxt[0].isspace():  # the message line ends one error's description
                 break
         return ": ".join(parts)[:300]
 
@@ -577,13 +651,13 @@ class _Scanner:
                 raise NotALog(f"{path} is binary, not a job log")
             buf = bytearray(1 + BLOCK + 2 * LOOKAHEAD)
             buf[0] = 10
-            buf[1:1 + len(head)] = head
+            buf[1 : 1 + len(head)] = head
             self.n = 1 + len(head)
             eof = not head
             while True:
                 while not eof and self.n < len(buf):  # fill the buffer
                     with memoryview(buf) as mv:
-                        got = f.readinto(mv[self.n:])
+                        got = f.readinto(mv[self.n :])
                     if not got:
                         eof = True
                     self.n += got or 0
@@ -604,7 +678,7 @@ class _Scanner:
                         base -= 1  # the final newline ends the last line, it starts none
                     break
                 rest = n - cut - 1
-                buf[1:1 + rest] = buf[cut + 1:n]
+                buf[1 : 1 + rest] = buf[cut + 1 : n]
                 self.n = 1 + rest
         s.lines = base
         if self.clock is None:
@@ -629,19 +703,21 @@ _HEADER_OPEN = b"\n==================== JOB ====================\n"
 # XLA's device list at start-up (GPU, absl INFO): "StreamExecutor [0]: NVIDIA H100 80GB HBM3, Compute Capability
 # 9.0a (...)" (jaxlib 0.11, measured on an H100), "StreamExecutor device (0): <name>, <version>" in older XLA
 _DEVICE = re.compile(rb"StreamExecutor (?:\[0\]|device \(0\)): ([^,\n]*)")
-_TB_DIR = b"To see full metrics 'tensorboard --logdir="     # MaxText's metric_logger, every log_period steps
-_ANY_STEP = re.compile(rb"\n(?:(" + HOST_RE + rb"): )?(?:[IWEF](\d{4} \d\d:\d\d:\d\d\.\d+) +\d+ [^\]\n]*\] )?"
-                       + STEP.pattern)
+_TB_DIR = b"To see full metrics 'tensorboard --logdir="  # MaxText's metric_logger, every log_period steps
+_ANY_STEP = re.compile(
+    rb"\n(?:(" + HOST_RE + rb"): )?(?:[IWEF](\d{4} \d\d:\d\d:\d\d\.\d+) +\d+ [^\]\n]*\] )?" + STEP.pattern
+)
 
 
 @dataclasses.dataclass
 class StepTable:
     """Every host's step lines (the last run of the log only), for performance analysis."""
+
     path: str
     hosts: dict[str | None, Steps] = dataclasses.field(default_factory=dict)  # in order of first step line
-    device: str | None = None            # XLA's name of device 0 ("NVIDIA H100 80GB HBM3"), None for the CPU
-    tensorboard_dir: str | None = None   # MaxText's "tensorboard --logdir=DIR" (profiles go to DIR/plugins/profile)
-    runs: int = 0                        # JOB headers seen (a requeued job appends; only the last run is kept)
+    device: str | None = None  # XLA's name of device 0 ("NVIDIA H100 80GB HBM3"), None for the CPU
+    tensorboard_dir: str | None = None  # MaxText's "tensorboard --logdir=DIR" (profiles go to DIR/plugins/profile)
+    runs: int = 0  # JOB headers seen (a requeued job appends; only the last run is kept)
     seconds: float = 0.0
 
 
@@ -687,7 +763,7 @@ def read_steps(path: str | Path, clock: AbslClock | None = None) -> StepTable:
                 if i >= 0:
                     e = buf.find(b"'", i + len(_TB_DIR), cut)
                     if e > 0:
-                        out.tensorboard_dir = bytes(buf[i + len(_TB_DIR):e]).decode(errors="replace")
+                        out.tensorboard_dir = bytes(buf[i + len(_TB_DIR) : e]).decode(errors="replace")
             rows = _ANY_STEP.findall(buf, start, cut)
             if rows:
                 by_host: dict[bytes, list] = {}
@@ -708,7 +784,7 @@ def read_steps(path: str | Path, clock: AbslClock | None = None) -> StepTable:
             read += cut
             rest = n - cut - 1
             if rest > 0:
-                buf[1:1 + rest] = buf[cut + 1:n]
+                buf[1 : 1 + rest] = buf[cut + 1 : n]
             n = 1 + max(rest, 0)
     out.seconds = time.perf_counter() - t0
     return out
@@ -737,8 +813,13 @@ def main(argv: list[str]) -> int:
         print(f"joblog.py: {e}", file=sys.stderr)
         return 2
     out = dataclasses.asdict(s)
-    out["steps"] = {"host": s.steps.host, "count": len(s.steps.step), "rampup": s.steps.rampup,
-                    "first": s.steps.step[:1], "last": s.steps.step[-1:]}
+    out["steps"] = {
+        "host": s.steps.host,
+        "count": len(s.steps.step),
+        "rampup": s.steps.rampup,
+        "first": s.steps.step[:1],
+        "last": s.steps.step[-1:],
+    }
     out["hosts"] = {str(k): dataclasses.asdict(v) for k, v in s.hosts.items()}
     out["counts"] = dict(s.counts)
     json.dump(out, sys.stdout, indent=1, default=str)
@@ -748,4 +829,3 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
-

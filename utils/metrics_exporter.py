@@ -207,8 +207,13 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_plugins(cmds: dict[str, list[str]], envs: dict[str, dict[str, str]], cwds: dict[str, str],
-                timeout: float, started: list[subprocess.Popen] | None = None) -> dict[str, RunResult]:
+def run_plugins(
+    cmds: dict[str, list[str]],
+    envs: dict[str, dict[str, str]],
+    cwds: dict[str, str],
+    timeout: float,
+    started: list[subprocess.Popen] | None = None,
+) -> dict[str, RunResult]:
     """Start every command at once (own session each), collect stdout/stderr, kill what outlives `timeout`.
 
     `started`, if given, is cleared and then holds the processes of this call while it runs.
@@ -222,8 +227,15 @@ def run_plugins(cmds: dict[str, list[str]], envs: dict[str, dict[str, str]], cwd
     results: dict[str, RunResult] = {}
     for name, cmd in cmds.items():
         try:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    env=envs[name], cwd=cwds[name], start_new_session=True)
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=envs[name],
+                cwd=cwds[name],
+                start_new_session=True,
+            )
         except OSError as exc:
             results[name] = RunResult(rc=127, stderr=str(exc).encode())
             continue
@@ -378,8 +390,13 @@ EVENT_PREFIX = "events.out.tfevents."
 TB_READ_CHUNK = 64 << 20
 TB_STEP_HELP = "Step of each new TensorBoard step of the run (stamped with its first event's wall time)."
 # DataType enum -> (TensorProto field, struct format): DT_FLOAT, DT_DOUBLE, DT_INT32, DT_INT64, DT_HALF
-_TENSOR_KINDS = {1: ("float_val", "<f"), 2: ("double_val", "<d"), 3: ("int_val", "<i"), 9: ("int64_val", "<q"),
-                 19: ("half_val", "<e")}
+_TENSOR_KINDS = {
+    1: ("float_val", "<f"),
+    2: ("double_val", "<d"),
+    3: ("int_val", "<i"),
+    9: ("int64_val", "<q"),
+    19: ("half_val", "<e"),
+}
 
 
 def metric_name_for_tag(tag: str) -> str:
@@ -435,12 +452,12 @@ def split_records(data: bytes) -> tuple[list[bytes], int]:
     records, pos, end = [], 0, len(data)
     while end - pos >= 12:
         try:
-            stop = pos + 16 + _record_length(data[pos:pos + 12])
+            stop = pos + 16 + _record_length(data[pos : pos + 12])
         except CorruptRecord as exc:
             raise CorruptRecord(f"{exc} at +{pos}") from None
         if stop > end:
             break
-        records.append(data[pos + 12:stop - 4])
+        records.append(data[pos + 12 : stop - 4])
         pos = stop
     return records, pos
 
@@ -544,7 +561,7 @@ def plain_scalar_event(rec: bytes) -> tuple[float, int, list[tuple[bytes, float]
                 return None
             x = _unpack_f32(rec, tag_end + 1)[0]
             y = _f32_cache.get(x)
-            values.append((rec[pos + 4:tag_end], y if y is not None else float32_value(x)))
+            values.append((rec[pos + 4 : tag_end], y if y is not None else float32_value(x)))
             pos = stop
         return wall, step, values
     except (IndexError, struct.error):
@@ -670,7 +687,8 @@ class TensorBoardCollector:
         if fam is None:
             doc = text.replace("\\", "\\\\").replace("\n", " ")
             fam = self.families[metric] = Family(
-                metric, "gauge", f"TensorBoard scalar {doc} (one sample per event, at its wall time).")
+                metric, "gauge", f"TensorBoard scalar {doc} (one sample per event, at its wall time)."
+            )
         series = next((s for s in run.by_tag.values() if s.fam is fam), None) or _Series(fam, run.labels)
         run.by_tag[tag] = series
         return series
@@ -697,21 +715,22 @@ class TensorBoardCollector:
         run, pos, end = ef.run, 0, len(data)
         by_tag, event_cls, good = run.by_tag, self.event_cls, _good_headers
         while end - pos >= 12:
-            header = data[pos:pos + 12]
+            header = data[pos : pos + 12]
             length = good.get(header)
             if length is None:
                 try:
                     length = _record_length(header)
                 except CorruptRecord as exc:
-                    log.error("tensorboard: %s: %s at +%d; not reading this file any further", path, exc,
-                              ef.offset + pos)
+                    log.error(
+                        "tensorboard: %s: %s at +%d; not reading this file any further", path, exc, ef.offset + pos
+                    )
                     ef.bad = True
                     self.errors += 1
                     return pos
             stop = pos + 16 + length
             if stop > end:
                 break
-            rec = data[pos + 12:stop - 4]
+            rec = data[pos + 12 : stop - 4]
             pos = stop
             event = plain_scalar_event(rec)
             if event is None:
@@ -760,16 +779,21 @@ class TensorBoardCollector:
         g = GaugeMetricFamily("exporter_tensorboard_files", "TensorBoard event files followed.", labels=["host"])
         g.add_metric(host, files)
         yield g
-        c = CounterMetricFamily("exporter_tensorboard_samples", "tb_* samples read from the event files.",
-                                labels=["host"])
+        c = CounterMetricFamily(
+            "exporter_tensorboard_samples", "tb_* samples read from the event files.", labels=["host"]
+        )
         c.add_metric(host, samples)
         yield c
-        g = GaugeMetricFamily("exporter_tensorboard_read_seconds", "Wall time of the last read of the event files.",
-                              labels=["host"])
+        g = GaugeMetricFamily(
+            "exporter_tensorboard_read_seconds", "Wall time of the last read of the event files.", labels=["host"]
+        )
         g.add_metric(host, read)
         yield g
-        c = CounterMetricFamily("exporter_tensorboard_errors", "Event files abandoned at a corrupt record, "
-                                "undecodable records, and a missing tensorboard package.", labels=["host"])
+        c = CounterMetricFamily(
+            "exporter_tensorboard_errors",
+            "Event files abandoned at a corrupt record, undecodable records, and a missing tensorboard package.",
+            labels=["host"],
+        )
         c.add_metric(host, errors)
         yield c
 
@@ -777,8 +801,7 @@ class TensorBoardCollector:
 class Poller:
     """Discovers and runs the plugins, keeps the last merged result and the self-metrics."""
 
-    def __init__(self, cfg: Config, bash: str | None = None,
-                 sources: list[TensorBoardCollector] | None = None) -> None:
+    def __init__(self, cfg: Config, bash: str | None = None, sources: list[TensorBoardCollector] | None = None) -> None:
         self.cfg = cfg
         self.sources = list(sources or [])  # in-process collectors read at every poll, after the plugins
         self.bash = bash or shutil.which("bash") or "/bin/bash"
@@ -806,13 +829,22 @@ class Poller:
 
     def _env(self, state_dir: str) -> dict[str, str]:
         env = dict(os.environ)
-        env.update({
-            "METRICS_HOST": self.cfg.host, "JOB_NODE_RANK": self.cfg.node_rank, "JOB_DIR": self.cfg.job_dir,
-            "METRICS_INTERVAL": f"{self.cfg.interval:g}", "METRICS_TIMEOUT": f"{self.cfg.timeout:g}",
-            "METRICS_STATE_DIR": state_dir, "METRICS_SYSFS_ROOT": self.cfg.sysfs_root,
-            "METRICS_PROCFS_ROOT": self.cfg.procfs_root, "METRICS_EXPORTER_PID": str(os.getpid()),
-            "METRICS_PYTHON": sys.executable, "METRICS_NEVER_AGAIN_EXIT": str(NEVER_AGAIN_EXIT), "LC_ALL": "C",
-        })
+        env.update(
+            {
+                "METRICS_HOST": self.cfg.host,
+                "JOB_NODE_RANK": self.cfg.node_rank,
+                "JOB_DIR": self.cfg.job_dir,
+                "METRICS_INTERVAL": f"{self.cfg.interval:g}",
+                "METRICS_TIMEOUT": f"{self.cfg.timeout:g}",
+                "METRICS_STATE_DIR": state_dir,
+                "METRICS_SYSFS_ROOT": self.cfg.sysfs_root,
+                "METRICS_PROCFS_ROOT": self.cfg.procfs_root,
+                "METRICS_EXPORTER_PID": str(os.getpid()),
+                "METRICS_PYTHON": sys.executable,
+                "METRICS_NEVER_AGAIN_EXIT": str(NEVER_AGAIN_EXIT),
+                "LC_ALL": "C",
+            }
+        )
         return env
 
     def poll_once(self) -> None:
@@ -961,9 +993,24 @@ class ExporterCollector:
             families = dict(p.families)
             held = p.held.take(int(time.time() * 1000))
             held_meta = dict(p.held.meta)
-            stats = {n: PluginStats(**{k: getattr(s, k) for k in ("runs", "failures", "timeouts", "rejected",
-                                       "last_duration", "last_success", "samples", "disabled")})
-                     for n, s in p.stats.items()}
+            stats = {
+                n: PluginStats(
+                    **{
+                        k: getattr(s, k)
+                        for k in (
+                            "runs",
+                            "failures",
+                            "timeouts",
+                            "rejected",
+                            "last_duration",
+                            "last_success",
+                            "samples",
+                            "disabled",
+                        )
+                    }
+                )
+                for n, s in p.stats.items()
+            }
             polls, cycle, last_poll = p.polls, p.last_cycle, p.last_poll_time
         extra: dict[str, list[Sample]] = {}
         for fname, s in held:
@@ -975,25 +1022,50 @@ class ExporterCollector:
             yield _to_metric(Family(fname, typ, doc), samples)
         yield from self._self_metrics(stats, polls, cycle, last_poll)
 
-    def _self_metrics(self, stats: dict[str, PluginStats], polls: int, cycle: float,
-                      last_poll: float) -> Iterator[Metric]:
+    def _self_metrics(
+        self, stats: dict[str, PluginStats], polls: int, cycle: float, last_poll: float
+    ) -> Iterator[Metric]:
         host = self.poller.cfg.host
         per_plugin = [
-            (GaugeMetricFamily, "exporter_plugin_duration_seconds", "Wall time of the plugin's last run.",
-             "last_duration"),
+            (
+                GaugeMetricFamily,
+                "exporter_plugin_duration_seconds",
+                "Wall time of the plugin's last run.",
+                "last_duration",
+            ),
             (CounterMetricFamily, "exporter_plugin_runs", "Runs of the plugin.", "runs"),
-            (CounterMetricFamily, "exporter_plugin_failures", "Runs that exited non-zero (not the never-again "
-             "code) or printed only unparseable output.", "failures"),
-            (CounterMetricFamily, "exporter_plugin_timeouts", "Runs killed (whole process group) at --timeout.",
-             "timeouts"),
-            (GaugeMetricFamily, "exporter_plugin_last_success_timestamp_seconds",
-             "Unix time of the plugin's last successful run (0: never).", "last_success"),
-            (CounterMetricFamily, "exporter_plugin_lines_rejected", "Output lines or samples dropped as malformed, "
-             "duplicate, type-clashing or using the reserved exporter_ prefix.", "rejected"),
-            (GaugeMetricFamily, "exporter_plugin_samples", "Samples accepted from the plugin's last run.",
-             "samples"),
-            (GaugeMetricFamily, "exporter_plugin_disabled", "1 if the plugin exited with the never-again code.",
-             "disabled"),
+            (
+                CounterMetricFamily,
+                "exporter_plugin_failures",
+                "Runs that exited non-zero (not the never-again code) or printed only unparseable output.",
+                "failures",
+            ),
+            (
+                CounterMetricFamily,
+                "exporter_plugin_timeouts",
+                "Runs killed (whole process group) at --timeout.",
+                "timeouts",
+            ),
+            (
+                GaugeMetricFamily,
+                "exporter_plugin_last_success_timestamp_seconds",
+                "Unix time of the plugin's last successful run (0: never).",
+                "last_success",
+            ),
+            (
+                CounterMetricFamily,
+                "exporter_plugin_lines_rejected",
+                "Output lines or samples dropped as malformed, "
+                "duplicate, type-clashing or using the reserved exporter_ prefix.",
+                "rejected",
+            ),
+            (GaugeMetricFamily, "exporter_plugin_samples", "Samples accepted from the plugin's last run.", "samples"),
+            (
+                GaugeMetricFamily,
+                "exporter_plugin_disabled",
+                "1 if the plugin exited with the never-again code.",
+                "disabled",
+            ),
         ]
         for cls, name, doc, attr in per_plugin:
             fam = cls(name, doc, labels=["host", "plugin"])
@@ -1006,18 +1078,25 @@ class ExporterCollector:
         c = CounterMetricFamily("exporter_polls", "Completed poll cycles.", labels=["host"])
         c.add_metric([host], polls)
         yield c
-        g = GaugeMetricFamily("exporter_last_poll_timestamp_seconds", "Unix time the last poll cycle ended.",
-                              labels=["host"])
+        g = GaugeMetricFamily(
+            "exporter_last_poll_timestamp_seconds", "Unix time the last poll cycle ended.", labels=["host"]
+        )
         g.add_metric([host], last_poll)
         yield g
         t = os.times()
-        c = CounterMetricFamily("exporter_cpu_seconds", "CPU time of the exporter (scope=self, all threads) and "
-                                "of its finished plugin processes (scope=plugins).", labels=["host", "scope"])
+        c = CounterMetricFamily(
+            "exporter_cpu_seconds",
+            "CPU time of the exporter (scope=self, all threads) and of its finished plugin processes (scope=plugins).",
+            labels=["host", "scope"],
+        )
         c.add_metric([host, "self"], t.user + t.system)
         c.add_metric([host, "plugins"], t.children_user + t.children_system)
         yield c
-        c = CounterMetricFamily("exporter_held_samples_dropped", "Timestamped samples dropped because a series had "
-                                "too many waiting for a scrape.", labels=["host"])
+        c = CounterMetricFamily(
+            "exporter_held_samples_dropped",
+            "Timestamped samples dropped because a series had too many waiting for a scrape.",
+            labels=["host"],
+        )
         c.add_metric([host], self.poller.held.dropped + sum(s.held.dropped for s in self.poller.sources))
         yield c
 
@@ -1104,8 +1183,10 @@ def private_state_dir(path: str | None) -> str:
     if stat.S_ISLNK(st.st_mode):
         raise StateDirError(f"--state-dir {path} is a symbolic link; give a directory of yours with mode 0700")
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise StateDirError(f"--state-dir {path} is not private (owner uid {st.st_uid}, mode "
-                            f"{stat.S_IMODE(st.st_mode):o}); give a directory of yours with mode 0700")
+        raise StateDirError(
+            f"--state-dir {path} is not private (owner uid {st.st_uid}, mode "
+            f"{stat.S_IMODE(st.st_mode):o}); give a directory of yours with mode 0700"
+        )
     return path
 
 
@@ -1117,26 +1198,47 @@ def _write_atomic(path: str, text: str) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=__doc__.split("\n\n", 2)[2])
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n", 1)[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 2)[2],
+    )
     ap.add_argument("--port", type=int, default=9400, help="first port to try; moves up if taken (default 9400)")
     ap.add_argument("--bind", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     ap.add_argument("--interval", type=float, default=5.0, help="seconds between polls (default 5)")
     ap.add_argument("--timeout", type=float, default=3.0, help="seconds each plugin may run (default 3)")
-    ap.add_argument("--plugin-dir", default=os.path.dirname(os.path.abspath(__file__)),
-                    help="where *_metrics_plugin.sh live (default: this script's directory)")
-    ap.add_argument("--job-dir", default=os.environ.get("JOB_DIR", os.getcwd()),
-                    help="the job's directory, passed to plugins as JOB_DIR (default $JOB_DIR or cwd)")
-    ap.add_argument("--host", default=_default_host(),
-                    help="value of the host label (default $METRICS_HOST, $JOB_HOSTNAME or the short hostname)")
-    ap.add_argument("--node-rank", default=os.environ.get("JOB_NODE_RANK", "0"),
-                    help="passed to plugins as JOB_NODE_RANK (default $JOB_NODE_RANK or 0)")
-    ap.add_argument("--tensorboard", choices=("auto", "on", "off"), default="auto",
-                    help="read the TensorBoard event files under --job-dir: auto = on node rank 0 only (MaxText "
-                    "writes them there), or on every node with TB_METRICS_ALL_NODES=1 (default auto)")
-    ap.add_argument("--state-dir", help="parent of the per-plugin state dirs: a directory of yours with mode 0700, "
-                    "made if missing (default: a new private dir in $TMPDIR or /tmp, removed at exit)")
+    ap.add_argument(
+        "--plugin-dir",
+        default=os.path.dirname(os.path.abspath(__file__)),
+        help="where *_metrics_plugin.sh live (default: this script's directory)",
+    )
+    ap.add_argument(
+        "--job-dir",
+        default=os.environ.get("JOB_DIR", os.getcwd()),
+        help="the job's directory, passed to plugins as JOB_DIR (default $JOB_DIR or cwd)",
+    )
+    ap.add_argument(
+        "--host",
+        default=_default_host(),
+        help="value of the host label (default $METRICS_HOST, $JOB_HOSTNAME or the short hostname)",
+    )
+    ap.add_argument(
+        "--node-rank",
+        default=os.environ.get("JOB_NODE_RANK", "0"),
+        help="passed to plugins as JOB_NODE_RANK (default $JOB_NODE_RANK or 0)",
+    )
+    ap.add_argument(
+        "--tensorboard",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="read the TensorBoard event files under --job-dir: auto = on node rank 0 only (MaxText "
+        "writes them there), or on every node with TB_METRICS_ALL_NODES=1 (default auto)",
+    )
+    ap.add_argument(
+        "--state-dir",
+        help="parent of the per-plugin state dirs: a directory of yours with mode 0700, "
+        "made if missing (default: a new private dir in $TMPDIR or /tmp, removed at exit)",
+    )
     ap.add_argument("--sysfs-root", default=os.environ.get("METRICS_SYSFS_ROOT", "/sys"))
     ap.add_argument("--procfs-root", default=os.environ.get("METRICS_PROCFS_ROOT", "/proc"))
     ap.add_argument("--port-file", help="write the port actually used to this file")
@@ -1151,8 +1253,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(filename=args.log, level=logging.INFO,
-                        format="%(asctime)s metrics_exporter[%(process)d] %(levelname)s %(message)s")
+    logging.basicConfig(
+        filename=args.log,
+        level=logging.INFO,
+        format="%(asctime)s metrics_exporter[%(process)d] %(levelname)s %(message)s",
+    )
     job_dir = os.path.abspath(args.job_dir)
     try:
         state_dir = private_state_dir(args.state_dir)
@@ -1161,9 +1266,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.log:
             log.error("%s", e)
         return 2
-    cfg = Config(plugin_dir=os.path.abspath(args.plugin_dir), state_dir=state_dir,
-                 host=args.host, node_rank=str(args.node_rank), job_dir=job_dir, interval=args.interval,
-                 timeout=args.timeout, sysfs_root=args.sysfs_root, procfs_root=args.procfs_root)
+    cfg = Config(
+        plugin_dir=os.path.abspath(args.plugin_dir),
+        state_dir=state_dir,
+        host=args.host,
+        node_rank=str(args.node_rank),
+        job_dir=job_dir,
+        interval=args.interval,
+        timeout=args.timeout,
+        sysfs_root=args.sysfs_root,
+        procfs_root=args.procfs_root,
+    )
     try:
         return serve(args, cfg)
     finally:
@@ -1173,8 +1286,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve(args: argparse.Namespace, cfg: Config) -> int:
     """Poll and serve until SIGTERM/SIGINT (or one poll with --once)."""
-    tb_on = args.tensorboard == "on" or (args.tensorboard == "auto" and (
-        cfg.node_rank == "0" or os.environ.get("TB_METRICS_ALL_NODES") == "1"))
+    tb_on = args.tensorboard == "on" or (
+        args.tensorboard == "auto" and (cfg.node_rank == "0" or os.environ.get("TB_METRICS_ALL_NODES") == "1")
+    )
     sources = [TensorBoardCollector(cfg.job_dir, cfg.host, cfg.hold_seconds, skip_dir=cfg.state_dir)] if tb_on else []
     poller = Poller(cfg, sources=sources)
     registry = CollectorRegistry(auto_describe=False)
@@ -1199,9 +1313,18 @@ def serve(args: argparse.Namespace, cfg: Config) -> int:
         _write_atomic(args.sd_file, json.dumps(target) + "\n")
         written.append(args.sd_file)
     print(f"metrics_exporter: serving http://{url_host}:{port}/metrics", flush=True)
-    log.info("serving http://%s:%d/metrics; plugins from %s every %gs (timeout %gs), state in %s; TensorBoard "
-             "events under %s: %s", url_host, port, cfg.plugin_dir, cfg.interval, cfg.timeout, cfg.state_dir,
-             cfg.job_dir, "read" if tb_on else f"not read (--tensorboard {args.tensorboard}, node rank {cfg.node_rank})")
+    log.info(
+        "serving http://%s:%d/metrics; plugins from %s every %gs (timeout %gs), state in %s; TensorBoard "
+        "events under %s: %s",
+        url_host,
+        port,
+        cfg.plugin_dir,
+        cfg.interval,
+        cfg.timeout,
+        cfg.state_dir,
+        cfg.job_dir,
+        "read" if tb_on else f"not read (--tensorboard {args.tensorboard}, node rank {cfg.node_rank})",
+    )
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

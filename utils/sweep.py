@@ -85,8 +85,9 @@ def say(msg: str) -> None:
 
 def quiet_run(cmd: list[str], timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run a helper in its own session: a Ctrl-C meant for the sweep never reaches it half-way."""
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, env=env,
-                          start_new_session=True)
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, check=False, env=env, start_new_session=True
+    )
 
 
 def resolve_model(name: str) -> str:
@@ -133,7 +134,7 @@ def split_passthrough(rest: list[str]) -> tuple[list[str], list[str]]:
     one, KEY=VALUE tokens are overrides and everything else is an sbatch flag."""
     if "--" in rest:
         i = rest.index("--")
-        sbatch, overrides = rest[:i], rest[i + 1:]
+        sbatch, overrides = rest[:i], rest[i + 1 :]
     else:
         sbatch = [t for t in rest if not OVERRIDE.match(t)]
         overrides = [t for t in rest if OVERRIDE.match(t)]
@@ -273,11 +274,12 @@ def scancel(job_ids: list[str]) -> None:
 @dataclasses.dataclass
 class Job:
     """One submit.sh call of the sweep and what came of it."""
+
     label: str
-    command: str                      # shell-quoted submit.sh command line
-    info: dict = dataclasses.field(default_factory=dict)   # kind-specific: value, node, nodes, round
-    status: str = "planned"           # planned|submitted|completed|failed|cancelled|timeout|unknown|
-    job_id: str | None = None         # submit_failed|skipped|interrupted
+    command: str  # shell-quoted submit.sh command line
+    info: dict = dataclasses.field(default_factory=dict)  # kind-specific: value, node, nodes, round
+    status: str = "planned"  # planned|submitted|completed|failed|cancelled|timeout|unknown|
+    job_id: str | None = None  # submit_failed|skipped|interrupted
     job_name: str | None = None
     log: str | None = None
     job_dir: str | None = None
@@ -291,7 +293,7 @@ class Job:
     final_loss: float | None = None
     last_step: int | None = None
     note: str = ""
-    timed_out: bool = False           # cancelled by the sweep at --timeout
+    timed_out: bool = False  # cancelled by the sweep at --timeout
     previous_job_ids: list[str] = dataclasses.field(default_factory=list)
     _t0: float | None = dataclasses.field(default=None, repr=False)
 
@@ -365,21 +367,32 @@ class Sweep:
 
     # record ------------------------------------------------------------------------------
     def to_json(self) -> dict:
-        return {"sweep": self.kind, "version": RECORD_VERSION, "state": self.state, "model": self.model,
-                "record": str(self.record) if self.record else None, "workspace": str(self.opts.workspace),
-                "started_at": now_iso(self.started_at), "updated_at": now_iso(time.time()),
-                "options": {"timeout": self.opts.timeout, "max_parallel": self.opts.max_parallel,
-                            "poll": self.opts.poll},
-                "argv": self.argv, "params": self.params, "jobs": [j.to_json() for j in self.jobs],
-                "result": self.result, "notes": list(self.params.get("notes", []))}
+        return {
+            "sweep": self.kind,
+            "version": RECORD_VERSION,
+            "state": self.state,
+            "model": self.model,
+            "record": str(self.record) if self.record else None,
+            "workspace": str(self.opts.workspace),
+            "started_at": now_iso(self.started_at),
+            "updated_at": now_iso(time.time()),
+            "options": {"timeout": self.opts.timeout, "max_parallel": self.opts.max_parallel, "poll": self.opts.poll},
+            "argv": self.argv,
+            "params": self.params,
+            "jobs": [j.to_json() for j in self.jobs],
+            "result": self.result,
+            "notes": list(self.params.get("notes", [])),
+        }
 
     def open_record(self) -> None:
         folder = self.opts.workspace / "sweeps"
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise InputError(f"cannot make {folder} for the sweep's record: {e.strerror or e} (set --workspace to a "
-                             "directory you can write)") from None
+            raise InputError(
+                f"cannot make {folder} for the sweep's record: {e.strerror or e} (set --workspace to a "
+                "directory you can write)"
+            ) from None
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.started_at))
         for n in range(1, 1000):
             path = folder / f"{stamp}{'' if n == 1 else f'-{n}'}-{self.kind}.json"
@@ -523,8 +536,12 @@ def mad_outliers(rates: dict[str, float], z: float, min_deviation: float) -> dic
     """Robust outliers: modified z-score 0.6745 * (x - median) / MAD beyond z, and at least
     min_deviation (fraction) away from the median. Needs three values."""
     if len(rates) < 3:
-        return {"median": statistics.median(rates.values()) if rates else None, "mad": None, "outliers": [],
-                "note": "outliers need at least 3 measured nodes" if rates else "no node was measured"}
+        return {
+            "median": statistics.median(rates.values()) if rates else None,
+            "mad": None,
+            "outliers": [],
+            "note": "outliers need at least 3 measured nodes" if rates else "no node was measured",
+        }
     med = statistics.median(rates.values())
     mad = statistics.median(abs(x - med) for x in rates.values())
     out = []
@@ -532,11 +549,21 @@ def mad_outliers(rates: dict[str, float], z: float, min_deviation: float) -> dic
         dev = (x - med) / med if med else 0.0
         score = 0.6745 * (x - med) / mad if mad else (0.0 if x == med else float("inf") * (1 if x > med else -1))
         if abs(score) > z and abs(dev) >= min_deviation:
-            out.append({"node": node, "tgs_steady": x, "deviation_pct": round(100 * dev, 1),
-                        "score": round(score, 2) if abs(score) != float("inf") else None,
-                        "direction": "slow" if x < med else "fast"})
-    return {"median": round(med, 3), "mad": round(mad, 3), "outliers": sorted(out, key=lambda o: o["deviation_pct"]),
-            "note": ""}
+            out.append(
+                {
+                    "node": node,
+                    "tgs_steady": x,
+                    "deviation_pct": round(100 * dev, 1),
+                    "score": round(score, 2) if abs(score) != float("inf") else None,
+                    "direction": "slow" if x < med else "fast",
+                }
+            )
+    return {
+        "median": round(med, 3),
+        "mad": round(mad, 3),
+        "outliers": sorted(out, key=lambda o: o["deviation_pct"]),
+        "note": "",
+    }
 
 
 # --- batch ------------------------------------------------------------------------------------
@@ -544,8 +571,11 @@ def drive_batch(sw: Sweep) -> None:
     p = sw.params
     for v in p["values"]:
         overrides = [f"{p['key']}={v}", f"steps={p['steps']}", *p["overrides"]]
-        sw.plan(f"bs{v}", submit_command(p["model"], join_tag(p["tag"], f"bs{v}"), p["nodes"], p["sbatch"], overrides),
-                value=v)
+        sw.plan(
+            f"bs{v}",
+            submit_command(p["model"], join_tag(p["tag"], f"bs{v}"), p["nodes"], p["sbatch"], overrides),
+            value=v,
+        )
     if sw.opts.dry_run:
         return
 
@@ -562,8 +592,17 @@ def drive_batch(sw: Sweep) -> None:
 
 
 def batch_result(jobs: list[Job], key: str) -> dict:
-    rows = [{"value": j.info["value"], "job_id": j.job_id, "status": j.status, "failure_class": j.failure_class,
-             "tgs_steady": j.tgs_steady, "final_loss": j.final_loss} for j in jobs]
+    rows = [
+        {
+            "value": j.info["value"],
+            "job_id": j.job_id,
+            "status": j.status,
+            "failure_class": j.failure_class,
+            "tgs_steady": j.tgs_steady,
+            "final_loss": j.final_loss,
+        }
+        for j in jobs
+    ]
     done = [j for j in jobs if j.measured]
     best = max(done, key=lambda j: j.tgs_steady or 0.0, default=None)
     fits = max(done, key=lambda j: float(j.info["value"]), default=None)
@@ -580,23 +619,36 @@ def batch_result(jobs: list[Job], key: str) -> dict:
         parts.append(f"not run: {', '.join(skipped)}")
     failed = [j for j in jobs if j.status in ENDED and not j.measured and j.failure_class not in OOM_CLASSES]
     if failed:
-        parts.append("other failures: " + ", ".join(f"{j.info['value']} ({j.status}"
-                                                    f"{', ' + j.failure_class if j.failure_class else ''})"
-                                                    for j in failed))
-    return {"key": key, "values": rows,
-            "best": {"value": best.info["value"], "job_id": best.job_id, "tgs_steady": best.tgs_steady} if best else None,
-            "largest_fitting": fits.info["value"] if fits else None,
-            "first_oom": {"value": oom.info["value"], "job_id": oom.job_id, "failure_class": oom.failure_class} if oom
-            else None,
-            "skipped": skipped, "conclusion": "; ".join(parts)}
+        parts.append(
+            "other failures: "
+            + ", ".join(
+                f"{j.info['value']} ({j.status}{', ' + j.failure_class if j.failure_class else ''})" for j in failed
+            )
+        )
+    return {
+        "key": key,
+        "values": rows,
+        "best": {"value": best.info["value"], "job_id": best.job_id, "tgs_steady": best.tgs_steady} if best else None,
+        "largest_fitting": fits.info["value"] if fits else None,
+        "first_oom": {"value": oom.info["value"], "job_id": oom.job_id, "failure_class": oom.failure_class}
+        if oom
+        else None,
+        "skipped": skipped,
+        "conclusion": "; ".join(parts),
+    }
 
 
 # --- nodes ------------------------------------------------------------------------------------
 def drive_nodes(sw: Sweep) -> None:
     p = sw.params
     for node in p["nodes"]:
-        cmd = submit_command(p["model"], join_tag(p["tag"], f"node-{node}"), 1, ["-w", node, *p["sbatch"]],
-                             [f"steps={p['steps']}", *p["overrides"]])
+        cmd = submit_command(
+            p["model"],
+            join_tag(p["tag"], f"node-{node}"),
+            1,
+            ["-w", node, *p["sbatch"]],
+            [f"steps={p['steps']}", *p["overrides"]],
+        )
         sw.plan(f"node-{node}", cmd, node=node)
     if sw.opts.dry_run:
         return
@@ -607,8 +659,17 @@ def drive_nodes(sw: Sweep) -> None:
 def nodes_result(jobs: list[Job], unavailable: list[dict], z: float, min_deviation: float) -> dict:
     rates = {j.info["node"]: j.tgs_steady for j in jobs if j.measured}
     stats = mad_outliers(rates, z, min_deviation)
-    failing = [{"node": j.info["node"], "job_id": j.job_id, "status": j.status, "failure_class": j.failure_class,
-                "summary": j.summary or j.note} for j in jobs if j.status in ENDED and not j.measured]
+    failing = [
+        {
+            "node": j.info["node"],
+            "job_id": j.job_id,
+            "status": j.status,
+            "failure_class": j.failure_class,
+            "summary": j.summary or j.note,
+        }
+        for j in jobs
+        if j.status in ENDED and not j.measured
+    ]
     slow = [o["node"] for o in stats["outliers"] if o["direction"] == "slow"]
     parts = [f"{len(rates)} of {len(jobs)} node(s) measured"]
     if stats["median"] is not None:
@@ -620,9 +681,17 @@ def nodes_result(jobs: list[Job], unavailable: list[dict], z: float, min_deviati
         parts.append("not usable in Slurm: " + ", ".join(f"{u['node']} ({u['state']})" for u in unavailable))
     if stats["note"]:
         parts.append(stats["note"])
-    return {"rates": rates, "median": stats["median"], "mad": stats["mad"], "z": z,
-            "min_deviation_pct": round(100 * min_deviation, 2), "outliers": stats["outliers"], "failing": failing,
-            "unavailable": unavailable, "conclusion": "; ".join(parts)}
+    return {
+        "rates": rates,
+        "median": stats["median"],
+        "mad": stats["mad"],
+        "z": z,
+        "min_deviation_pct": round(100 * min_deviation, 2),
+        "outliers": stats["outliers"],
+        "failing": failing,
+        "unavailable": unavailable,
+        "conclusion": "; ".join(parts),
+    }
 
 
 # --- bisect -----------------------------------------------------------------------------------
@@ -635,8 +704,13 @@ def first_pairs(nodes: list[str]) -> list[tuple[str, str]]:
 
 
 def pair_command(p: dict, a: str, b: str) -> list[str]:
-    return submit_command(p["model"], join_tag(p["tag"], f"pair-{a}-{b}"), 2, ["-w", f"{a},{b}", *p["sbatch"]],
-                          [f"steps={p['steps']}", *p["overrides"]])
+    return submit_command(
+        p["model"],
+        join_tag(p["tag"], f"pair-{a}-{b}"),
+        2,
+        ["-w", f"{a},{b}", *p["sbatch"]],
+        [f"steps={p['steps']}", *p["overrides"]],
+    )
 
 
 def drive_bisect(sw: Sweep) -> None:
@@ -686,8 +760,15 @@ def cross_checks(round1: list[Job], verdicts: dict[str, str]) -> list[tuple[str,
 
 
 def evidence(job: Job, verdict: str) -> dict:
-    return {"job_id": job.job_id, "label": job.label, "nodes": job.info["nodes"], "verdict": verdict,
-            "status": job.status, "failure_class": job.failure_class, "tgs_steady": job.tgs_steady}
+    return {
+        "job_id": job.job_id,
+        "label": job.label,
+        "nodes": job.info["nodes"],
+        "verdict": verdict,
+        "status": job.status,
+        "failure_class": job.failure_class,
+        "tgs_steady": job.tgs_steady,
+    }
 
 
 def bisect_result(jobs: list[Job], threshold: float) -> dict:
@@ -702,26 +783,42 @@ def bisect_result(jobs: list[Job], threshold: float) -> dict:
     for j in r2:
         node = j.info["testing"]
         if verdict[j.label] != "good":
-            ev = [evidence(x, verdict[x.label]) for x in bad1 if node in x.info["nodes"]] + [evidence(j, verdict[j.label])]
+            ev = [evidence(x, verdict[x.label]) for x in bad1 if node in x.info["nodes"]] + [
+                evidence(j, verdict[j.label])
+            ]
             suspects.append({"node": node, "evidence": ev})
     suspect_pairs = [j.info["nodes"] for j in bad1 if all(n in cleared for n in j.info["nodes"])]
     if not bad1:
         conclusion = "no suspect: every pair ran at speed"
     elif not r2 and not any(verdict[j.label] == "good" for j in r1):
-        conclusion = ("every pair was slow or failed: not one node; suspect the network fabric, a shared service "
-                      "or the job's configuration")
+        conclusion = (
+            "every pair was slow or failed: not one node; suspect the network fabric, a shared service "
+            "or the job's configuration"
+        )
     else:
         parts = []
         if suspects:
-            parts.append("suspect node(s): " + ", ".join(s["node"] for s in suspects)
-                         + " (bad with a partner that is good elsewhere)")
+            parts.append(
+                "suspect node(s): "
+                + ", ".join(s["node"] for s in suspects)
+                + " (bad with a partner that is good elsewhere)"
+            )
         if suspect_pairs:
-            parts.append("pair(s) bad only together: " + ", ".join("+".join(x) for x in suspect_pairs)
-                         + " (both nodes are good with other partners: suspect the link between them)")
+            parts.append(
+                "pair(s) bad only together: "
+                + ", ".join("+".join(x) for x in suspect_pairs)
+                + " (both nodes are good with other partners: suspect the link between them)"
+            )
         conclusion = "; ".join(parts) or "inconclusive: the cross-checks did not reproduce the bad pair(s)"
-    return {"reference_tgs": round(ref, 3) if ref is not None else None, "slow_threshold_pct": round(100 * threshold, 2),
-            "pairs": pairs, "cleared": cleared, "suspects": suspects, "suspect_pairs": suspect_pairs,
-            "conclusion": conclusion}
+    return {
+        "reference_tgs": round(ref, 3) if ref is not None else None,
+        "slow_threshold_pct": round(100 * threshold, 2),
+        "pairs": pairs,
+        "cleared": cleared,
+        "suspects": suspects,
+        "suspect_pairs": suspect_pairs,
+        "conclusion": conclusion,
+    }
 
 
 # --- regress ----------------------------------------------------------------------------------
@@ -729,8 +826,10 @@ def parse_submit_command(text: str) -> tuple[str, int, list[str], list[str]]:
     """A recorded 'submit.sh MODEL[:TAG] [-N N] [SBATCH...] [-- OVERRIDES...]' -> its parts
     (the same argument grammar as submit.sh)."""
     if "$'" in text:  # bash's printf %q for control characters: shlex would misread it
-        raise InputError(f"the baseline command has a $'...'-quoted value (control characters), which regress does "
-                         f"not replay: rerun it by hand: {text}")
+        raise InputError(
+            f"the baseline command has a $'...'-quoted value (control characters), which regress does "
+            f"not replay: rerun it by hand: {text}"
+        )
     try:
         tokens = shlex.split(text)
     except ValueError as e:
@@ -805,16 +904,31 @@ def baseline_of(job: str, workspace: Path) -> dict:
     except (triage.InputError, OSError, ValueError) as e:
         raise InputError(f"baseline {job}: cannot read its log: {e}") from None
     if rep["tgs"]["steady"] is None:
-        raise InputError(f"baseline {job} has no steady tokens/s/device to compare with (status {rep['status']}"
-                         f"{', ' + rep['failure_class'] if rep['failure_class'] else ''})")
+        raise InputError(
+            f"baseline {job} has no steady tokens/s/device to compare with (status {rep['status']}"
+            f"{', ' + rep['failure_class'] if rep['failure_class'] else ''})"
+        )
     steps = next((o.partition("=")[2] for o in overrides if override_key(o) == "steps"), None)
-    return {"job_id": rep["job_id"], "log": str(log), "job_dir": str(job_dir), "command": command,
-            "command_file": str(path), "command_owner": owner, "command_owner_is_you": owner_uid == os.getuid(),
-            "model": (r.scan.header.get("model") or "").split(" ")[0] or None, "model_arg": model_arg,
-            "nodes": nodes, "sbatch": sbatch, "overrides": [o for o in overrides if not is_env(o)],
-            "env": [o for o in overrides if is_env(o)], "steps": steps, "status": rep["status"],
-            "tgs_steady": rep["tgs"]["steady"], "final_loss": final_loss(r.scan),
-            "last_step": rep["progress"]["last_step"]}
+    return {
+        "job_id": rep["job_id"],
+        "log": str(log),
+        "job_dir": str(job_dir),
+        "command": command,
+        "command_file": str(path),
+        "command_owner": owner,
+        "command_owner_is_you": owner_uid == os.getuid(),
+        "model": (r.scan.header.get("model") or "").split(" ")[0] or None,
+        "model_arg": model_arg,
+        "nodes": nodes,
+        "sbatch": sbatch,
+        "overrides": [o for o in overrides if not is_env(o)],
+        "env": [o for o in overrides if is_env(o)],
+        "steps": steps,
+        "status": rep["status"],
+        "tgs_steady": rep["tgs"]["steady"],
+        "final_loss": final_loss(r.scan),
+        "last_step": rep["progress"]["last_step"],
+    }
 
 
 def check_not_redacted(job: str, items: list[str], how: str) -> None:
@@ -832,8 +946,7 @@ def drive_regress(sw: Sweep) -> None:
     if sw.opts.dry_run:
         return
     sw.run(sw.jobs)
-    sw.result = regress_result(p["baseline"], sw.jobs[0], p["threshold_pct"], p["loss_tolerance_pct"],
-                               p["same_steps"])
+    sw.result = regress_result(p["baseline"], sw.jobs[0], p["threshold_pct"], p["loss_tolerance_pct"], p["same_steps"])
 
 
 def regress_result(base: dict, job: Job, threshold_pct: float, loss_tol_pct: float, same_steps: bool) -> dict:
@@ -856,24 +969,47 @@ def regress_result(base: dict, job: Job, threshold_pct: float, loss_tol_pct: flo
     if verdict == "failed":
         conclusion = f"the rerun did not complete ({job.status}{', ' + job.failure_class if job.failure_class else ''})"
     else:
-        conclusion = (f"{job.tgs_steady:.6g} vs {base['tgs_steady']:.6g} tokens/s/device ({delta:+.2f} %, "
-                      f"threshold {threshold_pct:g} %): {verdict}")
+        conclusion = (
+            f"{job.tgs_steady:.6g} vs {base['tgs_steady']:.6g} tokens/s/device ({delta:+.2f} %, "
+            f"threshold {threshold_pct:g} %): {verdict}"
+        )
     if loss_verdict != "not_compared":
         conclusion += f"; final loss {job.final_loss:g} vs {base['final_loss']:g}: {loss_verdict}"
     elif not same_steps:
         conclusion += "; final loss not compared (different step count)"
-    return {"baseline": {k: base[k] for k in ("job_id", "status", "tgs_steady", "final_loss", "last_step", "command")},
-            "rerun": {"job_id": job.job_id, "status": job.status, "failure_class": job.failure_class,
-                      "tgs_steady": job.tgs_steady, "final_loss": job.final_loss, "last_step": job.last_step},
-            "tgs_delta_pct": delta, "threshold_pct": threshold_pct, "verdict": verdict,
-            "loss_delta": loss_delta, "loss_tolerance_pct": loss_tol_pct, "loss_verdict": loss_verdict,
-            "conclusion": conclusion}
+    return {
+        "baseline": {k: base[k] for k in ("job_id", "status", "tgs_steady", "final_loss", "last_step", "command")},
+        "rerun": {
+            "job_id": job.job_id,
+            "status": job.status,
+            "failure_class": job.failure_class,
+            "tgs_steady": job.tgs_steady,
+            "final_loss": job.final_loss,
+            "last_step": job.last_step,
+        },
+        "tgs_delta_pct": delta,
+        "threshold_pct": threshold_pct,
+        "verdict": verdict,
+        "loss_delta": loss_delta,
+        "loss_tolerance_pct": loss_tol_pct,
+        "loss_verdict": loss_verdict,
+        "conclusion": conclusion,
+    }
 
 
 # --- building sweeps from the command line ----------------------------------------------------
-DRIVERS: dict[str, Callable[[Sweep], None]] = {"batch": drive_batch, "nodes": drive_nodes, "bisect": drive_bisect,
-                                                "regress": drive_regress}
-NODE_FLAGS = {"-N": "use -N", "--nodes": "use -N", "-W": "the sweep polls scontrol", "--wait": "the sweep polls scontrol"}
+DRIVERS: dict[str, Callable[[Sweep], None]] = {
+    "batch": drive_batch,
+    "nodes": drive_nodes,
+    "bisect": drive_bisect,
+    "regress": drive_regress,
+}
+NODE_FLAGS = {
+    "-N": "use -N",
+    "--nodes": "use -N",
+    "-W": "the sweep polls scontrol",
+    "--wait": "the sweep polls scontrol",
+}
 PIN_FLAGS = {"-w": "the sweep picks the nodes (--nodes)", "--nodelist": "the sweep picks the nodes (--nodes)"}
 
 
@@ -900,8 +1036,14 @@ def nodes_params(a: argparse.Namespace, passthrough: list[str]) -> dict:
     nodes, unavailable = choose_nodes(a.nodes)
     if not nodes:
         raise InputError("no usable node to run on" + (f" (Slurm: {unavailable})" if unavailable else ""))
-    return {**p, "nodes": nodes, "unavailable": unavailable, "steps": a.steps, "z": a.z,
-            "min_deviation_pct": a.min_deviation}
+    return {
+        **p,
+        "nodes": nodes,
+        "unavailable": unavailable,
+        "steps": a.steps,
+        "z": a.z,
+        "min_deviation_pct": a.min_deviation,
+    }
 
 
 def bisect_params(a: argparse.Namespace, passthrough: list[str]) -> dict:
@@ -910,8 +1052,10 @@ def bisect_params(a: argparse.Namespace, passthrough: list[str]) -> dict:
     check_overrides(p["overrides"], {"steps": "use --steps"})
     nodes, unavailable = choose_nodes(a.nodes)
     if len(nodes) < 3:
-        raise InputError(f"bisect needs at least 3 usable nodes (got {len(nodes)}): with 2 a bad pair cannot be "
-                         "split; use 'sweep.py nodes' to check single nodes")
+        raise InputError(
+            f"bisect needs at least 3 usable nodes (got {len(nodes)}): with 2 a bad pair cannot be "
+            "split; use 'sweep.py nodes' to check single nodes"
+        )
     if unavailable:
         say("left out (not usable in Slurm): " + ", ".join(f"{u['node']} ({u['state']})" for u in unavailable))
     return {**p, "nodes": nodes, "unavailable": unavailable, "steps": a.steps, "slow_threshold_pct": a.slow_threshold}
@@ -933,10 +1077,14 @@ def regress_params(a: argparse.Namespace, passthrough: list[str], workspace: Pat
     overrides = merge_overrides(replayed, extra)
     if a.steps is not None:
         overrides = merge_overrides(overrides, [f"steps={a.steps}"])
-    check_not_redacted(job, [o for o in overrides if not is_env(o)],
-                       "give {name}=VALUE yourself after `-- --` (it replaces the recorded one)")
-    check_not_redacted(job, [o for o in overrides if is_env(o)],
-                       "give {name}=VALUE yourself after `-- --`, or leave out --replay-env")
+    check_not_redacted(
+        job,
+        [o for o in overrides if not is_env(o)],
+        "give {name}=VALUE yourself after `-- --` (it replaces the recorded one)",
+    )
+    check_not_redacted(
+        job, [o for o in overrides if is_env(o)], "give {name}=VALUE yourself after `-- --`, or leave out --replay-env"
+    )
     base_sbatch = base["sbatch"] if a.replay_sbatch else []
     if a.replay_sbatch:
         check_not_redacted(job, base_sbatch, "give the flag yourself after `--`, or leave out --replay-sbatch")
@@ -950,21 +1098,35 @@ def regress_params(a: argparse.Namespace, passthrough: list[str], workspace: Pat
     argv += ["--", *overrides] if overrides else []
     notes = []
     if not base["command_owner_is_you"]:
-        notes.append(f"the baseline's command.txt ({base['command_file']}) is owned by {base['command_owner']}, not "
-                     "by you: read what it asks for before replaying its sbatch flags or environment")
-    for what, items, flag, on in (("sbatch flags", base["sbatch"], "--replay-sbatch", a.replay_sbatch),
-                                  ("environment values (_env_)", base["env"], "--replay-env", a.replay_env)):
+        notes.append(
+            f"the baseline's command.txt ({base['command_file']}) is owned by {base['command_owner']}, not "
+            "by you: read what it asks for before replaying its sbatch flags or environment"
+        )
+    for what, items, flag, on in (
+        ("sbatch flags", base["sbatch"], "--replay-sbatch", a.replay_sbatch),
+        ("environment values (_env_)", base["env"], "--replay-env", a.replay_env),
+    ):
         if items and on:
             notes.append(f"replaying the baseline's {what} ({flag}): {shlex.join(items)}")
         elif items:
-            notes.append(f"the baseline's {what} are NOT replayed: {shlex.join(items)} (add {flag} to replay them, "
-                         "or give the ones you want after `--`)")
-    return {"model": model, "baseline": base, "command": shlex.join(argv), "same_steps": new_steps == base["steps"],
-            "threshold_pct": a.threshold, "loss_tolerance_pct": a.loss_tolerance,
-            "replay": {"sbatch": a.replay_sbatch, "env": a.replay_env},
-            "not_replayed": {"sbatch": [] if a.replay_sbatch else base["sbatch"],
-                             "env": [] if a.replay_env else base["env"]},
-            "notes": notes}
+            notes.append(
+                f"the baseline's {what} are NOT replayed: {shlex.join(items)} (add {flag} to replay them, "
+                "or give the ones you want after `--`)"
+            )
+    return {
+        "model": model,
+        "baseline": base,
+        "command": shlex.join(argv),
+        "same_steps": new_steps == base["steps"],
+        "threshold_pct": a.threshold,
+        "loss_tolerance_pct": a.loss_tolerance,
+        "replay": {"sbatch": a.replay_sbatch, "env": a.replay_env},
+        "not_replayed": {
+            "sbatch": [] if a.replay_sbatch else base["sbatch"],
+            "env": [] if a.replay_env else base["env"],
+        },
+        "notes": notes,
+    }
 
 
 # --- output -----------------------------------------------------------------------------------
@@ -984,24 +1146,31 @@ def render(rec: dict) -> str:
     notes = [f"note: {n}" for n in rec.get("notes", [])]
     lines.append(f"  {'label':<22} {'job':>8} {'status':<13} {'class':<18} {'tokens/s/dev':>13} {'loss':>9}")
     for j in rec["jobs"]:
-        lines.append(f"  {j['label']:<22} {j['job_id'] or '-':>8} {j['status']:<13} {j['failure_class'] or '-':<18} "
-                     f"{fmt(j['tgs_steady']):>13} {fmt(j['final_loss'], '.4g'):>9}")
+        lines.append(
+            f"  {j['label']:<22} {j['job_id'] or '-':>8} {j['status']:<13} {j['failure_class'] or '-':<18} "
+            f"{fmt(j['tgs_steady']):>13} {fmt(j['final_loss'], '.4g'):>9}"
+        )
     res = rec.get("result") or {}
     if res.get("conclusion"):
         lines.append(res["conclusion"])
     for s in res.get("suspects", []):
-        ev = "; ".join(f"job {e['job_id']} {'+'.join(e['nodes'])}: {e['verdict']} ({fmt(e['tgs_steady'])})"
-                       for e in s["evidence"])
+        ev = "; ".join(
+            f"job {e['job_id']} {'+'.join(e['nodes'])}: {e['verdict']} ({fmt(e['tgs_steady'])})" for e in s["evidence"]
+        )
         lines.append(f"  suspect {s['node']}: {ev}")
     for o in res.get("outliers", []):
-        lines.append(f"  outlier {o['node']}: {fmt(o['tgs_steady'])} tokens/s/device ({o['deviation_pct']:+.1f} % "
-                     f"from the median, {o['direction']})")
+        lines.append(
+            f"  outlier {o['node']}: {fmt(o['tgs_steady'])} tokens/s/device ({o['deviation_pct']:+.1f} % "
+            f"from the median, {o['direction']})"
+        )
     for f in res.get("failing", []):
         lines.append(f"  failing {f['node']}: job {f['job_id']} {f['status']}: {f['summary']}")
     lines += notes
     if rec["state"] == "interrupted":
-        lines.append("interrupted: the sweep cancelled its unfinished jobs; continue with: "
-                     f"{Path(__file__).resolve()} resume {rec['record']}")
+        lines.append(
+            "interrupted: the sweep cancelled its unfinished jobs; continue with: "
+            f"{Path(__file__).resolve()} resume {rec['record']}"
+        )
     return "\n".join(lines)
 
 
@@ -1030,13 +1199,16 @@ def execute(sw: Sweep, as_json: bool) -> int:
         sw.state = "dry_run"
         rec = sw.to_json()
         if sw.kind == "bisect":
-            rec["notes"] += ["round 2 depends on round 1: each node of a slow or failed pair that no good pair "
-                            "cleared is run again with a node of a good pair (tag pair-NODE-GOOD)"]
+            rec["notes"] += [
+                "round 2 depends on round 1: each node of a slow or failed pair that no good pair "
+                "cleared is run again with a node of a good pair (tag pair-NODE-GOOD)"
+            ]
         emit(rec, as_json)
         return 0
     if not shutil.which("sbatch") or not shutil.which("scontrol"):
-        raise InputError("sbatch/scontrol not found: run on a Slurm login node (or start utils/local_cluster.sh "
-                         "and eval its env)")
+        raise InputError(
+            "sbatch/scontrol not found: run on a Slurm login node (or start utils/local_cluster.sh and eval its env)"
+        )
     if sw.record is None:
         sw.open_record()
     say(f"record: {sw.record}")
@@ -1045,13 +1217,14 @@ def execute(sw: Sweep, as_json: bool) -> int:
 
     def on_signal(signum: int, _frame: object) -> None:
         sw.stop_requested = signum
+
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         driver(sw)
         sw.state = "done"
     except Interrupted as e:
         for s in old:
-            signal.signal(s, signal.SIG_IGN)   # finish the clean-up whatever arrives now
+            signal.signal(s, signal.SIG_IGN)  # finish the clean-up whatever arrives now
         ids = sw.cancel_active(f"sweep stopped by {e}")
         say(f"stopped by {e}: cancelled the sweep's job(s) {' '.join(ids) or '(none running)'}")
         sw.state = "interrupted"
@@ -1069,8 +1242,17 @@ def execute(sw: Sweep, as_json: bool) -> int:
     return exit_code(sw)
 
 
-RECORD_KEYS = {"state": str, "model": str, "workspace": str, "started_at": str, "options": dict, "argv": list,
-               "params": dict, "jobs": list, "result": dict}
+RECORD_KEYS = {
+    "state": str,
+    "model": str,
+    "workspace": str,
+    "started_at": str,
+    "options": dict,
+    "argv": list,
+    "params": dict,
+    "jobs": list,
+    "result": dict,
+}
 JOB_KEYS = ("label", "command", "status", "job_id", "failure_class", "tgs_steady", "final_loss")
 
 
@@ -1079,16 +1261,20 @@ def load_record(path: Path) -> dict:
     where = "give a <workspace>/sweeps/<time>-<kind>.json file"
     try:
         if not path.is_file():
-            raise InputError(f"cannot read record {path}: {'not a regular file' if path.exists() else 'no such file'}"
-                             f" ({where})")
+            raise InputError(
+                f"cannot read record {path}: {'not a regular file' if path.exists() else 'no such file'} ({where})"
+            )
         rec = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise InputError(f"cannot read record {path}: {getattr(e, 'strerror', None) or e} ({where})") from None
     if not isinstance(rec, dict) or rec.get("sweep") not in DRIVERS or rec.get("version") != RECORD_VERSION:
         raise InputError(f"{path} is not a sweep record (version {RECORD_VERSION})")
     bad = [k for k, t in RECORD_KEYS.items() if not isinstance(rec.get(k), t)]
-    bad += [f"jobs[{i}]" for i, j in enumerate(rec.get("jobs") or []) if not isinstance(j, dict)
-            or any(k not in j for k in JOB_KEYS)]
+    bad += [
+        f"jobs[{i}]"
+        for i, j in enumerate(rec.get("jobs") or [])
+        if not isinstance(j, dict) or any(k not in j for k in JOB_KEYS)
+    ]
     if not bad and not all(k in rec["options"] for k in ("timeout", "max_parallel", "poll")):
         bad = ["options"]
     if bad:
@@ -1101,8 +1287,9 @@ def resume(a: argparse.Namespace) -> int:
     path = a.record
     rec = load_record(path)
     o = rec["options"]
-    opts = Options(Path(rec["workspace"]), a.timeout or o["timeout"], a.max_parallel or o["max_parallel"],
-                   a.poll or o["poll"])
+    opts = Options(
+        Path(rec["workspace"]), a.timeout or o["timeout"], a.max_parallel or o["max_parallel"], a.poll or o["poll"]
+    )
     sw = Sweep(rec["sweep"], rec["model"], rec["params"], opts, rec["argv"])
     sw.jobs = [Job.from_json(j) for j in rec["jobs"]]
     for j in sw.jobs:
@@ -1130,13 +1317,23 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     doc = (__doc__ or "").strip()
-    ap = _Parser(prog=PROG, usage=doc.splitlines()[0].removeprefix("Usage: "),
-                 description="\n".join(doc.splitlines()[2:]), formatter_class=_Help)
+    ap = _Parser(
+        prog=PROG,
+        usage=doc.splitlines()[0].removeprefix("Usage: "),
+        description="\n".join(doc.splitlines()[2:]),
+        formatter_class=_Help,
+    )
     common = _Parser(add_help=False)
-    common.add_argument("--workspace", type=nonempty_path, help="job workspace (default $JOB_WORKSPACE or <repo>/outputs)")
+    common.add_argument(
+        "--workspace", type=nonempty_path, help="job workspace (default $JOB_WORKSPACE or <repo>/outputs)"
+    )
     common.add_argument("--dry-run", action="store_true", help="print the submit commands; submit nothing")
-    common.add_argument("--timeout", type=positive_float, default=3600.0,
-                        help="seconds a job may take from submission before the sweep cancels it (default 3600)")
+    common.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=3600.0,
+        help="seconds a job may take from submission before the sweep cancels it (default 3600)",
+    )
     common.add_argument("--max-parallel", type=positive_int, default=1, help="jobs in flight at once (default 1)")
     common.add_argument("--poll", type=positive_float, default=2.0, help="seconds between scontrol polls (default 2)")
     common.add_argument("--json", action="store_true", help="print the record as JSON (for agents and scripts)")
@@ -1147,37 +1344,62 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--values", required=True, help="comma-separated values, e.g. 1,2,4,8")
     b.add_argument("-N", dest="num_nodes", type=positive_int, default=1, help="nodes per job (default 1)")
     b.add_argument("--steps", type=positive_int, default=30, help="training steps per job (default 30)")
-    b.add_argument("--key", default="per_device_batch_size", help="MaxText key to sweep (default per_device_batch_size)")
+    b.add_argument(
+        "--key", default="per_device_batch_size", help="MaxText key to sweep (default per_device_batch_size)"
+    )
 
     n = add_kind(sub, "nodes", "per-node health", common)
     n.add_argument("model", metavar="MODEL[:TAG]")
     n.add_argument("--nodes", default="all", help="n1,n2,... or all (default: every usable node sinfo lists)")
     n.add_argument("--steps", type=positive_int, default=30, help="training steps per job (default 30)")
-    n.add_argument("--z", type=positive_float, default=3.5,
-                   help="modified z-score beyond which a node is an outlier (default 3.5)")
-    n.add_argument("--min-deviation", type=positive_float, default=5.0,
-                   help="... and at least this many percent from the median (default 5)")
+    n.add_argument(
+        "--z", type=positive_float, default=3.5, help="modified z-score beyond which a node is an outlier (default 3.5)"
+    )
+    n.add_argument(
+        "--min-deviation",
+        type=positive_float,
+        default=5.0,
+        help="... and at least this many percent from the median (default 5)",
+    )
 
     s = add_kind(sub, "bisect", "find the node that spoils multi-node jobs", common)
     s.add_argument("model", metavar="MODEL[:TAG]")
     s.add_argument("--nodes", required=True, help="n1,n2,n3,... or all (at least 3)")
     s.add_argument("--steps", type=positive_int, default=30, help="training steps per job (default 30)")
-    s.add_argument("--slow-threshold", type=positive_float, default=10.0,
-                   help="a pair slower than the reference by this many percent is bad (default 10)")
+    s.add_argument(
+        "--slow-threshold",
+        type=positive_float,
+        default=10.0,
+        help="a pair slower than the reference by this many percent is bad (default 10)",
+    )
 
     r = add_kind(sub, "regress", "rerun a baseline job and compare", common)
     r.add_argument("model", metavar="MODEL")
     r.add_argument("--baseline", required=True, help="baseline job id, job directory or log")
     r.add_argument("--steps", type=positive_int, help="training steps (default: the baseline's)")
     r.add_argument("-N", dest="num_nodes", type=positive_int, help="nodes (default: the baseline's)")
-    r.add_argument("--threshold", type=positive_float, default=3.0,
-                   help="slower than the baseline by this many percent is a regression (default 3)")
-    r.add_argument("--loss-tolerance", type=positive_float, default=1.0,
-                   help="final loss differing by more than this many percent is 'changed' (default 1)")
-    r.add_argument("--replay-sbatch", action="store_true",
-                   help="also replay the baseline's recorded sbatch flags (default: shown, not replayed)")
-    r.add_argument("--replay-env", action="store_true",
-                   help="also replay the baseline's recorded _env_NAME=VALUE values (default: shown, not replayed)")
+    r.add_argument(
+        "--threshold",
+        type=positive_float,
+        default=3.0,
+        help="slower than the baseline by this many percent is a regression (default 3)",
+    )
+    r.add_argument(
+        "--loss-tolerance",
+        type=positive_float,
+        default=1.0,
+        help="final loss differing by more than this many percent is 'changed' (default 1)",
+    )
+    r.add_argument(
+        "--replay-sbatch",
+        action="store_true",
+        help="also replay the baseline's recorded sbatch flags (default: shown, not replayed)",
+    )
+    r.add_argument(
+        "--replay-env",
+        action="store_true",
+        help="also replay the baseline's recorded _env_NAME=VALUE values (default: shown, not replayed)",
+    )
 
     x = add_kind(sub, "resume", "continue an interrupted sweep", _json_only())
     x.add_argument("record", type=nonempty_path, metavar="RECORD")
@@ -1189,8 +1411,9 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def add_kind(sub: argparse._SubParsersAction, name: str, what: str,
-             parent: argparse.ArgumentParser) -> argparse.ArgumentParser:
+def add_kind(
+    sub: argparse._SubParsersAction, name: str, what: str, parent: argparse.ArgumentParser
+) -> argparse.ArgumentParser:
     return sub.add_parser(name, parents=[parent], prog=f"{PROG} {name}", formatter_class=_Help, help=what)
 
 
@@ -1202,7 +1425,7 @@ def _json_only() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    head, passthrough = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    head, passthrough = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     a = build_parser().parse_args(head)
     try:
         if a.kind == "show":

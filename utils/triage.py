@@ -29,8 +29,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 if sys.version_info < (3, 11):  # noqa: UP036  (login nodes' python3 may be older than the project's)
-    print(f"triage.py: needs Python 3.11 or newer (this is {sys.version.split()[0]}); run it with the job "
-          f"environment's python: .venv/bin/python {sys.argv[0]} ...", file=sys.stderr)
+    print(
+        f"triage.py: needs Python 3.11 or newer (this is {sys.version.split()[0]}); run it with the job "
+        f"environment's python: .venv/bin/python {sys.argv[0]} ...",
+        file=sys.stderr,
+    )
     sys.exit(2)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import failure_classes as fc  # noqa: E402  (sibling modules; this file is also run as a script)
@@ -40,7 +43,7 @@ REPO = Path(__file__).resolve().parent.parent
 CLASSES = fc.CLASSES
 RUNNING_STATES = {"RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "STAGE_OUT"}
 exception_kind = fc.exception_kind
-_JOBCTL = re.compile(r"^\S+: line \d+: +\d+ ")          # bash: "<script>: line N: PID Killed  <command>"
+_JOBCTL = re.compile(r"^\S+: line \d+: +\d+ ")  # bash: "<script>: line N: PID Killed  <command>"
 _ABSL_PREFIX = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]\s]*\] ")
 
 
@@ -102,7 +105,9 @@ def _locate(job: str, workspace: Path) -> tuple[Path, Path | None]:
     try:
         is_ws = workspace.is_dir()
     except OSError as e:
-        raise InputError(f"cannot use workspace {workspace}: {e.strerror or e} (set --workspace or JOB_WORKSPACE)") from None
+        raise InputError(
+            f"cannot use workspace {workspace}: {e.strerror or e} (set --workspace or JOB_WORKSPACE)"
+        ) from None
     if not is_ws:
         raise InputError(f"workspace {workspace} does not exist (set --workspace or JOB_WORKSPACE)")
     names = [job] if job.endswith(".log") else [f"{job}.log"]
@@ -127,8 +132,9 @@ def scheduler_state(job_id: str) -> str | None:
     if not re.fullmatch(r"\d+(_\d+)?", job_id or "") or not shutil.which("scontrol"):
         return None
     try:
-        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
-                             timeout=5, check=False).stdout
+        out = subprocess.run(
+            ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=5, check=False
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     m = re.search(r"\bJobState=([A-Z_]+)", out)
@@ -176,7 +182,7 @@ def binary_segmentation(x: list[float], min_len: int, rel: float) -> list[tuple[
                 gain = total - sse(a, k) - sse(k, b)
                 if best is None or gain > best[0]:
                     best = (gain, k)
-        if best and differs(x[a:best[1]], x[best[1]:b]):
+        if best and differs(x[a : best[1]], x[best[1] : b]):
             todo += [(best[1], b), (a, best[1])]
         else:
             done.append((a, b))
@@ -198,12 +204,14 @@ def throughput_phases(steps: list[int], rates: list[float], min_steps: int, rel:
     if not n:
         return []
     k = max(1, math.ceil(n / 4000))
-    pts = [statistics.median(rates[i:i + k]) for i in range(0, n, k)]
+    pts = [statistics.median(rates[i : i + k]) for i in range(0, n, k)]
     segs = binary_segmentation(pts, max(2, math.ceil(min_steps / k)), rel)
     out = []
     for a, b in segs:
         lo, hi = a * k, min(b * k, n)
-        out.append({"start_step": steps[lo], "end_step": steps[hi - 1], "mean": round(statistics.fmean(rates[lo:hi]), 3)})
+        out.append(
+            {"start_step": steps[lo], "end_step": steps[hi - 1], "mean": round(statistics.fmean(rates[lo:hi]), 3)}
+        )
     return out
 
 
@@ -217,7 +225,7 @@ class Host:
     last_step_line: int | None = None
     last_ts: float | None = None
     exit: int | None = None
-    reason: str | None = None       # exit | timeout | stopped (stage record) or exit (srun / summary)
+    reason: str | None = None  # exit | timeout | stopped (stage record) or exit (srun / summary)
     end: float | None = None
     record: str | None = None
     events: list[joblog.Event] = dataclasses.field(default_factory=list)
@@ -225,8 +233,10 @@ class Host:
     def first(self, *kinds: str) -> joblog.Event | None:
         """The first event of these kinds, preferring lines the host printed itself over lines
         attributed to it (unprefixed notices of a one-node job)."""
-        ranked = sorted((e for e in self.events if e.kind in kinds),
-                        key=lambda e: (e.host is None, bool(_JOBCTL.match(e.text)), e.line))
+        ranked = sorted(
+            (e for e in self.events if e.kind in kinds),
+            key=lambda e: (e.host is None, bool(_JOBCTL.match(e.text)), e.line),
+        )
         return ranked[0] if ranked else None
 
 
@@ -307,8 +317,13 @@ class Triage:
         s = self.scan
         st = s.summary.get("status")
         if st:
-            return {"completed": "completed", "cancelled": "cancelled", "failed": "failed",
-                    "stage_timeout": "failed", "timeout": "failed"}.get(st, "unknown")
+            return {
+                "completed": "completed",
+                "cancelled": "cancelled",
+                "failed": "failed",
+                "stage_timeout": "failed",
+                "timeout": "failed",
+            }.get(st, "unknown")
         if self.sched:
             if self.sched in RUNNING_STATES:
                 return "running"
@@ -339,10 +354,12 @@ class Triage:
         rows, skipped = self.steady_rows()
         rates = [st.tokens[i] for i in rows if st.tokens[i] is not None]
         steps = [st.step[i] for i in rows if st.tokens[i] is not None]
-        tgs = {"steady": round(statistics.median(rates), 3) if rates else None,
-               "warmup_steps_excluded": skipped,
-               "phases": throughput_phases(steps, rates, self.opts.phase_min_steps, self.opts.phase_threshold),
-               "host": st.host}
+        tgs = {
+            "steady": round(statistics.median(rates), 3) if rates else None,
+            "warmup_steps_excluded": skipped,
+            "phases": throughput_phases(steps, rates, self.opts.phase_min_steps, self.opts.phase_threshold),
+            "host": st.host,
+        }
         return tgs, rows
 
     def step_period(self, rows: list[int]) -> float | None:
@@ -380,10 +397,14 @@ class Triage:
         elif status == "running" and rate and total is not None and last is not None:
             eta = max(0.0, (total - (last + 1)) / rate)
         last_ts = self.last_step_time()
-        return {"last_step": last, "total_steps": total, "steps_per_sec": round(rate, 4) if rate else None,
-                "eta_seconds": round(eta, 1) if eta is not None else None,
-                "last_step_time": iso(last_ts),
-                "last_step_age_seconds": round(self.now - last_ts, 1) if last_ts is not None else None}
+        return {
+            "last_step": last,
+            "total_steps": total,
+            "steps_per_sec": round(rate, 4) if rate else None,
+            "eta_seconds": round(eta, 1) if eta is not None else None,
+            "last_step_time": iso(last_ts),
+            "last_step_age_seconds": round(self.now - last_ts, 1) if last_ts is not None else None,
+        }
 
     def last_step_time(self) -> float | None:
         times = [h.last_step_ts for h in self.hosts.values() if h.last_step_ts is not None]
@@ -491,7 +512,12 @@ class Triage:
             for h in pre:
                 self.cite_event(h.first("preflight"), "preflight check failed")
             e = pre[0].first("preflight")
-            return None, [h.name for h in pre], f"preflight failed on {', '.join(h.name for h in pre)}: {message(e)}", "high"
+            return (
+                None,
+                [h.name for h in pre],
+                f"preflight failed on {', '.join(h.name for h in pre)}: {message(e)}",
+                "high",
+            )
         if status == "failed":
             bad = [h for h in hosts if h.exit not in (None, 0) and h.reason != "stopped"]
             self.cite_summary("first_error", "the launcher's guess at the first error")
@@ -508,7 +534,9 @@ class Triage:
             self.cite_event(e, "stage time limit")
             self.cite_record(h, "exit record")
             last = self.last_step_time()
-            extra = f"; the last step was {h.end - last:.0f} s before the limit hit" if last is not None and h.end else ""
+            extra = (
+                f"; the last step was {h.end - last:.0f} s before the limit hit" if last is not None and h.end else ""
+            )
             return "stage_timeout", self.laggards(), fc.explain(kind, stage=self.stage, extra=extra), "high"
         if kind != "killed":
             self.cite_event(e, "the first error on the culprit")
@@ -523,8 +551,10 @@ class Triage:
                 self.cite_event(c, "a survivor's collective error (consequence)")
                 break
         if kind == "killed":
-            self.cite_event(h.first("killed") or next((x for x in self.scan.events if x.kind == "killed"), None),
-                            "bash: the stage's process was killed")
+            self.cite_event(
+                h.first("killed") or next((x for x in self.scan.events if x.kind == "killed"), None),
+                "bash: the stage's process was killed",
+            )
             return fc.reported(kind), [h.name], fc.explain(kind, host=h.name), "low"
         detail = f": {message(e)}" if e else ""
         code = f" (exit {h.exit})" if h.exit else ""
@@ -545,8 +575,12 @@ class Triage:
             return None
         threshold = max(self.opts.hang_factor * (period or 0), self.opts.hang_min_seconds)
         age = self.now - last
-        return {"threshold_seconds": round(threshold, 1), "last_step_age_seconds": round(age, 1),
-                "median_step_seconds": round(period, 4) if period else None, "hung": age > threshold}
+        return {
+            "threshold_seconds": round(threshold, 1),
+            "last_step_age_seconds": round(age, 1),
+            "median_step_seconds": round(period, 4) if period else None,
+            "hung": age > threshold,
+        }
 
     def hang_before_end(self, rows: list[int]) -> dict | None:
         """For a job that was cancelled or timed out: had it stopped stepping long before it ended?
@@ -559,21 +593,34 @@ class Triage:
         gap = max(ends) - last
         if gap <= threshold:
             return None
-        return {"threshold_seconds": round(threshold, 1), "last_step_age_seconds": round(gap, 1),
-                "median_step_seconds": round(period, 4) if period else None, "hung": True, "before_end": True}
+        return {
+            "threshold_seconds": round(threshold, 1),
+            "last_step_age_seconds": round(gap, 1),
+            "median_step_seconds": round(period, 4) if period else None,
+            "hung": True,
+            "before_end": True,
+        }
 
     # next steps ---------------------------------------------------------------------------
     def metrics_step(self, cls: str | None, status: str, phases: int) -> list[str]:
         """Where the log ends and the metrics begin: a throughput change, a hang or a heartbeat claim."""
-        why = ("throughput changed during the run" if phases > 1 else
-               fc.BY_NAME["hang"].metrics_why if status == "hung" else
-               fc.BY_NAME[cls].metrics_why if cls else "")
+        why = (
+            "throughput changed during the run"
+            if phases > 1
+            else fc.BY_NAME["hang"].metrics_why
+            if status == "hung"
+            else fc.BY_NAME[cls].metrics_why
+            if cls
+            else ""
+        )
         if not why or not self.job_dir:
             return []
         if (self.job_dir / "prometheus").is_dir():
             diag = Path(__file__).resolve().parent / "diagnose.py"
-            return [f"{shlex.quote(str(REPO / '.venv/bin/python'))} {shlex.quote(str(diag))} "
-                    f"{shlex.quote(str(self.job_dir))}   # {why}: what the metrics say (GPU, network, host)"]
+            return [
+                f"{shlex.quote(str(REPO / '.venv/bin/python'))} {shlex.quote(str(diag))} "
+                f"{shlex.quote(str(self.job_dir))}   # {why}: what the metrics say (GPU, network, host)"
+            ]
         return [f"{why}, but the job saved no metrics: rerun it with RAY=1 to see GPU, network and host metrics"]
 
     def next_steps(self, cls: str | None, culprits: list[str], status: str, phases: int = 1) -> list[str]:
@@ -583,9 +630,16 @@ class Triage:
         if culprits:
             out.append(f"grep -a -n '^{culprits[0]}: ' {log} | tail -40   # what {culprits[0]} printed last")
         if cls:
-            job = fc.Job(log=log, job_id=self.job_id, scheduler=self.scan.header.get("scheduler"), status=status,
-                         culprits=culprits, command=self.command(), job_dir=self.job_dir,
-                         coordinator=(self.scan.nodes() or ["the coordinator"])[0])
+            job = fc.Job(
+                log=log,
+                job_id=self.job_id,
+                scheduler=self.scan.header.get("scheduler"),
+                status=status,
+                culprits=culprits,
+                command=self.command(),
+                job_dir=self.job_dir,
+                coordinator=(self.scan.nodes() or ["the coordinator"])[0],
+            )
             out += fc.BY_NAME[cls].next_steps(job)
         out += self.metrics_step(cls, status, phases)
         if status in ("running", "hung"):
@@ -625,8 +679,13 @@ class Triage:
             if best:
                 self.cite_last_step(best, "the newest step line in the log")
             cls, conf = "hang", "medium" if culprits else "low"
-            summary = fc.explain("hang", "running", age=hang["last_step_age_seconds"], threshold=hang["threshold_seconds"],
-                                 behind=f"; {', '.join(culprits)} is behind the others" if culprits else "")
+            summary = fc.explain(
+                "hang",
+                "running",
+                age=hang["last_step_age_seconds"],
+                threshold=hang["threshold_seconds"],
+                behind=f"; {', '.join(culprits)} is behind the others" if culprits else "",
+            )
         if cls in ("cancelled", "stage_timeout") and status in ("cancelled", "failed"):
             pre = self.hang_before_end(rows)
             if pre:  # the cancel or the time limit only ended a job that had hung: the hang is the cause
@@ -640,30 +699,59 @@ class Triage:
                     self.cite_last_step(best, "the newest step line: nothing after it until the end")
                 self.evidence += [e for e in before if e not in self.evidence]
                 cls, conf = "hang", "medium" if culprits else "low"
-                summary = fc.explain("hang", "before_end", age=pre["last_step_age_seconds"],
-                                     threshold=pre["threshold_seconds"], ended=ended,
-                                     stop="cancel" if ended == "cancelled" else "time limit",
-                                     behind=f"; {', '.join(culprits)} is behind the others" if culprits else "")
+                summary = fc.explain(
+                    "hang",
+                    "before_end",
+                    age=pre["last_step_age_seconds"],
+                    threshold=pre["threshold_seconds"],
+                    ended=ended,
+                    stop="cancel" if ended == "cancelled" else "time limit",
+                    behind=f"; {', '.join(culprits)} is behind the others" if culprits else "",
+                )
         if status == "completed" and not summary:
             summary = f"completed {prog['last_step'] + 1 if prog['last_step'] is not None else 0} steps"
             if s.summary_lines.get("status"):
                 self.cite_summary("status", "job summary")
         if status == "running" and not summary:
-            summary = (f"running: step {prog['last_step']}" if prog["last_step"] is not None else "running: no step yet")
+            summary = f"running: step {prog['last_step']}" if prog["last_step"] is not None else "running: no step yet"
         if s.runs > 1:
             self.notes.append(f"the log holds {s.runs} runs (requeued); this report is about the last one")
-        hosts = [{"host": h.name, "rank": h.rank, "last_step": h.last_step, "last_step_time": iso(h.last_step_ts),
-                  "exit_code": h.exit, "end_reason": h.reason} for h in self.hosts.values()]
+        hosts = [
+            {
+                "host": h.name,
+                "rank": h.rank,
+                "last_step": h.last_step,
+                "last_step_time": iso(h.last_step_ts),
+                "exit_code": h.exit,
+                "end_reason": h.reason,
+            }
+            for h in self.hosts.values()
+        ]
         return {
-            "job_id": self.job_id, "job_name": self.job_name, "log": str(self.log),
+            "job_id": self.job_id,
+            "job_name": self.job_name,
+            "log": str(self.log),
             "job_dir": str(self.job_dir) if self.job_dir else None,
-            "scheduler": s.header.get("scheduler"), "scheduler_state": self.sched,
-            "status": status, "failure_class": cls, "culprit_hosts": culprits, "confidence": conf,
-            "summary": summary, "evidence": self.evidence, "progress": prog,
-            "tgs": {k: v for k, v in tgs.items() if k != "host"}, "hang": hang, "hosts": hosts,
-            "next_steps": self.next_steps(cls, culprits, status, len(tgs.get("phases") or [])), "notes": self.notes,
-            "scan": {"bytes": s.size, "lines": s.lines, "seconds": round(s.seconds, 3),
-                     "mb_per_s": round(s.size / s.seconds / 1e6, 1) if s.seconds else None},
+            "scheduler": s.header.get("scheduler"),
+            "scheduler_state": self.sched,
+            "status": status,
+            "failure_class": cls,
+            "culprit_hosts": culprits,
+            "confidence": conf,
+            "summary": summary,
+            "evidence": self.evidence,
+            "progress": prog,
+            "tgs": {k: v for k, v in tgs.items() if k != "host"},
+            "hang": hang,
+            "hosts": hosts,
+            "next_steps": self.next_steps(cls, culprits, status, len(tgs.get("phases") or [])),
+            "notes": self.notes,
+            "scan": {
+                "bytes": s.size,
+                "lines": s.lines,
+                "seconds": round(s.seconds, 3),
+                "mb_per_s": round(s.size / s.seconds / 1e6, 1) if s.seconds else None,
+            },
         }
 
 
@@ -701,13 +789,20 @@ def render(r: dict) -> str:
         if p["steps_per_sec"]:
             prog += f", {p['steps_per_sec']:.3g} steps/s"
         if p["eta_seconds"]:
-            prog += f", eta {p['eta_seconds'] / 3600:.1f} h" if p["eta_seconds"] > 5400 else f", eta {p['eta_seconds']:.0f} s"
+            prog += (
+                f", eta {p['eta_seconds'] / 3600:.1f} h"
+                if p["eta_seconds"] > 5400
+                else f", eta {p['eta_seconds']:.0f} s"
+            )
         if p["last_step_age_seconds"] is not None and r["status"] in ("running", "hung"):
             prog += f", last step {p['last_step_age_seconds']:.0f} s ago"
         lines.append(prog)
     if t["steady"] is not None:
         ph = "; ".join(f"steps {x['start_step']}-{x['end_step']}: {x['mean']:.6g}" for x in t["phases"])
-        lines.append(f"throughput: {t['steady']:.6g} tokens/s/device steady" + (f" (phases: {ph})" if len(t["phases"]) > 1 else ""))
+        lines.append(
+            f"throughput: {t['steady']:.6g} tokens/s/device steady"
+            + (f" (phases: {ph})" if len(t["phases"]) > 1 else "")
+        )
     if r["evidence"]:
         lines.append("evidence:")
         for e in r["evidence"]:
@@ -735,14 +830,18 @@ class _Parser(argparse.ArgumentParser):
 
 def _number(kind: type, least: float, what: str) -> Callable[[str], float]:
     """An argparse type: a finite number of KIND that is at least LEAST (what: the words for the bound)."""
+
     def conv(text: str) -> float:
         try:
             x = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"'{text}' is not {'a whole number' if kind is int else 'a number'}") from None
+            raise argparse.ArgumentTypeError(
+                f"'{text}' is not {'a whole number' if kind is int else 'a number'}"
+            ) from None
         if not math.isfinite(x) or x < least:
             raise argparse.ArgumentTypeError(f"'{text}' must be {what}")
         return x
+
     conv.__name__ = kind.__name__
     return conv
 
@@ -754,23 +853,57 @@ def main(argv: list[str] | None = None) -> int:
     ap = _Parser(prog="triage.py", formatter_class=_Help, description="\n".join(doc[2:]))
     ap.add_argument("job", metavar="JOB", help="job id, job directory or log file")
     ap.add_argument("--json", action="store_true", help="print the report as JSON (for agents and scripts)")
-    ap.add_argument("--workspace", type=Path, help="where job ids are looked up (default $JOB_WORKSPACE or <repo>/outputs)")
-    ap.add_argument("--hang-factor", type=_number(float, 1.0, "1 or more"), default=10.0,
-                    help="hung when no step for FACTOR x the median step time (default 10)")
-    ap.add_argument("--hang-min-seconds", type=_number(float, 0.0, "0 or more"), default=120.0,
-                    help="... and for at least this long (default 120)")
-    ap.add_argument("--warmup-steps", type=_number(int, 0, "0 or more"), default=3,
-                    help="first steps left out of the steady throughput (default 3)")
-    ap.add_argument("--phase-min-steps", type=_number(int, 2, "2 or more"), default=20,
-                    help="shortest throughput phase in steps (default 20)")
-    ap.add_argument("--phase-threshold", type=_number(float, 0.0, "0 or more"), default=0.10,
-                    help="relative change that starts a new phase (default 0.10)")
-    ap.add_argument("--now", type=_number(float, 0.0, "an epoch time (seconds since 1970, 0 or more)"),
-                    help="evaluate as if at this epoch time (reproducible hang checks)")
-    ap.add_argument("--no-scheduler", action="store_true", help="do not ask Slurm (scontrol) about a job without a summary")
+    ap.add_argument(
+        "--workspace", type=Path, help="where job ids are looked up (default $JOB_WORKSPACE or <repo>/outputs)"
+    )
+    ap.add_argument(
+        "--hang-factor",
+        type=_number(float, 1.0, "1 or more"),
+        default=10.0,
+        help="hung when no step for FACTOR x the median step time (default 10)",
+    )
+    ap.add_argument(
+        "--hang-min-seconds",
+        type=_number(float, 0.0, "0 or more"),
+        default=120.0,
+        help="... and for at least this long (default 120)",
+    )
+    ap.add_argument(
+        "--warmup-steps",
+        type=_number(int, 0, "0 or more"),
+        default=3,
+        help="first steps left out of the steady throughput (default 3)",
+    )
+    ap.add_argument(
+        "--phase-min-steps",
+        type=_number(int, 2, "2 or more"),
+        default=20,
+        help="shortest throughput phase in steps (default 20)",
+    )
+    ap.add_argument(
+        "--phase-threshold",
+        type=_number(float, 0.0, "0 or more"),
+        default=0.10,
+        help="relative change that starts a new phase (default 0.10)",
+    )
+    ap.add_argument(
+        "--now",
+        type=_number(float, 0.0, "an epoch time (seconds since 1970, 0 or more)"),
+        help="evaluate as if at this epoch time (reproducible hang checks)",
+    )
+    ap.add_argument(
+        "--no-scheduler", action="store_true", help="do not ask Slurm (scontrol) about a job without a summary"
+    )
     a = ap.parse_args(argv)
-    opts = Options(now=a.now, hang_factor=a.hang_factor, hang_min_seconds=a.hang_min_seconds, warmup_steps=a.warmup_steps,
-                   phase_min_steps=a.phase_min_steps, phase_threshold=a.phase_threshold, scheduler=not a.no_scheduler)
+    opts = Options(
+        now=a.now,
+        hang_factor=a.hang_factor,
+        hang_min_seconds=a.hang_min_seconds,
+        warmup_steps=a.warmup_steps,
+        phase_min_steps=a.phase_min_steps,
+        phase_threshold=a.phase_threshold,
+        scheduler=not a.no_scheduler,
+    )
     try:
         r = triage(a.job, a.workspace, opts)
     except InputError as e:

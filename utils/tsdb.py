@@ -79,8 +79,12 @@ class Served:
 
     def __enter__(self) -> Served:
         self._proc = subprocess.Popen(
-            [str(TOOL), "serve", str(self.tsdb)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, env={**os.environ, "PROMETHEUS_START_TIMEOUT": str(int(self.timeout))},
+            [str(TOOL), "serve", str(self.tsdb)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PROMETHEUS_START_TIMEOUT": str(int(self.timeout))},
         )
         line = self._first_line()
         fields = dict(kv.partition("=")[::2] for kv in line.split())
@@ -158,5 +162,8 @@ class Served:
 
     def label_values(self, label: str, match: str, start: float, end: float) -> list[str]:
         """Values of `label` among the series matching `match` in [start, end] (from the index only)."""
-        return self._call(f"/api/v1/label/{label}/values", {"match[]": match, "start": f"{start:.3f}",
-                                                           "end": f"{end:.3f}"}, method="GET")
+        return self._call(
+            f"/api/v1/label/{label}/values",
+            {"match[]": match, "start": f"{start:.3f}", "end": f"{end:.3f}"},
+            method="GET",
+        )
