@@ -12,10 +12,10 @@
 # paths, and AMD (/dev/kfd, /dev/dri) or NVIDIA GPUs are added when the node has them.
 # Sets MST_CONTAINER (the runtime used) and MST_PYTHON (the trainer's interpreter).
 set -euo pipefail
-[[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/utils/lib.sh"; usage; exit; }
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/utils/launch/lib.sh"; usage; exit; }
 (( $# >= 1 )) || { echo "_container.sh: expected COMMAND [ARG...] (see --help)" >&2; exit 2; }
 repo=${MST_REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}
-source "$repo/utils/lib.sh"
+source "$repo/utils/launch/lib.sh"
 PROG=_container.sh
 
 # The variables that cross into the container: keep in sync with docs/env-contract.md

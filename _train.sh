@@ -15,13 +15,13 @@
 set -euo pipefail
 mode=run
 case "${1:-}" in
-  -h|--help) source "$(dirname "${BASH_SOURCE[0]}")/utils/lib.sh"; usage; exit ;;
+  -h|--help) source "$(dirname "${BASH_SOURCE[0]}")/utils/launch/lib.sh"; usage; exit ;;
   --shell) mode=shell ;; --print-env) mode="env" ;; --print-cmd) mode=cmd ;;
   "") ;;
   *) echo "_train.sh: unknown argument '$1' (expected --shell, --print-env, --print-cmd or --help)" >&2; exit 2 ;;
 esac
 repo=${MST_REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}
-source "$repo/utils/lib.sh"
+source "$repo/utils/launch/lib.sh"
 PROG=_train.sh
 set_vars=()
 

@@ -2,20 +2,20 @@
 # Usage: _train_with_ray.sh
 #
 # Training tier with observability (RAY=1), run on every node in place of _train.sh.
-# Every node: makes its private scratch (utils/lib.sh job_scratch; no private scratch, no job),
-# saves the trainer's environment there, starts the metrics exporter (utils/metrics_exporter.py,
+# Every node: makes its private scratch (utils/launch/lib.sh job_scratch; no private scratch, no job),
+# saves the trainer's environment there, starts the metrics exporter (utils/observe/metrics_exporter.py,
 # bound to the node's address so only the cluster can scrape it; 127.0.0.1 for a one-node job) and
-# its part of the Ray cluster (utils/ray_cluster.sh: token-authenticated, temp dir in the scratch).
-# Node rank 0 also starts Prometheus and TensorBoard (utils/job_services.sh), prints the OBSERVE
+# its part of the Ray cluster (utils/observe/ray_cluster.sh: token-authenticated, temp dir in the scratch).
+# Node rank 0 also starts Prometheus and TensorBoard (utils/observe/job_services.sh), prints the OBSERVE
 # block, and runs _ray_actor.py, which trains through one thin actor per node. The other nodes
 # wait until the head reports the end ($JOB_DIR/ray/done). If Ray cannot start or nodes cannot
 # join, every node says so and falls back to the plain launch (_train.sh), metrics still on.
 # At the end each node keeps its Ray logs in $JOB_DIR/ray/logs-<host> (regular files only) and
 # removes its scratch. Reads the variables of docs/env-contract.md; stops only what it started.
 set -uo pipefail
-[[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/utils/lib.sh"; usage; exit; }
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/utils/launch/lib.sh"; usage; exit; }
 repo=${MST_REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}
-source "$repo/utils/lib.sh"
+source "$repo/utils/launch/lib.sh"
 PROG=_train_with_ray.sh
 : "${JOB_DIR:?}" "${JOB_ID:?}"
 host=${JOB_HOSTNAME:-$(hostname)} rank=${JOB_NODE_RANK:-0}
@@ -63,8 +63,8 @@ cleanup() {
   # process tree, so Slurm's SIGKILL after a cancel (KillWait) would not reach them if this
   # cleanup were cut short. Then Prometheus before the exporter: a scrape of an exporter already
   # gone would mark its series stale at the end.
-  "$repo/utils/ray_cluster.sh" stop
-  (( rank == 0 )) && "$repo/utils/job_services.sh" stop
+  "$repo/utils/observe/ray_cluster.sh" stop
+  (( rank == 0 )) && "$repo/utils/observe/job_services.sh" stop
   [[ -n "$exporter_pid" ]] && kill -TERM "$exporter_pid" 2>/dev/null && wait "$exporter_pid" 2>/dev/null
   keep_ray_logs
   # the token is of no use once the cluster is gone
@@ -75,7 +75,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 143' TERM INT HUP
 
-"$py" "$repo/utils/metrics_exporter.py" --bind "$addr" --port "$(free_port 9400)" \
+"$py" "$repo/utils/observe/metrics_exporter.py" --bind "$addr" --port "$(free_port 9400)" \
   --interval "${METRICS_INTERVAL:-5}" --host "$host" --node-rank "$rank" --job-dir "$JOB_DIR" \
   --plugin-dir "$repo/utils" --state-dir "$scratch/exporter" \
   --sd-file "$JOB_DIR/metrics/targets/$host-node.json" --log "$JOB_DIR/metrics/exporter-$host.log" >/dev/null 2>&1 &
@@ -87,14 +87,14 @@ plain() {  # the fallback: train without Ray, same environment
 }
 
 if (( rank == 0 )); then
-  if ! head_info=$("$repo/utils/ray_cluster.sh" head "$addr" 2> "$JOB_DIR/metrics/ray-start-$host.log"); then
+  if ! head_info=$("$repo/utils/observe/ray_cluster.sh" head "$addr" 2> "$JOB_DIR/metrics/ray-start-$host.log"); then
     touch "$ray_dir/FAILED"
     plain "Ray head did not start on $host (see $JOB_DIR/metrics/ray-start-$host.log)"
     exit $?
   fi
   read -r address dash_port token_file <<< "$head_info"
   echo "$address" > "$ray_dir/head.tmp" && mv "$ray_dir/head.tmp" "$ray_dir/head"
-  RAY_DASHBOARD_PORT=$dash_port MST_RAY_TOKEN_FILE=$token_file "$repo/utils/job_services.sh" start
+  RAY_DASHBOARD_PORT=$dash_port MST_RAY_TOKEN_FILE=$token_file "$repo/utils/observe/job_services.sh" start
   say "Ray head $address; waiting for ${JOB_NUM_NODES:-1} node(s) to join"
   # the driver authenticates with the job's token like every other Ray process (its path only)
   RAY_ADDRESS=$address RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$token_file \
@@ -125,10 +125,10 @@ fi
 # Ray gives a raylet 30 s to register with the GCS; on a loaded node that can pass once: one more try
 # (after stopping what the first one left, only this job's Ray processes on this node).
 for attempt in 1 2; do
-  if "$repo/utils/ray_cluster.sh" worker "$addr" "$(cat "$ray_dir/head")" 2>> "$JOB_DIR/metrics/ray-start-$host.log"; then
+  if "$repo/utils/observe/ray_cluster.sh" worker "$addr" "$(cat "$ray_dir/head")" 2>> "$JOB_DIR/metrics/ray-start-$host.log"; then
     break
   fi
-  "$repo/utils/ray_cluster.sh" stop
+  "$repo/utils/observe/ray_cluster.sh" stop
   say "could not join the Ray head (attempt $attempt of 2; see $JOB_DIR/metrics/ray-start-$host.log)"
 done
 until [[ -e "$ray_dir/done" || -e "$ray_dir/FAILED" ]]; do sleep 0.5; done

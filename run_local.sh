@@ -9,8 +9,8 @@
 # The first run creates the Python environment (~2-3 min); later runs reuse it.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-source "$repo/utils/lib.sh"
-source "$repo/utils/launch_lib.sh"
+source "$repo/utils/launch/lib.sh"
+source "$repo/utils/launch/launch_lib.sh"
 PROG=run_local.sh
 
 export JOB_SCHEDULER=local JOB_NUM_NODES=1 JOB_NODE_RANK=0
@@ -57,7 +57,7 @@ for try in 0 1 2 3 4 5 6 7 8 9; do
 done
 export JOB_COORDINATOR_PORT; JOB_COORDINATOR_PORT=$(free_port $((61440 + $$ % 4096)))
 export JOB_START_TIME; JOB_START_TIME=$(date +%s)
-export MST_REPO; MST_REPO=$("$repo/utils/snapshot.sh" "$repo" "$JOB_WORKSPACE/.snapshots" "$command_text")
+export MST_REPO; MST_REPO=$("$repo/utils/launch/snapshot.sh" "$repo" "$JOB_WORKSPACE/.snapshots" "$command_text")
 export TRAIN_OVERRIDES TRAIN_ENV_OVERRIDES
 ln -sfn "$MST_REPO" "$JOB_DIR/artifact"
 ln -sfn "$JOB_LOG" "$JOB_DIR/log"
@@ -69,27 +69,27 @@ job() {
   on_signal() {
     trap '' INT TERM HUP
     [[ -n "$pid" ]] && kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
-    "$MST_REPO/utils/job_summary.sh" cancelled "$stage"
+    "$MST_REPO/utils/launch/job_summary.sh" cancelled "$stage"
     exit 130
   }
   trap on_signal INT TERM HUP
-  "$MST_REPO/utils/job_header.sh"
+  "$MST_REPO/utils/launch/job_header.sh"
   for stage in preflight train; do
     if [[ "$stage" == preflight ]]; then
-      "$MST_REPO/utils/run_stage.sh" preflight "${limit[preflight]}" "$MST_REPO/utils/preflight.sh" &
+      "$MST_REPO/utils/launch/run_stage.sh" preflight "${limit[preflight]}" "$MST_REPO/utils/launch/preflight.sh" &
     else
       trainer=_train.sh; [[ "${RAY:-0}" == 1 ]] && trainer=_train_with_ray.sh
-      "$MST_REPO/utils/run_stage.sh" train "${limit[train]}" "$MST_REPO/_container.sh" "$trainer" &
+      "$MST_REPO/utils/launch/run_stage.sh" train "${limit[train]}" "$MST_REPO/_container.sh" "$trainer" &
     fi
     pid=$!
     wait "$pid" || rc=$?
     pid=""
     if (( rc != 0 )); then
-      "$MST_REPO/utils/job_summary.sh" failed "$stage"
+      "$MST_REPO/utils/launch/job_summary.sh" failed "$stage"
       return "$rc"
     fi
   done
-  "$MST_REPO/utils/job_summary.sh" completed train
+  "$MST_REPO/utils/launch/job_summary.sh" completed train
 }
 
 echo "run_local.sh: job $JOB_ID, log $JOB_LOG"

@@ -19,8 +19,8 @@
 # Secret values (docs/security.md) are redacted wherever the command is shown or recorded.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-source "$repo/utils/lib.sh"
-source "$repo/utils/launch_lib.sh"
+source "$repo/utils/launch/lib.sh"
+source "$repo/utils/launch/launch_lib.sh"
 PROG=submit.sh
 
 case "${1:-}" in
@@ -59,7 +59,7 @@ fi
 command -v sbatch >/dev/null 2>&1 || die "sbatch not found: run on a Slurm login node (or start utils/local_cluster.sh and eval its env)"
 
 make_workspace
-snapshot=$("$repo/utils/snapshot.sh" "$repo" "$JOB_WORKSPACE/.snapshots" "$command_text")
+snapshot=$("$repo/utils/launch/snapshot.sh" "$repo" "$JOB_WORKSPACE/.snapshots" "$command_text")
 export MST_REPO=$snapshot TRAIN_OVERRIDES TRAIN_ENV_OVERRIDES
 log_pattern="$JOB_WORKSPACE/%j-$MODEL_NAME.log"
 # Held until an earlier job's files with the same id (Slurm's ids restart after a state reset)

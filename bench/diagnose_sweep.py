@@ -20,9 +20,9 @@ import sys
 import time
 from pathlib import Path
 
+from helpers import corpus
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-import corpus  # noqa: E402
 
 GOAL_S = 10.0
 

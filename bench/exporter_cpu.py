@@ -20,10 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "utils"))
+from observe import metrics_exporter as mx
 
-import metrics_exporter as mx  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+
 
 # The same bench on main d76a474 (tb_metrics_plugin.sh + the tb_bridge.py daemon behind FIFOs), this 2-core
 # machine: exporter + plugin processes + bridge, CPU seconds per cycle (four runs, alternated with this bench;
@@ -60,7 +60,7 @@ def main() -> int:
         logdir.mkdir(parents=True)
         writer = subprocess.Popen([sys.executable, "-c", WRITER, str(logdir)])
         cfg = mx.Config(
-            plugin_dir=str(REPO / "utils"),
+            plugin_dir=str(REPO / "utils" / "observe" / "plugins"),
             state_dir=str(Path(tmp, "state")),
             host="bench",
             node_rank="0",

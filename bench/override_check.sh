@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Usage: bench/override_check.sh [RUNS]
 #
-# Time of the submit-time config and override check (utils/check_config.py, as the launcher runs
+# Time of the submit-time config and override check (utils/launch/check_config.py, as the launcher runs
 # it) for configs/llama3.1-8b.yml with 20 overrides of every kind: wall and CPU seconds per run,
 # median over RUNS (default 20). It must stay a small part of submit.sh's 1 s (goal: <= 0.3 s);
 # the share of a bare Python start is printed beside it.
 set -euo pipefail
-[[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/../utils/lib.sh"; usage; exit; }
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/../utils/launch/lib.sh"; usage; exit; }
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 runs=${1:-20}
 [[ "$runs" =~ ^[1-9][0-9]*$ ]] || { echo "override_check.sh: RUNS must be a positive number" >&2; exit 2; }
@@ -27,6 +27,6 @@ measure() {  # measure LABEL CMD...: median wall and CPU seconds of RUNS runs of
   cpu=$(awk '{ print $2 + $3 }' <<< "$out" | sort -n | awk '{ v[NR] = $1 } END { printf "%.3f", v[int((NR + 1) / 2)] }')
   printf '%s: median %s s wall (min %s s), %s s CPU, over %d runs\n' "$label" "${wall% *}" "${wall#* }" "$cpu" "$runs"
 }
-TRAIN_OVERRIDES=$overrides "$py" "$repo/utils/check_config.py" "$repo/configs/llama3.1-8b.yml"
-measure "check_config.py, 20 overrides" "$py" "$repo/utils/check_config.py" "$repo/configs/llama3.1-8b.yml"
+TRAIN_OVERRIDES=$overrides "$py" "$repo/utils/launch/check_config.py" "$repo/configs/llama3.1-8b.yml"
+measure "check_config.py, 20 overrides" "$py" "$repo/utils/launch/check_config.py" "$repo/configs/llama3.1-8b.yml"
 measure "bare python start (for scale)" "$py" -c pass

@@ -6,7 +6,7 @@
 # Jobs are submitted to begin an hour later and cancelled at once, so nothing trains (submit.sh
 # itself holds and releases each job). Goal: <= 1 s.
 set -euo pipefail
-[[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/../utils/lib.sh"; usage; exit; }
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/../utils/launch/lib.sh"; usage; exit; }
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 runs=${1:-10}
 [[ "$runs" =~ ^[1-9][0-9]*$ ]] || { echo "submit_latency.sh: RUNS must be a positive number" >&2; exit 2; }

@@ -19,10 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "utils"))
+from observe import metrics_exporter as mx
 
-import metrics_exporter as mx  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+
 
 TAGS = [
     "learning/loss",

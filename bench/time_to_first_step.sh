@@ -6,7 +6,7 @@
 #   warm: a second run in the same workspace (compilation cache filled).
 # The Python environment is set up before timing starts.
 set -euo pipefail
-[[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/../utils/lib.sh"; usage; exit; }
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/../utils/launch/lib.sh"; usage; exit; }
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$repo/utils/setup_env.sh"
 ws=$(mktemp -d)

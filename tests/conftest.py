@@ -52,7 +52,7 @@ def _cancel_jobs_left_running(request: pytest.FixtureRequest) -> Iterator[None]:
     """A test that fails half-way must not leave its job training on the shared cluster (a
     million-step job would slow every later test): cancel what it submitted."""
     yield
-    import jobs
+    from helpers import jobs
 
     ids, jobs.SUBMITTED[:] = list(jobs.SUBMITTED), []
     if ids and "cluster" in request.fixturenames:

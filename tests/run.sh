@@ -8,7 +8,7 @@
 #   3. pytest over tests/ (the tests start the local Slurm cluster themselves).
 # Extra arguments go to pytest, e.g. tests/run.sh -k slurm -x
 set -euo pipefail
-[[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/../utils/lib.sh"; usage; exit; }
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/../utils/launch/lib.sh"; usage; exit; }
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 start=$SECONDS
 

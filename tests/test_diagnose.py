@@ -3,26 +3,22 @@
 Every incident family is built at the small scale for several seeds and diagnosed in-process: the
 verdict and the culprit hosts must be the ones the corpus injected, and the deciding finding must carry
 its evidence (queries, window, values). Also: --vs finding a thread leak that is invisible alone,
-`missing` when families are absent, bad input, `utils/prometheus.sh serve` and `utils/tsdb.py`.
+`missing` when families are absent, bad input, `utils/prometheus.sh serve` and `utils/diagnosis/tsdb.py`.
 """
 
 import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import REPO, VENV, run
-from jobs import bad_job_arg
 
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "utils"))
-import corpus  # noqa: E402
-import diagnose  # noqa: E402
-import tsdb  # noqa: E402
-from promfixture import running_prometheus, tsdb_digest, write_tsdb  # noqa: E402
+from diagnosis import diagnose, tsdb
+from helpers import corpus
+from helpers.jobs import bad_job_arg
+from helpers.promfixture import running_prometheus, tsdb_digest, write_tsdb
 
 TOOL = str(REPO / "utils" / "diagnose.py")
 PY = str(VENV / "bin" / "python")
@@ -202,7 +198,7 @@ def test_bad_input(tmp_path, network_job):
 # the real local RAY=1 job is diagnosed in tests/test_ray_job.py (it runs one on the local cluster)
 
 
-# --- utils/prometheus.sh serve and utils/tsdb.py -----------------------------------------------
+# --- utils/prometheus.sh serve and utils/diagnosis/tsdb.py -----------------------------------------------
 def test_prometheus_serve_until_stdin_closes(tmp_path, network_job):
     db = network_job.job_dir / "prometheus"
     before = tsdb_digest(db)

@@ -33,7 +33,7 @@ def test_container_list_matches_document():
 def test_every_exported_job_variable_is_documented():
     passed, host_only = documented()
     names = set()
-    for f in ("_job.sbatch", "run_local.sh", "submit.sh", "utils/launch_lib.sh", "_container.sh"):
+    for f in ("_job.sbatch", "run_local.sh", "submit.sh", "utils/launch/launch_lib.sh", "_container.sh"):
         src = (REPO / f).read_text()
         for m in re.finditer(r"export ((?:[A-Z_][A-Z0-9_]*(?:=\S*)?\s*)+)", src):
             names.update(re.findall(r"([A-Z_][A-Z0-9_]*)(?:=|\s|$)", m.group(1)))
@@ -134,7 +134,7 @@ def test_every_launcher_variable_is_reserved_from_env_overrides():
         "HIP_VISIBLE_DEVICES",
         "MAXTEXT_SLURM_VENV",
     }
-    script = f'source {REPO}/utils/lib.sh; for n in "$@"; do is_reserved_env "$n" || echo "$n"; done'
+    script = f'source {REPO}/utils/launch/lib.sh; for n in "$@"; do is_reserved_env "$n" || echo "$n"; done'
     res = run(["bash", "-c", script, "bash", *sorted(names)])
     assert res.returncode == 0 and res.stdout.split() == [], f"not reserved: {res.stdout.split()}"
 
@@ -144,5 +144,5 @@ def test_secret_maxtext_keys_are_the_schemas_credentials():
     import json
 
     schema = json.loads((REPO / "requirements" / "maxtext-schema.json").read_text())
-    res = run(["bash", "-c", f'source {REPO}/utils/lib.sh; echo "$SECRET_MAXTEXT_KEYS"'])
+    res = run(["bash", "-c", f'source {REPO}/utils/launch/lib.sh; echo "$SECRET_MAXTEXT_KEYS"'])
     assert set(res.stdout.split()) == set(schema["secret_keys"]) != set()

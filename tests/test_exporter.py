@@ -1,4 +1,4 @@
-"""Tests of utils/metrics_exporter.py: parsing, plugin scheduling and isolation, serving.
+"""Tests of utils/observe/metrics_exporter.py: parsing, plugin scheduling and isolation, serving.
 
 The plugins here are small scripts written by the tests; the real plugins are exercised end to end in
 test_http_end_to_end_with_the_real_plugins (on this machine: no GPU, so the GPU plugin retires itself).
@@ -18,11 +18,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from observe import metrics_exporter as mx
+
 REPO = Path(__file__).resolve().parents[1]
 UTILS = REPO / "utils"
-sys.path.insert(0, str(UTILS))
-
-import metrics_exporter as mx  # noqa: E402
 
 
 def plugin(directory: Path, name: str, body: str) -> Path:
@@ -394,7 +393,7 @@ def test_http_end_to_end_with_the_real_plugins(tmp_path):
     proc = subprocess.Popen(
         [
             sys.executable,
-            str(UTILS / "metrics_exporter.py"),
+            str(UTILS / "observe" / "metrics_exporter.py"),
             "--port",
             str(busy),
             "--interval",

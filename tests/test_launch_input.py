@@ -151,7 +151,7 @@ def test_secret_values_are_redacted_whole(fake_sbatch, workspace, venv):
     command = next(workspace.glob("4242-*/artifact/.submit/command.txt")).read_text()
     assert "_env_DB_PASSWORD=<redacted>" in command and "hf_access_token=<redacted>" in command
     header = run(
-        [str(REPO / "utils/job_header.sh")],
+        [str(REPO / "utils/launch/job_header.sh")],
         env={
             "TRAIN_OVERRIDES": "steps=3\nhf_access_token=hf_6\n",
             "TRAIN_ENV_OVERRIDES": "".join(
@@ -174,7 +174,7 @@ def test_secret_passed_by_name_from_the_environment(fake_sbatch, workspace, venv
     assert command.strip() == "submit.sh tiny -- steps=2 _env_HF_TOKEN"
     # the job gets the value (sbatch passes the submitting environment on)
     assert Path(fake_sbatch["SBATCH_CALLS"] + ".env").read_text() == "HF_TOKEN=hf_from_env_9\n"
-    header = run([str(REPO / "utils/job_header.sh")], env={"TRAIN_ENV_OVERRIDES": "HF_TOKEN=hf_from_env_9\n"})
+    header = run([str(REPO / "utils/launch/job_header.sh")], env={"TRAIN_ENV_OVERRIDES": "HF_TOKEN=hf_from_env_9\n"})
     assert "env_overrides: HF_TOKEN=<redacted>" in header.stdout and "hf_from_env_9" not in header.stdout
 
 

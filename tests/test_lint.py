@@ -49,19 +49,17 @@ def test_ruff_formatted():
 
 
 def shell_entry_points() -> list[Path]:
-    """Every shell script with a #! line (sourced libraries such as utils/lib.sh have none)."""
+    """Every shell script with a #! line (sourced libraries such as utils/launch/lib.sh have none)."""
     return sorted(p for p in shell_scripts() if p.read_bytes().startswith(b"#!"))
 
 
+def python_files() -> list[Path]:
+    return sorted(p for p in project_files() if p.suffix == ".py")
+
+
 def python_entry_points() -> list[Path]:
-    """Every Python file outside tests/ that runs as a program."""
-    return sorted(
-        p
-        for p in project_files()
-        if p.suffix == ".py"
-        and "tests" not in p.relative_to(REPO).parts
-        and 'if __name__ == "__main__":' in p.read_text()
-    )
+    """Every Python file outside tests/ that runs as a program (it has a #! line)."""
+    return [p for p in python_files() if "tests" not in p.relative_to(REPO).parts and p.read_bytes().startswith(b"#!")]
 
 
 # A shell statement at the start of a line: what a help text that runs past its header shows
@@ -76,7 +74,7 @@ CODE_LINE = re.compile(
 
 @pytest.mark.parametrize("script", shell_entry_points(), ids=lambda p: p.relative_to(REPO).as_posix())
 def test_shell_help_is_the_usage_header(script):
-    """--help prints the script's usage header (utils/lib.sh usage) and not one line of its code."""
+    """--help prints the script's usage header (utils/launch/lib.sh usage) and not one line of its code."""
     rel = script.relative_to(REPO).as_posix()
     res = run([str(script), "--help"], cwd=REPO, timeout=30)
     assert res.returncode == 0, f"{rel} --help: exit {res.returncode}: {res.stderr}"
@@ -99,6 +97,31 @@ def test_python_help(script):
     assert res.stdout.lower().startswith("usage:"), f"{rel} --help: {res.stdout}"
 
 
+@pytest.mark.parametrize("tool", ["triage", "diagnose", "perf", "sweep"])
+def test_user_commands_run_directly(tool):
+    """utils/<tool>.py runs through its #! line with whatever python3 is first on PATH: it finds the
+    project's environment itself (no .venv/bin/python in front, no PYTHONPATH)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = "/usr/local/bin:/usr/bin:/bin"
+    res = run([str(REPO / "utils" / f"{tool}.py"), "--help"], env=env, cwd="/", timeout=60)
+    assert res.returncode == 0 and res.stdout.startswith(f"Usage: {tool}.py"), res.stdout + res.stderr
+    # and a user error is one line, not a traceback, from any directory
+    res = run([str(REPO / "utils" / f"{tool}.py"), "--no-such-option"], env=env, cwd="/", timeout=60)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+
+
+def test_no_import_path_hacks_and_modules_are_not_programs():
+    """The import roots are utils/ and tests/ (pyproject's pythonpath, the environment's .pth):
+    no file edits sys.path, and the modules of the diagnosis package are not programs."""
+    hack = re.compile(r"sys\.path\.(insert|append|extend)|sys\.path\s*(\+?=|\[)")
+    hacks = [p.relative_to(REPO).as_posix() for p in python_files() if hack.search(p.read_text())]
+    assert hacks == [], hacks
+    package = sorted((REPO / "utils" / "diagnosis").glob("*.py"))
+    assert len(package) >= 8
+    programs = [p.name for p in package if p.read_bytes().startswith(b"#!") or os.access(p, os.X_OK)]
+    assert programs == [], programs
+
+
 def test_every_entry_point_is_checked():
     """The discovery above finds the entry points the project documents (a broken glob tests nothing)."""
     shell = {p.relative_to(REPO).as_posix() for p in shell_entry_points()}
@@ -115,9 +138,17 @@ def test_every_entry_point_is_checked():
         "utils/prometheus.sh",
         "utils/local_cluster.sh",
     } <= shell
-    assert {"utils/gpu_metrics_plugin.sh", "utils/host_metrics_plugin.sh"} <= shell
+    assert {"utils/observe/plugins/gpu_metrics_plugin.sh", "utils/observe/plugins/host_metrics_plugin.sh"} <= shell
     assert len([p for p in shell if p.startswith("bench/")]) >= 3
-    assert {"_ray_actor.py", "utils/triage.py", "utils/diagnose.py", "utils/metrics_exporter.py"} <= python
+    assert {
+        "_ray_actor.py",
+        "utils/triage.py",
+        "utils/diagnose.py",
+        "utils/perf.py",
+        "utils/sweep.py",
+        "utils/observe/metrics_exporter.py",
+        "utils/dev/failure_class_tables.py",
+    } <= python
     assert not {p for p in shell if p.endswith("lib.sh")}, "a sourced library is not an entry point"
 
 

@@ -1,7 +1,7 @@
 """MaxText overrides and config keys are judged at submit time, before anything is started.
 
-utils/check_config.py refuses an unknown key or a value of the wrong type with one line, using
-requirements/maxtext-schema.json (MaxText's pydantic model, extracted by utils/maxtext_schema.py)
+utils/launch/check_config.py refuses an unknown key or a value of the wrong type with one line, using
+requirements/maxtext-schema.json (MaxText's pydantic model, extracted by utils/dev/maxtext_schema.py)
 and without importing MaxText. These tests hold it to MaxText itself:
 
 - the schema file is what the installed MaxText gives (drift fails the test);
@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-CHECK = REPO / "utils" / "check_config.py"
+CHECK = REPO / "utils" / "launch" / "check_config.py"
 SCHEMA = REPO / "requirements" / "maxtext-schema.json"
 CONFIGS = sorted((REPO / "configs").glob("*.yml"))
 TINY = REPO / "configs" / "tiny.yml"
@@ -234,8 +234,7 @@ def worker_main() -> int:
     import logging
 
     logging.disable(logging.WARNING)
-    sys.path.insert(0, str(REPO / "utils"))
-    import check_config as cc
+    from launch import check_config as cc
 
     schema = cc.load_schema()
     results = {
@@ -303,7 +302,7 @@ def refused(res: subprocess.CompletedProcess) -> str:
 
 
 def test_schema_is_that_of_the_installed_maxtext(venv: Path, tmp_path: Path) -> None:
-    tool = [str(venv / "bin/python"), str(REPO / "utils/maxtext_schema.py"), "--check"]
+    tool = [str(venv / "bin/python"), str(REPO / "utils/dev/maxtext_schema.py"), "--check"]
     res = subprocess.run(tool, capture_output=True, text=True, env=_clean_env(), timeout=300, check=False)
     assert res.returncode == 0, f"{res.stderr[-2000:]}"
     # The check can fail: a schema that lost a key and changed another one's type.

@@ -7,17 +7,15 @@ bad input on the command line."""
 import gzip
 import json
 import statistics
-import sys
 from pathlib import Path
 
-import logcorpus
 import numpy as np
 import pytest
 from conftest import REPO, launcher_env, run
-from jobs import bad_job_arg
 
-sys.path.insert(0, str(REPO / "utils"))
-import perf  # noqa: E402
+from diagnosis import perf
+from helpers import logcorpus
+from helpers.jobs import bad_job_arg
 
 PERF = str(REPO / "utils" / "perf.py")
 H100 = 989.4  # NVIDIA's dense bf16 figure, as in the docs

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from observe import metrics_exporter as mx
+
 REPO = Path(__file__).resolve().parents[1]
 UTILS = REPO / "utils"
 FIX = REPO / "tests" / "fixtures"
-sys.path.insert(0, str(UTILS))
 
-import metrics_exporter as mx  # noqa: E402
 
 MAXTEXT_TAGS = [  # what MaxText 0.2.5 writes (shared notes: environment-facts.md)
     "learning/loss",
@@ -51,7 +51,7 @@ def run_plugin(
     base = {"PATH": os.environ["PATH"], "LC_ALL": "C", "HOME": os.environ.get("HOME", "/tmp")}
     base.update(env or {})
     return subprocess.run(
-        ["bash", str(UTILS / f"{name}_metrics_plugin.sh"), *args],
+        ["bash", str(UTILS / "observe" / "plugins" / f"{name}_metrics_plugin.sh"), *args],
         env=base,
         capture_output=True,
         text=True,
@@ -301,7 +301,7 @@ def test_plugin_help(name):
 
 def test_plugin_discovery_finds_gpu_and_host_only(tmp_path):
     """TensorBoard is read inside the exporter: no tb plugin (and no FIFO bridge) is found or run."""
-    poller = mx.Poller(mx.Config(plugin_dir=str(UTILS), state_dir=str(tmp_path), host="n1"))
+    poller = mx.Poller(mx.Config(plugin_dir=str(UTILS / "observe" / "plugins"), state_dir=str(tmp_path), host="n1"))
     assert set(poller.discover()) == {"gpu", "host"}
 
 
@@ -536,7 +536,7 @@ def exporter_once(tmp_path: Path, *args: str, env: dict[str, str] | None = None)
     r = subprocess.run(
         [
             sys.executable,
-            str(UTILS / "metrics_exporter.py"),
+            str(UTILS / "observe" / "metrics_exporter.py"),
             "--once",
             "--plugin-dir",
             str(plugins),

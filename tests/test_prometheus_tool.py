@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 import requests
 from conftest import REPO, run
-from promfixture import binary, free_port, running_prometheus, tsdb_digest, write_tsdb
+
+from helpers.promfixture import binary, free_port, running_prometheus, tsdb_digest, write_tsdb
 
 TOOL = str(REPO / "utils" / "prometheus.sh")
 T0 = 1_714_564_800  # 2024-05-01T12:00:00Z, long before "now": old data, like a finished job

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, run
-from jobs import job_state, log_has, submit, summary, trainer_pid, triage, wait_for, wait_job_end
-from raynet import http_status, job_processes, listeners, probe, target_ports
+
+from helpers.jobs import job_state, log_has, submit, summary, trainer_pid, triage, wait_for, wait_job_end
+from helpers.raynet import http_status, job_processes, listeners, probe, target_ports
 
 NOBODY = 65534  # the other user of the attacks below
 

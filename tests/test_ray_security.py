@@ -17,7 +17,8 @@ from pathlib import Path
 import grpc
 import pytest
 from conftest import REPO, VENV, run
-from raynet import grpc_code, http_status, job_processes, listeners
+
+from helpers.raynet import grpc_code, http_status, job_processes, listeners
 
 UTILS = REPO / "utils"
 NOBODY = 65534  # the other user
@@ -35,7 +36,7 @@ def exporter_once(tmp_path: Path, *args: str, env: dict[str, str] | None = None)
     return run(
         [
             sys.executable,
-            str(UTILS / "metrics_exporter.py"),
+            str(UTILS / "observe" / "metrics_exporter.py"),
             "--once",
             "--plugin-dir",
             str(plugins),
@@ -145,7 +146,7 @@ def test_a_node_does_not_start_ray_without_a_private_token(tmp_path, flaw):
         auth.chmod(0o755)
     elif flaw == "other user's":
         os.chown(auth / "token", NOBODY, NOBODY)
-    res = run([str(UTILS / "ray_cluster.sh"), "worker", "127.0.0.1", "127.0.0.1:6379"], env=env, timeout=60)
+    res = run([str(UTILS / "observe" / "ray_cluster.sh"), "worker", "127.0.0.1", "127.0.0.1:6379"], env=env, timeout=60)
     assert res.returncode == 1 and res.stdout == "", res.stdout + res.stderr
     assert res.stderr.strip() == (
         f"ray_cluster.sh: the Ray token '{auth}/token' is missing or not private (want: "
@@ -160,7 +161,7 @@ def test_head_refuses_a_token_dir_made_before_it(tmp_path):
     auth = Path(env["JOB_DIR"]) / "ray" / "auth"
     auth.mkdir(parents=True, mode=0o777)  # someone else's, made first, where the head would put the token
     os.chown(auth, NOBODY, NOBODY)
-    res = run([str(UTILS / "ray_cluster.sh"), "head", "127.0.0.1"], env=env, timeout=60)
+    res = run([str(UTILS / "observe" / "ray_cluster.sh"), "head", "127.0.0.1"], env=env, timeout=60)
     assert res.returncode == 1 and res.stdout == "", res.stdout + res.stderr
     assert res.stderr.strip() == (
         f"ray_cluster.sh: cannot create '{auth}' for the Ray token (it must not exist before the job starts)"
@@ -182,7 +183,7 @@ def test_one_node_ray_is_on_loopback_and_authenticated(tmp_path):
     (scratch / "job.env").write_bytes(f"WHO=saved-env\0JOB_DIR={job_dir}\0PATH=/usr/bin:/bin\0".encode())
     (scratch / "job.env").chmod(0o600)
     try:
-        res = run([str(UTILS / "ray_cluster.sh"), "head", "127.0.0.1"], env=env, timeout=180)
+        res = run([str(UTILS / "observe" / "ray_cluster.sh"), "head", "127.0.0.1"], env=env, timeout=180)
         assert res.returncode == 0, res.stderr[-3000:]
         address, dash_port, token_file = res.stdout.split()
         assert address.startswith("127.0.0.1:") and token_file == str(job_dir / "ray" / "auth" / "token")
@@ -213,5 +214,5 @@ def test_one_node_ray_is_on_loopback_and_authenticated(tmp_path):
         assert drv.returncode == 0, drv.stdout[-2000:] + drv.stderr[-2000:]
         assert "h1: trained as saved-env, _train.sh" in drv.stdout.splitlines(), drv.stdout
     finally:
-        run([str(UTILS / "ray_cluster.sh"), "stop"], env=env, timeout=60)
+        run([str(UTILS / "observe" / "ray_cluster.sh"), "stop"], env=env, timeout=60)
         shutil.rmtree(scratch, ignore_errors=True)

@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 from conftest import REPO, launcher_env, run
-from jobs import log_has, summary, trainer_pid, wait_for
+
+from helpers.jobs import log_has, summary, trainer_pid, wait_for
 
 HOST = socket.gethostname()
 

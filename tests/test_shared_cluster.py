@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, launcher_env, run
-from jobs import log_has, submit, summary, wait_job_end
+
+from helpers.jobs import log_has, submit, summary, wait_job_end
 
 pytestmark = pytest.mark.cluster
 
@@ -24,7 +25,7 @@ def next_job_id(cluster: dict[str, str]) -> int:
 
 def fake_leftover(workspace: Path, job_id: str = "1") -> tuple[subprocess.Popen, Path]:
     """What a finished job of this user might have left on a node: a process carrying its job
-    variables, and its labelled private scratch dir (utils/lib.sh job_scratch)."""
+    variables, and its labelled private scratch dir (utils/launch/lib.sh job_scratch)."""
     env = {
         **os.environ,
         "JOB_ID": job_id,
@@ -35,7 +36,7 @@ def fake_leftover(workspace: Path, job_id: str = "1") -> tuple[subprocess.Popen,
     proc = subprocess.Popen(["sleep", "600"], env=env)
     scratch = Path(
         run(
-            ["bash", "-c", f"source {REPO}/utils/lib.sh; job_scratch"],
+            ["bash", "-c", f"source {REPO}/utils/launch/lib.sh; job_scratch"],
             env={"JOB_SCHEDULER": "slurm", "JOB_ID": job_id, "JOB_HOSTNAME": "n1", "JOB_WORKSPACE": str(workspace)},
         ).stdout.strip()
     )
@@ -114,7 +115,7 @@ def test_summary_reads_only_this_run_of_an_appended_log(tmp_path):
     (job_dir / ".stages" / "train").mkdir(parents=True)
     (job_dir / ".stages" / "train" / "n1").write_text("rc=1 end=2.0 reason=exit\n")
     res = run(
-        [str(REPO / "utils/job_summary.sh"), "failed", "train"],
+        [str(REPO / "utils/launch/job_summary.sh"), "failed", "train"],
         env={"JOB_DIR": str(job_dir), "JOB_LOG": str(log), "JOB_NODELIST": "n1", "JOB_ID": "7"},
     )
     assert "first_error: n1: RuntimeError: this run's error" in res.stdout, res.stdout

@@ -41,7 +41,6 @@ half of it the model-config-guide skill's own pytest block.
 import os
 import re
 import shutil
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,10 +49,8 @@ import pytest
 import yaml
 from conftest import REPO, VENV, run
 
-sys.path.insert(0, str(REPO / "tests"))
-import corpus  # noqa: E402
-import logcorpus  # noqa: E402
-from promfixture import tsdb_digest  # noqa: E402
+from helpers import corpus, logcorpus
+from helpers.promfixture import tsdb_digest
 
 SKILLS = REPO / "skills"
 SKILL_FILES = sorted(SKILLS.glob("*/SKILL.md"))

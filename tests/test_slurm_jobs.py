@@ -10,7 +10,8 @@ import uuid
 
 import pytest
 from conftest import run
-from jobs import job_state, log_has, submit, summary, trainer_pid, triage, wait_for, wait_job_end
+
+from helpers.jobs import job_state, log_has, submit, summary, trainer_pid, triage, wait_for, wait_job_end
 
 pytestmark = pytest.mark.cluster
 STEP = r"^{host}: .*completed step: {step},"

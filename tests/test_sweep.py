@@ -6,17 +6,14 @@ import os
 import pwd
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from conftest import REPO, VENV, launcher_env, run
-from jobs import job_state, wait_for
 
-sys.path.insert(0, str(REPO / "utils"))
-import joblog  # noqa: E402
-import sweep  # noqa: E402
+from diagnosis import joblog, sweep
+from helpers.jobs import job_state, wait_for
 
 TOOL = str(REPO / "utils" / "sweep.py")
 SUBMIT = str(REPO / "submit.sh")

@@ -1,4 +1,4 @@
-"""utils/triage.py and utils/joblog.py: every failure class on synthetic logs in the launcher's
+"""utils/triage.py and utils/diagnosis/joblog.py: every failure class on synthetic logs in the launcher's
 real format (tests/logcorpus.py), with and without host/absl prefixes; hang vs a healthy running
 job; throughput phases; heartbeat false positives; the CLI; and real local jobs (completed, a
 config error, a SIGKILLed trainer, and triage while the job runs)."""
@@ -11,18 +11,16 @@ import sys
 import time
 from pathlib import Path
 
-import logcorpus
 import pytest
 from conftest import REPO, launcher_env, run
-from jobs import bad_job_arg, log_has, wait_for
 
-sys.path.insert(0, str(REPO / "utils"))
-import failure_classes  # noqa: E402
-import joblog  # noqa: E402
-import triage  # noqa: E402
+from dev import failure_class_tables as tables
+from diagnosis import failure_classes, joblog, triage
+from helpers import logcorpus
+from helpers.jobs import bad_job_arg, log_has, wait_for
 
 TRIAGE = str(REPO / "utils" / "triage.py")
-CLASSES_TOOL = str(REPO / "utils" / "failure_classes.py")
+CLASSES_TOOL = str(REPO / "utils" / "dev" / "failure_class_tables.py")
 HOSTS = ["n1", "n2", "n3"]
 # what each injected failure must be classified as (killed_gloo: a SIGKILLed rank, survivors print Gloo errors)
 EXPECTED = {
@@ -304,20 +302,20 @@ def test_json_schema(tmp_path):
 
 # --- the failure-class registry and the docs generated from it ------------------------------
 def test_docs_tables_are_generated_from_the_registry(tmp_path):
-    res = run([CLASSES_TOOL, "--check"])
+    res = run([sys.executable, CLASSES_TOOL, "--check"])
     assert res.returncode == 0, res.stderr  # docs/triage.md and the skill's reference.md match the registry
-    assert failure_classes.stale_docs() == []
+    assert tables.stale_docs() == []
     # a hand edit of a generated row is drift: --check names the file, a rewrite restores the table
-    for rel in failure_classes.GENERATED:
+    for rel in tables.GENERATED:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text((REPO / rel).read_text())
-    for rel, (name, table) in failure_classes.GENERATED.items():
+    for rel, (name, table) in tables.GENERATED.items():
         text = (REPO / rel).read_text()
         row = next(ln for ln in table() if "`oom_device`" in ln)
         assert row in text, rel
         (tmp_path / rel).write_text(text.replace(row, row.replace("RESOURCE_EXHAUSTED", "RESOURCE_GONE")))
-        assert failure_classes.stale_docs(tmp_path) == [rel]
-        assert failure_classes.regenerate((tmp_path / rel).read_text(), name, table()) == text
+        assert tables.stale_docs(tmp_path) == [rel]
+        assert tables.regenerate((tmp_path / rel).read_text(), name, table()) == text
         (tmp_path / rel).write_text(text)
     # every class a report can carry is in the generated skill table, in the registry's order
     rows = [
@@ -326,12 +324,12 @@ def test_docs_tables_are_generated_from_the_registry(tmp_path):
     assert [ln.split("`")[1] for ln in rows] == list(triage.CLASSES)
 
 
-def test_failure_classes_cli(tmp_path):
-    res = run([CLASSES_TOOL, "--help"])
-    assert res.returncode == 0 and res.stdout.startswith("Usage: failure_classes.py")
-    res = run([CLASSES_TOOL, "--bogus"])
+def test_failure_class_tables_cli(tmp_path):
+    res = run([sys.executable, CLASSES_TOOL, "--help"])
+    assert res.returncode == 0 and res.stdout.startswith("Usage: .venv/bin/python utils/dev/failure_class_tables.py")
+    res = run([sys.executable, CLASSES_TOOL, "--bogus"])
     assert res.returncode == 2 and res.stdout == "" and len(res.stderr.strip().splitlines()) == 1, res.stderr
-    assert res.stderr.startswith("failure_classes.py: unknown arguments") and "--check" in res.stderr
+    assert res.stderr.startswith("failure_class_tables.py: unknown arguments") and "--check" in res.stderr
 
 
 # --- the command line -----------------------------------------------------------------------
@@ -484,7 +482,7 @@ def test_real_sigkilled_trainer(real_jobs):
 def test_cancel_of_a_job_that_had_hung_is_a_hang(tmp_path):
     """The corpus' collective deadlock: steps stop, an hour later someone cancels the job. The
     cancel only ended it; the cause is the hang, with the last step line as evidence."""
-    import corpus  # builds the job dir (log, stage records, TSDB) like a real RAY=1 job leaves it
+    from helpers import corpus  # builds the job dir (log, stage records, TSDB) like a real RAY=1 job leaves it
 
     inc = corpus.build("hang", tmp_path / "ws", seed=2)
     res = run([TRIAGE, str(inc.job_dir), "--json", "--no-scheduler"])

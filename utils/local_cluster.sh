@@ -18,8 +18,8 @@ set -euo pipefail
 
 PROG=local_cluster.sh
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-# shellcheck source=utils/lib.sh
-source "$repo/utils/lib.sh"
+# shellcheck source=utils/launch/lib.sh
+source "$repo/utils/launch/lib.sh"
 dir=$(realpath -m "${LOCAL_CLUSTER_DIR:-$repo/.local_cluster}")
 conf=$dir/slurm.conf
 export SLURM_CONF=$conf

@@ -28,7 +28,7 @@
 #   Put `--` before a PROMQL that starts with '-'.
 #
 # utils/prometheus.sh serve JOB_DIR_OR_TSDB
-#   For programs that run many queries (utils/tsdb.py): serves a copy on a free port of
+#   For programs that run many queries (utils/diagnosis/tsdb.py): serves a copy on a free port of
 #   127.0.0.1, prints one line "url=http://127.0.0.1:PORT first_ms=FIRST last_ms=LAST"
 #   (the data's time range in unix milliseconds, both empty for an empty TSDB) once
 #   Prometheus is ready, and stays up until its stdin closes; then it stops Prometheus,
@@ -41,8 +41,8 @@ set -euo pipefail
 
 PROG=prometheus.sh
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-# shellcheck source=utils/lib.sh
-source "$repo/utils/lib.sh"
+# shellcheck source=utils/launch/lib.sh
+source "$repo/utils/launch/lib.sh"
 
 work=""       # temp dir: config, log, response, tsdb/ (the copy)
 prom_pid=""   # the Prometheus this script started (the only process it ever stops)

@@ -4,7 +4,8 @@
 # Creates (once) the pinned Python environment the launcher, tools and tests use:
 #   $MAXTEXT_SLURM_VENV (default: <repo>/.venv), Python >= 3.12,
 #   MaxText 0.2.5 + the minimal trainer set (requirements/maxtext.txt, --no-deps)
-#   and the tooling (requirements/tools.txt, constrained by requirements/constraints.txt).
+#   and the tooling (requirements/tools.txt, constrained by requirements/constraints.txt),
+#   with utils/ and tests/ on its import path (maxtext_slurm.pth).
 # A stamp file records the hash of the requirement files; later calls return at once
 # while it matches. First run: ~2-3 min and ~2 GB (network-bound).
 #   --check   exit 0 if the environment is ready, 1 otherwise; installs nothing.
@@ -14,15 +15,27 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${MAXTEXT_SLURM_VENV:-$repo/.venv}
 check=0
 case "${1:-}" in
-  -h|--help) source "$repo/utils/lib.sh"; usage; exit ;;
+  -h|--help) source "$repo/utils/launch/lib.sh"; usage; exit ;;
   --check) check=1 ;;
   "") ;;
   *) echo "setup_env.sh: unknown argument '$1' (expected --check or --help)" >&2; exit 2 ;;
 esac
 
+# The import roots, utils/ (diagnosis, launch, observe) and tests/ (helpers), as a .pth file: the
+# environment's python then imports the project's modules (benchmarks, utils/dev tools) the way
+# an editable install would. A shared environment (MAXTEXT_SLURM_VENV) keeps the roots of the
+# clone that made it; every command in utils/ and the tests use their own clone's code anyway.
+import_roots() {
+  local site
+  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  [[ "$venv" != "$repo/.venv" && -f "$site/maxtext_slurm.pth" ]] && return 0
+  printf '%s\n' "$repo/utils" "$repo/tests" > "$site/maxtext_slurm.pth"
+}
+
 want=$(cat "$repo"/requirements/*.txt | sha256sum | cut -c1-16)
 stamp="$venv/.maxtext-slurm-stamp"
 if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+  (( check )) || import_roots
   exit 0
 fi
 (( check )) && exit 1
@@ -54,5 +67,6 @@ pip_install() {  # pip install, without the noise of index locations a machine's
 pip_install --upgrade pip
 pip_install --no-deps -r "$repo/requirements/maxtext.txt"
 pip_install -r "$repo/requirements/tools.txt" -c "$repo/requirements/constraints.txt"
+import_roots
 echo "$want" > "$stamp"
 echo "setup_env.sh: environment ready in $((SECONDS - start)) s" >&2

@@ -1,10 +1,7 @@
-#!/usr/bin/env python3
-"""Usage: joblog.py LOG   (prints what the scan found, as JSON; for debugging the parser)
-
-The one parser of the launcher's job-log format: the JOB header (utils/job_header.sh), the
-"<host>: " prefix of every node line (utils/run_stage.sh), MaxText step lines with or without
+"""The one parser of the launcher's job-log format: the JOB header (utils/launch/job_header.sh), the
+"<host>: " prefix of every node line (utils/launch/run_stage.sh), MaxText step lines with or without
 the absl prefix, JAX/XLA coordination-service messages, srun/slurmstepd/bash notices, the
-JOB SUMMARY block (utils/job_summary.sh) and the per-node stage records in the job directory
+JOB SUMMARY block (utils/launch/job_summary.sh) and the per-node stage records in the job directory
 (.stages/<stage>/<host>: "rc=N end=EPOCH reason=exit|timeout|stopped").
 
 `scan(path)` streams the log once, in 4 MiB blocks of one reused buffer, and runs no Python
@@ -17,10 +14,7 @@ Everything else (deciding what failed) is in utils/triage.py.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
-import signal
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -788,44 +782,3 @@ def read_steps(path: str | Path, clock: AbslClock | None = None) -> StepTable:
             n = 1 + max(rest, 0)
     out.seconds = time.perf_counter() - t0
     return out
-
-
-def main(argv: list[str]) -> int:
-    usage = __doc__.strip().splitlines()[0]
-    if argv[:1] in (["-h"], ["--help"]):
-        print(usage)
-        return 0
-    if len(argv) != 1:
-        print(f"joblog.py: expected one LOG argument (a job's .log file); {usage}", file=sys.stderr)
-        return 2
-    if hasattr(signal, "SIGPIPE"):
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `joblog.py LOG | head` ends quietly
-    path = Path(argv[0])
-    try:
-        if not path.is_file():
-            what = "no such file" if not path.exists() else "not a regular file"
-            raise NotALog(f"'{argv[0]}': {what} (give a job's .log file)")
-        s = scan(path)
-    except OSError as e:
-        print(f"joblog.py: cannot read '{argv[0]}': {e.strerror or e} (give a job's .log file)", file=sys.stderr)
-        return 2
-    except NotALog as e:
-        print(f"joblog.py: {e}", file=sys.stderr)
-        return 2
-    out = dataclasses.asdict(s)
-    out["steps"] = {
-        "host": s.steps.host,
-        "count": len(s.steps.step),
-        "rampup": s.steps.rampup,
-        "first": s.steps.step[:1],
-        "last": s.steps.step[-1:],
-    }
-    out["hosts"] = {str(k): dataclasses.asdict(v) for k, v in s.hosts.items()}
-    out["counts"] = dict(s.counts)
-    json.dump(out, sys.stdout, indent=1, default=str)
-    print()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -43,9 +43,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import logcorpus as lc  # noqa: E402
-from promfixture import write_tsdb  # noqa: E402
+from helpers import logcorpus as lc
+from helpers.promfixture import write_tsdb
 
 FAMILIES: dict[str, str] = {
     "healthy": "none",

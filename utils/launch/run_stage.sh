@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: utils/run_stage.sh STAGE TIMEOUT_SECONDS COMMAND [ARG...]
+# Usage: utils/launch/run_stage.sh STAGE TIMEOUT_SECONDS COMMAND [ARG...]
 #
 # Runs one stage of a job on this node: COMMAND under a time limit, every output line
 # prefixed with "<host>: " (so a merged multi-node log stays attributable), and the outcome

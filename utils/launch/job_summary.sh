@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: utils/job_summary.sh STATUS STAGE
+# Usage: utils/launch/job_summary.sh STATUS STAGE
 #
 # Prints the JOB SUMMARY block that ends every job log and saves it as $JOB_DIR/summary.txt.
 # STATUS is what the caller saw (completed|failed|cancelled|timeout); a stage that hit its

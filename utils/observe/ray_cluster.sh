@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: utils/ray_cluster.sh head ADDR | worker ADDR HEAD_ADDRESS | stop
+# Usage: utils/observe/ray_cluster.sh head ADDR | worker ADDR HEAD_ADDRESS | stop
 #
 # Starts this node's part of a job's Ray cluster, or stops what this script started here.
 #   head ADDR            makes the job's Ray token, then ray start --head on ADDR; prints
@@ -16,7 +16,7 @@
 #   - no Ray client server, no autoscaler monitor, no log monitor (the job uses none of them);
 #     the dashboard (and its Jobs API) binds DASHBOARD_BIND (default 127.0.0.1).
 #   - a one-node job keeps all of Ray on 127.0.0.1; with several nodes Ray uses the node's address.
-#   - Ray's temp dir is $MST_JOB_SCRATCH/ray, inside the node's private scratch (utils/lib.sh
+#   - Ray's temp dir is $MST_JOB_SCRATCH/ray, inside the node's private scratch (utils/launch/lib.sh
 #     job_scratch): Ray makes its temp dir world-writable, the scratch keeps others out of it.
 #     MST_JOB_SCRATCH reaches every Ray process (actors too) through the environment.
 # Every port is picked free (several nodes may share one machine); the node advertises the
@@ -24,9 +24,9 @@
 # written as a Prometheus file_sd target to $JOB_DIR/metrics/targets/<host>-ray.json.
 # Needs JOB_DIR JOB_ID JOB_HOSTNAME MST_JOB_SCRATCH, MST_PYTHON (or MST_VENV); JOB_NUM_NODES.
 set -euo pipefail
-[[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"; usage; exit; }
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/../launch/lib.sh"; usage; exit; }
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-source "$here/lib.sh"
+source "$here/../launch/lib.sh"
 PROG=ray_cluster.sh
 : "${JOB_DIR:?}" "${JOB_ID:?}" "${JOB_HOSTNAME:?}"
 host=$JOB_HOSTNAME
@@ -98,7 +98,7 @@ cli.main()' start "$@"
 start() {  # ADDR ARGS...: start Ray on this node with the common arguments
   local addr; addr=$(ray_addr "$1"); shift
   { [[ -n "${MST_JOB_SCRATCH:-}" ]] && is_private "$MST_JOB_SCRATCH" d 700; } ||
-    die "MST_JOB_SCRATCH='${MST_JOB_SCRATCH:-}' is not this node's private scratch (utils/lib.sh job_scratch); not starting Ray"
+    die "MST_JOB_SCRATCH='${MST_JOB_SCRATCH:-}' is not this node's private scratch (utils/launch/lib.sh job_scratch); not starting Ray"
   check_token
   local metrics_port; metrics_port=$(free_port 8080)
   # Every Ray process started below (and every worker and actor they start) inherits these.

@@ -137,6 +137,6 @@ prepare_launch() {
   MST_VENV=${MAXTEXT_SLURM_VENV:-$repo/.venv}
   # the config's keys and the MaxText overrides against MaxText's schema (overrides by environment:
   # they may hold secrets)
-  TRAIN_OVERRIDES=${TRAIN_OVERRIDES:-} "$MST_VENV/bin/python" "$repo/utils/check_config.py" "$repo/configs/$MODEL.yml" || exit 1
+  TRAIN_OVERRIDES=${TRAIN_OVERRIDES:-} "$MST_VENV/bin/python" "$repo/utils/launch/check_config.py" "$repo/configs/$MODEL.yml" || exit 1
   export MODEL MODEL_TAG JOB_WORKSPACE MST_VENV
 }

@@ -5,7 +5,7 @@ WAL and head chunks copied), starts a private Prometheus on the copy and prints 
 data's time range; the server stays up until we close its stdin, so any number of queries cost
 one Prometheus start. The saved TSDB is never written.
 
-    from tsdb import Served
+    from diagnosis.tsdb import Served
     with Served("outputs/4242-JAX-llama2-7b") as prom:
         rows = prom.query_range('avg by (host) (hw_gpu_power_watts)', prom.first, prom.last, 60)
         for row in rows:
@@ -25,7 +25,7 @@ from typing import Any
 
 import requests
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "utils" / "prometheus.sh"
 
 

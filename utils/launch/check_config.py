@@ -7,7 +7,7 @@ values are never read from the command line, where other users could see them in
 
 Every key of the config and of the overrides must be one MaxText accepts and every value of a
 type it accepts, judged against requirements/maxtext-schema.json (MaxText's own pydantic config
-model, written by utils/maxtext_schema.py), with values read the way MaxText reads them (YAML
+model, written by utils/dev/maxtext_schema.py), with values read the way MaxText reads them (YAML
 scalars: true, 1e-4, [1, 2], none ...). An override of a key that the MaxText model preset also
 sets is refused as MaxText would refuse it, unless override_model_config=true.
 
@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCHEMA_PATH = os.path.join(REPO, "requirements", "maxtext-schema.json")
 ENV_NAME = "TRAIN_OVERRIDES"
 
@@ -103,7 +103,7 @@ def load_schema(path: str = SCHEMA_PATH) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         raise ConfigError(
             f"cannot read MaxText's key list {path} ({getattr(e, 'strerror', None) or e}); "
-            "regenerate it with .venv/bin/python utils/maxtext_schema.py"
+            "regenerate it with .venv/bin/python utils/dev/maxtext_schema.py"
         ) from None
 
 
@@ -179,7 +179,7 @@ def accepts(t: Any, value: Any) -> bool:
         return any(accepts(member, value) for member in t["of"])
     if kind == "model":
         return isinstance(value, dict) and not _model_problem(t, value, "")
-    raise ConfigError(f"unknown type {kind!r} in {SCHEMA_PATH}; regenerate it with utils/maxtext_schema.py")
+    raise ConfigError(f"unknown type {kind!r} in {SCHEMA_PATH}; regenerate it with utils/dev/maxtext_schema.py")
 
 
 def _model_problem(t: dict[str, Any], value: dict[str, Any], prefix: str) -> str | None:

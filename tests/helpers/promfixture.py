@@ -3,7 +3,7 @@
 write_tsdb() turns series into TSDB blocks with promtool's OpenMetrics backfill, the same
 on-disk format a job's Prometheus leaves behind:
 
-    from promfixture import write_tsdb
+    from helpers.promfixture import write_tsdb
 
     t0 = 1_714_564_800  # unix seconds
     write_tsdb(job_dir / "prometheus", [

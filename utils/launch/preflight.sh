@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: utils/preflight.sh
+# Usage: utils/launch/preflight.sh
 #
 # Per-node checks before training (run by the job on every node, outside the container):
 #   - reports host, CPUs, memory, free disk;
@@ -39,7 +39,7 @@ if [[ -n "${JOB_SCHEDULER:-}" && -v JOB_ACTIVE_IDS ]]; then
     echo "preflight: stopping leftover pid $pid of finished job $other: $(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | cut -c1-120)"
     kill -KILL "$pid" 2>/dev/null || true
   done
-  # private scratch dirs of finished jobs (utils/lib.sh job_scratch: "SCHEDULER JOB_ID HOST WORKSPACE")
+  # private scratch dirs of finished jobs (utils/launch/lib.sh job_scratch: "SCHEDULER JOB_ID HOST WORKSPACE")
   for d in "${TMPDIR:-/tmp}"/mst.*; do
     [[ -d "$d" && ! -L "$d" && -O "$d" && -f "$d/job" && ! -L "$d/job" ]] || continue
     read -r sched other _ ws < "$d/job" || continue

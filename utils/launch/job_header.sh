@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: utils/job_header.sh
+# Usage: utils/launch/job_header.sh
 #
 # Prints the block that opens every job log: job, model, nodes, coordinator, stage time
 # limits (with the defaults), container, code snapshot, overrides (secrets redacted), paths.

@@ -4,7 +4,7 @@
 A `Job` describes a run (hosts, steps, step time, throughput phases, a failure to inject);
 `write_job(job, workspace)` writes `<workspace>/<id>-JAX-<model>[-<tag>].log` and its job
 directory (`log` symlink, `artifact/configs/<model>.yml`, `.stages/<stage>/<host>` records,
-`summary.txt`) as utils/job_header.sh, utils/run_stage.sh, utils/job_summary.sh, srun and
+`summary.txt`) as utils/launch/job_header.sh, utils/launch/run_stage.sh, utils/launch/job_summary.sh, srun and
 MaxText/JAX 0.12 would. Failure texts are the ones those programs print (see the comments);
 `python3 tests/logcorpus.py DIR [--hosts N] [--steps N]` writes one job for a quick look.
 """
@@ -37,7 +37,7 @@ FAILURES = (
 )
 MULTI_NODE = ("collective_error", "heartbeat_timeout", "heartbeat_false_positive", "node_failure")
 PY = "/opt/venv/lib/python3.12/site-packages"
-STAGE_SH = "/ws/.snapshots/20261122T043000Z-AbC123/utils/run_stage.sh"
+STAGE_SH = "/ws/.snapshots/20261122T043000Z-AbC123/utils/launch/run_stage.sh"
 
 
 @dataclasses.dataclass
@@ -309,7 +309,7 @@ def body(job: Job, w: _Writer) -> tuple[list[str], _Outcome, float]:
     first_error = ""
 
     if fail == "preflight":
-        # utils/preflight.sh: a check failed on one node; the train stage never starts
+        # utils/launch/preflight.sh: a check failed on one node; the train stage never starts
         bad = hosts[job.culprit % len(hosts)]
         out = [ln for ln in out if ": preflight: ok" not in ln and ln != "preflight: ok"]
         out.append(w.node(bad, "preflight: FAILED: only 3 GiB free on /tmp (need PREFLIGHT_MIN_FREE_GB=5)"))

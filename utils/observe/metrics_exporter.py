@@ -1209,7 +1209,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=3.0, help="seconds each plugin may run (default 3)")
     ap.add_argument(
         "--plugin-dir",
-        default=os.path.dirname(os.path.abspath(__file__)),
+        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "plugins"),
         help="where *_metrics_plugin.sh live (default: this script's directory)",
     )
     ap.add_argument(

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: utils/job_services.sh start | stop
+# Usage: utils/observe/job_services.sh start | stop
 #
 # The job's head-node services for RAY=1: Prometheus and TensorBoard.
 #   start  Prometheus (PROMETHEUS_BIN or prometheus on PATH) scraping every file_sd target in
@@ -13,9 +13,9 @@
 #   stop   stops them (SIGTERM: Prometheus flushes its head block) and waits.
 # A missing Prometheus is reported and skipped: the job still runs.
 set -uo pipefail
-[[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"; usage; exit; }
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/../launch/lib.sh"; usage; exit; }
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-source "$here/lib.sh"
+source "$here/../launch/lib.sh"
 PROG=job_services.sh
 : "${JOB_DIR:?}" "${JOB_HOSTNAME:?}"
 run_dir="$JOB_DIR/metrics/run"

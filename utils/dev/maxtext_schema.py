@@ -3,11 +3,11 @@
 
 Writes requirements/maxtext-schema.json: the keys MaxText accepts in a config or as a
 key=value override, with their types, read from the installed MaxText's own pydantic model
-(maxtext.configs.types.MaxTextConfig). utils/check_config.py judges overrides against this
+(maxtext.configs.types.MaxTextConfig). utils/launch/check_config.py judges overrides against this
 file at submit time without importing MaxText (which takes seconds: it imports JAX).
 
 Run it with the project's venv Python after changing the MaxText pin:
-  .venv/bin/python utils/maxtext_schema.py
+  .venv/bin/python utils/dev/maxtext_schema.py
   --check [FILE]  write nothing; exit 1 (with a one-line reason) when the file (default: the one
                  above) differs from what the installed MaxText gives (tests/test_overrides.py)
 """
@@ -23,7 +23,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO / "requirements" / "maxtext-schema.json"
 
 # Field validators of MaxTextConfig that run before the type check, by function name, and the
@@ -133,7 +133,7 @@ def build() -> dict[str, Any]:
     secret = sorted({*pyconfig.KEYS_NO_LOGGING, *(k for k in fields if SECRET_NAME.search(k))})
     return {
         "maxtext": importlib.metadata.version("maxtext"),
-        "source": "maxtext.configs.types.MaxTextConfig (regenerate: .venv/bin/python utils/maxtext_schema.py)",
+        "source": "maxtext.configs.types.MaxTextConfig (regenerate: .venv/bin/python utils/dev/maxtext_schema.py)",
         "extra": mt_types.MaxTextConfig.model_config.get("extra") or "ignore",
         "secret_keys": secret,
         "fields": fields,
@@ -169,7 +169,7 @@ def main(argv: list[str]) -> int:
         text = render(build())
     except ImportError as e:
         print(
-            f"maxtext_schema.py: cannot import MaxText ({e}); run it with the venv's Python: .venv/bin/python utils/maxtext_schema.py",
+            f"maxtext_schema.py: cannot import MaxText ({e}); run it with the venv's Python: .venv/bin/python utils/dev/maxtext_schema.py",
             file=sys.stderr,
         )
         return 1
@@ -190,7 +190,7 @@ def main(argv: list[str]) -> int:
     changed = sorted(k for k in keys if new["fields"].get(k) != cur.get("fields", {}).get(k))
     print(
         f"{path} is out of date for the installed MaxText {new['maxtext']} ({len(changed)} keys differ"
-        f"{', e.g. ' + ', '.join(changed[:5]) if changed else ''}); regenerate it: .venv/bin/python utils/maxtext_schema.py",
+        f"{', e.g. ' + ', '.join(changed[:5]) if changed else ''}); regenerate it: .venv/bin/python utils/dev/maxtext_schema.py",
         file=sys.stderr,
     )
     return 1

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: utils/snapshot.sh REPO DEST_PARENT COMMAND_TEXT
+# Usage: utils/launch/snapshot.sh REPO DEST_PARENT COMMAND_TEXT
 #
 # Makes an immutable copy of REPO's code (tracked and untracked-but-not-ignored files;
 # everything but .git/.venv/outputs when REPO is not a git checkout) under a new directory

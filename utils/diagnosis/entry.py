@@ -1,0 +1,54 @@
+"""Start a diagnosis tool from its thin command in utils/ under the project's Python environment.
+
+A command such as utils/triage.py may be run by any python3 (or directly, through its #! line).
+`run("triage")` re-executes it with the environment's interpreter when that exists and is not
+the one running ($MAXTEXT_SLURM_VENV, default <repo>/.venv, as utils/setup_env.sh makes it), then
+calls diagnosis.triage.main(). Without the environment a missing library is one line that says
+how to get it, not a traceback. Standard library only, and no syntax newer than Python 3.6, so
+that an old login-node python3 gets as far as the re-execution.
+"""
+
+import importlib
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def venv_dir() -> Path:
+    """The project's Python environment (it may not exist yet)."""
+    return Path(os.environ.get("MAXTEXT_SLURM_VENV") or REPO / ".venv")
+
+
+def enter_venv() -> None:
+    """Re-execute this command with the environment's python unless it already runs it."""
+    venv = venv_dir()
+    python = venv / "bin" / "python"
+    if not python.exists():
+        return
+    try:
+        if Path(sys.prefix).resolve() == venv.resolve():
+            return
+    except OSError:
+        return
+    os.execv(str(python), [str(python), *sys.argv])
+
+
+def run(tool: str) -> None:
+    """Run diagnosis.<tool>.main() with this process's arguments and exit with its status."""
+    prog = Path(sys.argv[0]).name
+    enter_venv()
+    if sys.version_info < (3, 11):
+        sys.exit(
+            "{}: needs Python 3.11 or newer (this is {}); create the project's environment with "
+            "utils/setup_env.sh".format(prog, sys.version.split()[0])
+        )
+    try:
+        module = importlib.import_module("diagnosis." + tool)
+    except ModuleNotFoundError as e:
+        sys.exit(
+            "{}: needs the Python package '{}', which {} lacks; create the project's environment "
+            "with utils/setup_env.sh (or set MAXTEXT_SLURM_VENV to one)".format(prog, e.name, sys.executable)
+        )
+    sys.exit(module.main())

@@ -1,0 +1,934 @@
+"""Usage: perf.py JOB [--json] [--workspace DIR] [--peak-tflops X | --gpu NAME] [--warmup-steps N] [options]
+
+Performance of a MaxText job from its step lines: steady tokens/s/device (TGS) and TFLOP/s/device,
+MFU against one device's peak dense bf16 TFLOP/s, where the step time goes (first step, warm-up,
+steady median and tail, stall steps such as checkpoint saves, evals and data waits, and the wall
+time they cost), a per-host comparison, and a summary of the profiler traces under the job
+directory (top ops, compute / collectives / idle).
+JOB is a job id (looked up in --workspace), a job directory or a log file, as for triage.py.
+--json prints the report for programs (schema: docs/perf.md). Exit 0 when the job was analysed
+(also a job without step lines: the report says so), 2 on bad input (no such job, not a job log,
+bad option).
+"""
+
+from __future__ import annotations
+
+import argparse
+import calendar
+import gzip
+import json
+import math
+import os
+import re
+import signal
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+from diagnosis import joblog, triage
+
+REPO = Path(__file__).resolve().parents[2]
+InputError = triage.InputError
+
+# Peak dense (no sparsity) bf16 matrix TFLOP/s of ONE device as JAX sees it, from the vendors'
+# datasheets (sources in docs/perf.md). Matched in order against --gpu or XLA's device name.
+GPUS: list[tuple[str, str, float, str]] = [
+    ("H100-PCIe", r"h100.*pcie", 756.5, "NVIDIA H100 datasheet: BF16 Tensor Core 1,513 TFLOPS with sparsity"),
+    ("H100-NVL", r"h100.*nvl", 835.5, "NVIDIA H100 NVL datasheet: BF16 Tensor Core 1,671 TFLOPS with sparsity"),
+    ("H100", r"h100", 989.4, "NVIDIA H100 SXM5 datasheet: BF16 Tensor Core 1,979 TFLOPS with sparsity"),
+    ("H200-NVL", r"h200.*nvl", 835.5, "NVIDIA H200 NVL datasheet: BF16 Tensor Core 1,671 TFLOPS with sparsity"),
+    ("H200", r"h200", 989.4, "NVIDIA H200 SXM datasheet: BF16 Tensor Core 1,979 TFLOPS with sparsity"),
+    ("A100", r"a100", 312.0, "NVIDIA A100 datasheet: BF16 Tensor Core 312 TFLOPS (624 with sparsity)"),
+    ("GB200", r"gb200", 2500.0, "NVIDIA GB200 NVL72: FP16/BF16 360 PFLOPS with sparsity for 72 GPUs"),
+    ("B200", r"b200", 2250.0, "NVIDIA HGX B200: FP16/BF16 36 PFLOPS with sparsity for 8 GPUs"),
+    ("MI300X", r"mi300x", 1307.4, "AMD Instinct MI300X datasheet: peak BF16 1307.4 TFLOPS (2614.9 with sparsity)"),
+    ("MI325X", r"mi325x", 1307.4, "AMD Instinct MI325X datasheet: peak BF16 1307.4 TFLOPS (2614.9 with sparsity)"),
+    (
+        "MI355X",
+        r"mi355x",
+        2516.6,
+        "AMD Instinct MI355X: 2.5 PFLOPS BF16 dense; 256 CUs x 2.4 GHz x 4096 FLOP/clk = 2516.6",
+    ),
+]
+COLLECTIVE = re.compile(
+    r"all[-_]?reduce|all[-_]?gather|reduce[-_]?scatter|all[-_]?to[-_]?all|collective[-_]permute|collective[-_]broadcast"
+    r"|nccl|rccl|sendrecv|^(?:send|recv)(?:-done)?(?:\.\d+)?$",
+    re.I,
+)
+TRACE_SKIP_DIRS = {"artifact", "prometheus", ".stages", "checkpoints", ".snapshots", ".jax_cache"}
+
+
+# --- numbers ------------------------------------------------------------------------------
+def percentile(xs: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default); q in [0, 1]."""
+    if not xs:
+        return None
+    s = sorted(xs)
+    k = (len(s) - 1) * q
+    f = math.floor(k)
+    c = min(f + 1, len(s) - 1)
+    return s[f] + (s[c] - s[f]) * (k - f)
+
+
+def _r(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+def gpu_peak(name: str) -> tuple[str, float, str] | None:
+    """(table name, peak TFLOP/s, source) for a GPU name or XLA device name; None when unknown."""
+    low = name.lower()
+    for key, rx, peak, src in GPUS:
+        if re.search(rx, low) or low.replace(" ", "-") == key.lower():
+            return key, peak, src
+    return None
+
+
+# --- steps --------------------------------------------------------------------------------
+def split_rows(st: joblog.Steps, warmup_steps: int) -> tuple[list[int], list[int]]:
+    """(warm-up rows, steady rows) of one host's step columns: the steady rows are those after the
+    ramp-up lines and the first `warmup_steps` steps (the same rule as triage.py); the first row
+    (compilation) is neither."""
+    n = len(st.step)
+    idx = [i for i in range(n) if st.tokens[i] is not None or not st.rampup]
+    skip = min(warmup_steps, max(0, len(idx) - 1))
+    steady = idx[skip:]
+    keep = set(steady)
+    return [i for i in range(1, n) if i not in keep], [i for i in steady if i != 0 or n == 1]
+
+
+def step_report(st: joblog.Steps, warmup_steps: int, stall_factor: float) -> dict:
+    warm, steady = split_rows(st, warmup_steps)
+    sec = st.seconds
+    ss = [sec[i] for i in steady]
+    med = statistics.median(ss) if ss else None
+    total = sum(sec)
+    out: dict = {
+        "first": _r(sec[0]) if sec else None,
+        "first_step": st.step[0] if sec else None,
+        "to_first_step": None,
+        "warmup_mean": _r(statistics.fmean([sec[i] for i in warm])) if warm else None,
+        "warmup_steps": len(warm),
+        "median": _r(med),
+        "mean": _r(statistics.fmean(ss)) if ss else None,
+        "p95": _r(percentile(ss, 0.95)),
+        "p99": _r(percentile(ss, 0.99)),
+        "max": _r(max(ss)) if ss else None,
+        "total": _r(total, 3),
+        "steady_steps": len(ss),
+    }
+    stall_rows = [i for i in steady if med and sec[i] > stall_factor * med]
+    stall_s = sum(sec[i] for i in stall_rows)
+    excess = sum(sec[i] - med for i in stall_rows) if med else 0.0
+    longest = sorted(stall_rows, key=lambda i: -sec[i])[:5]
+    stalls = {
+        "factor": stall_factor,
+        "threshold_seconds": _r(stall_factor * med) if med else None,
+        "count": len(stall_rows),
+        "steps": [st.step[i] for i in stall_rows[:100]],
+        "seconds": _r(stall_s, 3),
+        "excess_seconds": _r(excess, 3),
+        "share": _r(excess / total) if total > 0 else None,
+        "longest": [{"step": st.step[i], "seconds": _r(sec[i])} for i in longest],
+    }
+    lost = None
+    if med is not None:
+        first = sec[0] - med
+        warm_l = sum(sec[i] - med for i in warm)
+        lost_all = total - len(sec) * med
+        lost = {
+            "seconds": _r(lost_all, 3),
+            "share": _r(lost_all / total) if total > 0 else None,
+            "first": _r(first, 3),
+            "warmup": _r(warm_l, 3),
+            "stalls": _r(excess, 3),
+            "jitter": _r(lost_all - first - warm_l - excess, 3),
+        }
+    return {"step_time": out, "stalls": stalls, "lost": lost, "rows": (warm, steady)}
+
+
+def rates(st: joblog.Steps, steady: list[int]) -> tuple[dict, float | None]:
+    tok = [st.tokens[i] for i in steady if st.tokens[i] is not None]
+    tfl = [st.tflops[i] for i in steady if st.tflops[i] is not None]
+    done = [(st.tokens[i] or 0.0) * st.seconds[i] for i in steady if st.tokens[i] is not None]
+    wall = sum(st.seconds[i] for i in steady if st.tokens[i] is not None)
+    tgs = {
+        "steady": _r(statistics.median(tok), 3) if tok else None,
+        "p10": _r(percentile(tok, 0.10), 3),
+        "p90": _r(percentile(tok, 0.90), 3),
+        "mean": _r(statistics.fmean(tok), 3) if tok else None,
+        "effective": _r(sum(done) / wall, 3) if wall > 0 else None,
+    }
+    return tgs, (statistics.median(tfl) if tfl else None)
+
+
+def host_table(table: joblog.StepTable, nodes: list[str], warmup_steps: int, stall_factor: float) -> list[dict]:
+    """Per host: steady step time, its tail and stalls (a host's own stalls: > factor x its median)."""
+    out = []
+    single = nodes[0] if len(nodes) == 1 else None
+    for host, st in table.hosts.items():
+        if not st.step:
+            continue
+        _, steady = split_rows(st, warmup_steps)
+        ss = [st.seconds[i] for i in steady]
+        med = statistics.median(ss) if ss else None
+        name = host if host is not None else single
+        out.append(
+            {
+                "host": name,
+                "rank": nodes.index(name) if name in nodes else None,
+                "steps": len(st.step),
+                "last_step": st.step[-1],
+                "median": _r(med),
+                "p95": _r(percentile(ss, 0.95)),
+                "max": _r(max(ss)) if ss else None,
+                "stalls": sum(1 for x in ss if med and x > stall_factor * med),
+                "vs_median": None,
+            }
+        )
+    meds = [h["median"] for h in out if h["median"]]
+    if meds:
+        m = statistics.median(meds)
+        for h in out:
+            h["vs_median"] = _r(h["median"] / m) if h["median"] and m else None
+    out.sort(key=lambda h: (h["rank"] is None, h["rank"] if h["rank"] is not None else 0, str(h["host"])))
+    return out
+
+
+# --- traces -------------------------------------------------------------------------------
+def _kind_of(name: str) -> str | None:
+    if name.endswith((".trace.json.gz", ".trace.json")) or name == "perfetto_trace.json.gz":
+        return "trace_json"
+    if name.endswith(".xplane.pb"):
+        return "xplane"
+    if name.endswith((".nsys-rep", ".qdrep")):
+        return "nsys"
+    return None
+
+
+def find_traces(dirs: list[Path]) -> list[dict]:
+    """Profiler output under the directories, newest first."""
+    seen: set[str] = set()
+    found = []
+    for top in dirs:
+        for root, dnames, fnames in os.walk(top):
+            dnames[:] = [d for d in dnames if d not in TRACE_SKIP_DIRS and not (Path(root) / d).is_symlink()]
+            for f in fnames:
+                kind = _kind_of(f)
+                p = Path(root) / f
+                if not kind or str(p.resolve()) in seen:
+                    continue
+                seen.add(str(p.resolve()))
+                st = p.stat()
+                host = f
+                for suffix in (".trace.json.gz", ".trace.json", ".xplane.pb", ".nsys-rep", ".qdrep"):
+                    host = host.removesuffix(suffix)
+                found.append(
+                    {
+                        "path": str(p),
+                        "kind": kind,
+                        "host": None if f == "perfetto_trace.json.gz" else host,
+                        "session": p.parent.name,
+                        "bytes": st.st_size,
+                        "mtime": st.st_mtime,
+                        "summary": None,
+                        "same_as": None,
+                        "view": [],
+                    }
+                )
+    found.sort(key=lambda t: (-t["mtime"], t["path"]))
+    return found
+
+
+def iter_json_events(path: Path, chunk: int = 1 << 20) -> Iterator[dict]:
+    """The objects of a Chrome trace's "traceEvents" array, streamed (constant memory; a trace can
+    be gigabytes once decompressed)."""
+    dec = json.JSONDecoder()
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+        buf, eof = f.read(chunk), False
+        start = -1
+        while start < 0:
+            k = buf.find('"traceEvents"')
+            if k >= 0:
+                start = buf.find("[", k)
+            elif buf.lstrip().startswith("["):
+                start = buf.find("[")
+            if start >= 0:
+                break
+            more = f.read(chunk)
+            if not more:
+                raise ValueError("no traceEvents array")
+            buf += more
+        pos = start + 1
+        while True:
+            while pos < len(buf) and buf[pos] in " \t\r\n,":
+                pos += 1
+            if pos >= len(buf) - 1 and not eof:
+                more = f.read(chunk)
+                eof = not more
+                buf, pos = buf[pos:] + more, 0
+                continue
+            if pos >= len(buf) or buf[pos] == "]":
+                return
+            try:
+                obj, end = dec.raw_decode(buf, pos)
+            except json.JSONDecodeError:
+                if eof:
+                    return  # a truncated trace: keep what was read
+                more = f.read(chunk)
+                eof = not more
+                buf, pos = buf[pos:] + more, 0
+                continue
+            if isinstance(obj, dict):
+                yield obj
+            pos = end
+            if pos > len(buf) - 4096 and not eof:
+                more = f.read(chunk)
+                eof = not more
+                buf, pos = buf[pos:] + more, 0
+
+
+def _json_lanes(path: Path) -> tuple[dict, dict, dict]:
+    """(process names, thread names, events per (pid, tid): [(ts_us, end_us, name, hlo_op or None)])."""
+    procs: dict = {}
+    threads: dict = {}
+    lanes: dict = {}
+    for e in iter_json_events(path):
+        ph = e.get("ph")
+        if ph == "M":
+            name = (e.get("args") or {}).get("name")
+            if e.get("name") == "process_name":
+                procs[e.get("pid")] = str(name)
+            elif e.get("name") == "thread_name":
+                threads[(e.get("pid"), e.get("tid"))] = str(name)
+        elif ph == "X":
+            try:
+                ts, dur = float(e["ts"]), float(e.get("dur") or 0.0)
+            except (KeyError, TypeError, ValueError):
+                continue
+            op = (e.get("args") or {}).get("hlo_op")
+            lanes.setdefault((e.get("pid"), e.get("tid")), []).append((ts, ts + dur, str(e.get("name") or "?"), op))
+    return procs, threads, lanes
+
+
+def _xplane_lanes(path: Path) -> tuple[dict, dict, dict] | None:
+    """The same from an .xplane.pb, decoded by jaxlib's profiler data reader when this Python has
+    jaxlib (the job environment's .venv does); None otherwise."""
+    try:
+        from jax._src.lib import _profile_data  # type: ignore[import-not-found]  # noqa: PLC0415
+    except Exception:  # noqa: BLE001  (any import problem: no decoder)
+        return None
+    procs: dict = {}
+    threads: dict = {}
+    lanes: dict = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # jaxlib's event_stats type warns about a missing __module__
+        try:
+            pd = _profile_data.ProfileData.from_file(str(path))
+            for pid, plane in enumerate(pd.planes):
+                procs[pid] = plane.name
+                for tid, line in enumerate(plane.lines):
+                    threads[(pid, tid)] = line.name
+                    evs = []
+                    for ev in line.events:
+                        op = dict(ev.stats).get("hlo_op")
+                        ts = ev.start_ns / 1e3
+                        evs.append((ts, ts + ev.duration_ns / 1e3, str(ev.name), None if op is None else str(op)))
+                    if evs:
+                        lanes[(pid, tid)] = evs
+        except Exception as e:  # noqa: BLE001  (jaxlib raises its own types for a corrupt file)
+            raise ValueError(f"not a readable XSpace: {e}") from None
+    return procs, threads, lanes
+
+
+def _union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(iv):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _length(iv: list[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in iv)
+
+
+def _intersect(x: list[tuple[float, float]], y: list[tuple[float, float]]) -> float:
+    i = j = 0
+    tot = 0.0
+    while i < len(x) and j < len(y):
+        a, b = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
+        if b > a:
+            tot += b - a
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return tot
+
+
+def summarize_lanes(procs: dict, threads: dict, lanes: dict, top: int = 10) -> dict:
+    """Top ops by device self time and the compute / collective / idle split of the trace window.
+    Device ops: the "XLA Ops" line of each /device:* process (else its "Stream" lines); on the CPU
+    backend (no device process) the host threads' events that carry an hlo_op."""
+    devices = sorted(p for p, n in procs.items() if str(n).startswith("/device:") and "CUSTOM" not in str(n))
+    chosen: dict = {}  # device -> [lane keys]
+    if devices:
+        for p in devices:
+            keys = [k for k in lanes if k[0] == p]
+            ops = [k for k in keys if threads.get(k, "") == "XLA Ops"]
+            streams = [k for k in keys if str(threads.get(k, "")).startswith("Stream")]
+            chosen[p] = ops or streams
+        where = (
+            "XLA Ops lines of the device processes"
+            if any(threads.get(k) == "XLA Ops" for ks in chosen.values() for k in ks)
+            else "stream lines (kernels) of the device processes"
+        )
+        kind = "device"
+        filt = None
+    else:
+        host = {k for k, evs in lanes.items() if any(e[3] is not None for e in evs)}
+        for k in host:
+            chosen.setdefault(k[0], []).append(k)
+        where = "host threads' XLA op events (CPU backend)"
+        kind = "host"
+        filt = True
+    agg: dict[str, list] = {}
+    is_coll: dict[tuple, bool] = {}
+    window = busy = comp_t = coll_t = both = 0.0
+    n_ev = 0
+    for _dev, keys in chosen.items():
+        comp_iv: list[tuple[float, float]] = []
+        coll_iv: list[tuple[float, float]] = []
+        for k in keys:
+            evs = [
+                e for e in lanes[k] if (not filt or e[3] is not None) and not e[2].startswith("end: ") and e[1] >= e[0]
+            ]
+            n_ev += len(evs)
+            per_kind: dict[bool, list] = {True: [], False: []}
+            for a, b, name, op in evs:
+                c = is_coll.get((name, op))
+                if c is None:
+                    c = is_coll[(name, op)] = bool(COLLECTIVE.search(name) or (op and COLLECTIVE.search(op)))
+                per_kind[c].append((a, b, name))
+                (coll_iv if c else comp_iv).append((a, b))
+            for c, items in per_kind.items():
+                for name, (t, cnt) in self_times(items).items():
+                    slot = agg.setdefault(name, [0.0, 0, c])
+                    slot[0] += t
+                    slot[1] += cnt
+        if not comp_iv and not coll_iv:
+            continue
+        cu, ku = _union(comp_iv), _union(coll_iv)
+        lo = min(iv[0] for iv in (cu[:1] + ku[:1]))
+        hi = max(iv[-1][1] for iv in (cu, ku) if iv)
+        window += hi - lo
+        c_len, k_len, ov = _length(cu), _length(ku), _intersect(cu, ku)
+        comp_t += c_len
+        coll_t += k_len
+        both += ov
+        busy += c_len + k_len - ov
+    if not n_ev or window <= 0:
+        return {
+            "source": where,
+            "backend": kind,
+            "devices": len(chosen),
+            "events": n_ev,
+            "window_ms": None,
+            "busy_ms": None,
+            "split": None,
+            "collective_ms": None,
+            "top_ops": [],
+            "top_kinds": [],
+        }
+    total_self = sum(v[0] for v in agg.values()) or 1.0
+    ranked = sorted(agg.items(), key=lambda kv: -kv[1][0])
+    top_ops = [
+        {
+            "name": n[:160],
+            "kind": "collective" if v[2] else "compute",
+            "ms": _r(v[0] / 1e3, 3),
+            "share": _r(v[0] / total_self),
+            "count": v[1],
+        }
+        for n, v in ranked[:top]
+    ]
+    kinds: dict[tuple[str, bool], list] = {}
+    for n, v in agg.items():
+        base = re.sub(r"(?:[._]\d+)+$", "", n)[:80]
+        slot = kinds.setdefault((base, v[2]), [0.0, 0])
+        slot[0] += v[0]
+        slot[1] += v[1]
+    top_kinds = [
+        {
+            "name": b,
+            "kind": "collective" if c else "compute",
+            "ms": _r(v[0] / 1e3, 3),
+            "share": _r(v[0] / total_self),
+            "count": v[1],
+        }
+        for (b, c), v in sorted(kinds.items(), key=lambda kv: -kv[1][0])[:top]
+    ]
+    return {
+        "source": where,
+        "backend": kind,
+        "devices": len(chosen),
+        "events": n_ev,
+        "window_ms": _r(window / 1e3, 3),
+        "busy_ms": _r(busy / 1e3, 3),
+        "split": {
+            "compute": _r((comp_t - both) / window),
+            "collective_exposed": _r((coll_t - both) / window),
+            "overlap": _r(both / window),
+            "idle": _r(1 - busy / window),
+        },
+        "collective_ms": _r(coll_t / 1e3, 3),
+        "top_ops": top_ops,
+        "top_kinds": top_kinds,
+    }
+
+
+def self_times(items: list[tuple[float, float, str]]) -> dict[str, tuple[float, int]]:
+    """{name: (self time, count)} for one lane's events of one kind: an event fully inside another
+    (an op inside a while loop on the CPU backend) is subtracted from its parent's time."""
+    out: dict[str, list] = {}
+    stack: list[list] = []  # [start, end, name, time of direct children]
+
+    def close(fr: list) -> None:
+        slot = out.setdefault(fr[2], [0.0, 0])
+        slot[0] += max(0.0, fr[1] - fr[0] - fr[3])
+        slot[1] += 1
+        if stack:
+            stack[-1][3] += fr[1] - fr[0]
+
+    for a, b, name in sorted(items, key=lambda e: (e[0], -(e[1] - e[0]))):
+        while stack and not (a >= stack[-1][0] and b <= stack[-1][1]):
+            close(stack.pop())
+        stack.append([a, b, name, 0.0])
+    while stack:
+        close(stack.pop())
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def _venv_has(module: str) -> bool:
+    return any((REPO / ".venv" / "lib").glob(f"python3*/site-packages/{module}/__init__.py"))
+
+
+def view_commands(t: dict) -> list[str]:
+    p = Path(t["path"])
+    cmds = []
+    if t["kind"] == "trace_json":
+        cmds.append(f"open https://ui.perfetto.dev and load {p} (Open trace file; it is read in the browser)")
+    if t["kind"] in ("trace_json", "xplane"):
+        logdir = p.parent.parent.parent.parent if p.parent.parent.name == "profile" else p.parent
+        tb = ".venv/bin/tensorboard" if (REPO / ".venv" / "bin" / "tensorboard").exists() else "tensorboard"
+        prefix = ""
+        if not _venv_has("fsspec"):
+            cmds.append(
+                ".venv/bin/python -m pip install --target ~/.cache/maxtext-slurm/tb-fsspec fsspec   # once: the profile plugin "
+                "(xprof) needs fsspec, which the pinned .venv lacks"
+            )
+            prefix = "PYTHONPATH=~/.cache/maxtext-slurm/tb-fsspec "
+        cmds.append(
+            f"{prefix}{tb} --logdir {logdir} --host 127.0.0.1 --port 6006   # then http://127.0.0.1:6006/#profile"
+        )
+    if t["kind"] == "nsys":
+        cmds.append(f"nsys stats {p}")
+    return cmds
+
+
+def analyse_traces(traces: list[dict], max_traces: int, top: int, notes: list[str]) -> None:
+    done = 0
+    json_by_dir = {(Path(t["path"]).parent, t["host"]): t for t in traces if t["kind"] == "trace_json"}
+    for t in traces:
+        t["view"] = view_commands(t)
+        if t["kind"] == "nsys":
+            continue
+        if t["kind"] == "xplane":
+            twin = json_by_dir.get((Path(t["path"]).parent, t["host"]))
+            if twin:
+                t["same_as"] = twin["path"]
+                continue
+        if done >= max_traces:
+            continue
+        try:
+            if t["kind"] == "trace_json":
+                lanes = _json_lanes(Path(t["path"]))
+            else:
+                lanes = _xplane_lanes(Path(t["path"]))
+                if lanes is None:
+                    notes.append(
+                        f"{t['path']}: no decoder for .xplane.pb in this Python (jaxlib); open it with "
+                        "TensorBoard (see its view commands) or run perf.py with .venv/bin/python"
+                    )
+                    continue
+        except (OSError, EOFError, ValueError, RuntimeError) as e:
+            notes.append(f"{t['path']}: cannot read the trace ({e})")
+            continue
+        t["summary"] = summarize_lanes(*lanes, top=top)
+        done += 1
+    left = [t for t in traces if t["summary"] is None and t["same_as"] is None and t["kind"] != "nsys"]
+    if left and done >= max_traces:
+        notes.append(f"{len(left)} older trace file(s) not summarised (--max-traces {max_traces})")
+
+
+# --- the report ---------------------------------------------------------------------------
+def job_setting(header: dict[str, str], job_dir: Path | None, key: str) -> str | None:
+    """A MaxText setting of the job: the last KEY=V of the header's overrides, else KEY: in the
+    snapshot's artifact/configs/<model>.yml; None when neither sets it (MaxText's default applies)."""
+    found = None
+    for kv in header.get("overrides", "").split():
+        k, _, v = kv.partition("=")
+        if k == key:
+            found = v
+    if found is not None or job_dir is None:
+        return found
+    model = header.get("model", "").split(" ")[0]
+    try:
+        text = (job_dir / "artifact" / "configs" / f"{model}.yml").read_text(errors="replace") if model else ""
+    except OSError:
+        return None
+    m = re.search(rf"(?m)^{re.escape(key)}:\s*[\"']?([^\"'#\s]*)", text)
+    return m.group(1) if m else None
+
+
+def profiler_window(header: dict[str, str], job_dir: Path | None) -> tuple[int, int] | None:
+    """(first, last) step MaxText profiles (common/profiler.py: from skip_first_n_steps_for_profiler,
+    profiler_steps long; base.yml defaults 1 and 5), or None without profiler=xplane|nsys."""
+    if (job_setting(header, job_dir, "profiler") or "") not in ("xplane", "nsys"):
+        return None
+    try:
+        skip = int(job_setting(header, job_dir, "skip_first_n_steps_for_profiler") or 1)
+        n = int(job_setting(header, job_dir, "profiler_steps") or 5)
+    except ValueError:
+        return None
+    return skip, skip + n - 1
+
+
+def _epoch(iso: str) -> float | None:
+    try:
+        return float(calendar.timegm(time.strptime(iso, "%Y-%m-%dT%H:%M:%SZ")))
+    except (ValueError, TypeError):
+        return None
+
+
+def perf(
+    job: str,
+    workspace: Path | None = None,
+    *,
+    peak_tflops: float | None = None,
+    gpu: str | None = None,
+    warmup_steps: int = 3,
+    stall_factor: float = 3.0,
+    max_traces: int = 2,
+    top: int = 10,
+) -> dict:
+    """The report for JOB (id, job directory or log file) as a dict (see docs/perf.md)."""
+    log, job_dir = triage.locate(job, workspace or triage.default_workspace())
+    try:
+        s = joblog.scan(log)
+        table = joblog.read_steps(log, s.steps.clock)
+    except joblog.NotALog as e:
+        raise InputError(str(e)) from None
+    except OSError as e:
+        raise InputError(f"cannot read {log}: {e.strerror or e}") from None
+    if not joblog.looks_like_job_log(s):
+        raise InputError(f"{log} is not a job log (no JOB header, step line or known error line)")
+    if job_dir is None and s.header.get("job_dir") and Path(s.header["job_dir"]).is_dir():
+        job_dir = Path(s.header["job_dir"])
+    notes: list[str] = []
+    job_id = (s.header.get("job") or s.summary.get("job") or "").split(" ")[0] or log.name.split("-JAX-")[0]
+    nodes = s.nodes()
+    ref = s.steps.host if s.steps.host in table.hosts else next(iter(table.hosts), None)
+    st = table.hosts.get(ref) if table.hosts else None
+
+    # peak
+    peak, source = None, None
+    if peak_tflops is not None:
+        peak, source = peak_tflops, "--peak-tflops"
+    elif gpu:
+        hit = gpu_peak(gpu)
+        if hit is None:
+            raise InputError(f"unknown GPU '{gpu}' (known: {', '.join(g[0] for g in GPUS)}; or pass --peak-tflops X)")
+        peak, source = hit[1], f"--gpu {hit[0]}: {hit[2]}"
+    elif table.device:
+        hit = gpu_peak(table.device)
+        if hit:
+            peak, source = hit[1], f"log: XLA device 0 is '{table.device}' -> {hit[0]}: {hit[2]}"
+
+    rep: dict = {
+        "job_id": job_id,
+        "job_name": ((s.header.get("job") or "").split(" ") + [""])[1] or log.name.removesuffix(".log"),
+        "log": str(log),
+        "job_dir": str(job_dir) if job_dir else None,
+        "status": s.summary.get("status") or None,
+        "host": ref if ref is not None else (nodes[0] if len(nodes) == 1 else None),
+        "device": table.device,
+        "steps": None,
+        "tgs": {"steady": None, "p10": None, "p90": None, "mean": None, "effective": None},
+        "tflops_per_device": None,
+        "peak_tflops": peak,
+        "peak_source": source,
+        "mfu": None,
+        "step_time": None,
+        "stalls": None,
+        "lost": None,
+        "hosts": [],
+        "traces": [],
+        "notes": notes,
+        "scan": {"seconds": round(s.seconds + table.seconds, 3)},
+    }
+    if not s.summary:
+        notes.append("no JOB SUMMARY yet: the job may still be running; the numbers cover the steps logged so far")
+    if table.runs > 1:
+        notes.append(f"the log holds {table.runs} runs (a requeued job); this report is about the last one")
+    if st is None or not st.step:
+        notes.append("no step lines: nothing to measure (did training start? utils/triage.py tells why a job failed)")
+    else:
+        sr = step_report(st, warmup_steps, stall_factor)
+        warm, steady = sr.pop("rows")
+        tgs, tfl = rates(st, steady)
+        rep["steps"] = {
+            "count": len(st.step),
+            "first": st.step[0],
+            "last": st.step[-1],
+            "rampup": st.rampup,
+            "warmup": len(warm),
+            "steady": len(steady),
+        }
+        rep["tgs"] = tgs
+        rep["tflops_per_device"] = _r(tfl, 4)
+        rep.update(sr)
+        t0, started = st.ts(0), _epoch(s.header.get("started", ""))
+        if t0 is not None and started is not None and t0 >= started:
+            rep["step_time"]["to_first_step"] = _r(t0 - started, 3)
+        span = st.step[-1] - st.step[0] + 1
+        if len(st.step) < 0.9 * span:
+            notes.append(
+                f"the log has step lines for {len(st.step)} of the {span} steps {st.step[0]}-{st.step[-1]}: "
+                "totals and lost time cover the logged steps only"
+            )
+        if len(steady) < 10:
+            notes.append(
+                f"only {len(steady)} steady steps (after {len(warm) + 1} first/warm-up steps): medians are rough"
+            )
+        if tfl is not None and peak:
+            rep["mfu"] = _r(tfl / peak, 4)
+        elif tfl is None:
+            notes.append("the step lines carry no TFLOP/s/device (batch ramp-up only?): no MFU")
+        else:
+            dev = f" (XLA device 0: '{table.device}', not in the table)" if table.device else ""
+            notes.append(
+                f"MFU needs one device's peak dense bf16 TFLOP/s{dev}: pass --gpu NAME "
+                f"({', '.join(g[0] for g in GPUS)}) or --peak-tflops X"
+            )
+        stl = rep["stalls"]
+        window = profiler_window(s.header, job_dir)
+        stl["profiler"] = [x for x in stl["steps"] if window and window[0] - 1 <= x <= window[1] + 2]
+        if stl["count"]:
+            notes.append(
+                f"{stl['count']} stall step(s) over {stall_factor:g} x the median step cost "
+                f"{stl['excess_seconds']:.3g} s ({100 * (stl['share'] or 0):.1f} % of the step time); "
+                "checkpoint saves, evals and input stalls look like this"
+            )
+        if stl["profiler"]:
+            notes.append(
+                f"the profiler ran over steps {window[0]}-{window[1]}: stall step(s) "
+                f"{', '.join(map(str, stl['profiler']))} are likely the profiler starting or writing its trace"
+            )
+        rep["hosts"] = host_table(table, nodes, warmup_steps, stall_factor)
+        slow = max((h for h in rep["hosts"] if h["vs_median"]), key=lambda h: h["vs_median"], default=None)
+        if slow and len(rep["hosts"]) > 1 and slow["vs_median"] >= 1.05:
+            notes.append(f"host {slow['host']} steps {100 * (slow['vs_median'] - 1):.0f} % slower than the median host")
+    dirs = [d for d in (job_dir,) if d]
+    if table.tensorboard_dir and Path(table.tensorboard_dir).is_dir():
+        tbd = Path(table.tensorboard_dir)
+        if not any(tbd.resolve().is_relative_to(d.resolve()) for d in dirs):
+            dirs.append(tbd)
+    if dirs:
+        rep["traces"] = find_traces(dirs)
+        analyse_traces(rep["traces"], max_traces, top, notes)
+        for t in rep["traces"]:
+            t.pop("mtime", None)
+        if not rep["traces"]:
+            notes.append(
+                "no profiler traces (run with profiler=xplane skip_first_n_steps_for_profiler=N "
+                "profiler_steps=M to get some)"
+            )
+    else:
+        notes.append("no job directory: traces not searched")
+    return rep
+
+
+# --- text -------------------------------------------------------------------------------------
+def _fmt(x: float | None, unit: str = "", nd: int = 4) -> str:
+    return "-" if x is None else f"{x:.{nd}g}{unit}"
+
+
+def render(r: dict) -> str:
+    """The report as text for people."""
+    lines = [f"job {r['job_id']} ({r['job_name']})" + (f": {r['status']}" if r["status"] else "")]
+    st, t = r["step_time"], r["tgs"]
+    if r["steps"]:
+        s = r["steps"]
+        lines.append(
+            f"steps {s['first']}-{s['last']} on {r['host'] or 'the log'}: {s['count']} logged, "
+            f"{s['warmup']} warm-up, {s['steady']} steady"
+        )
+        lines.append(
+            f"throughput: {_fmt(t['steady'], nd=6)} tokens/s/device steady (p10 {_fmt(t['p10'], nd=6)}, "
+            f"p90 {_fmt(t['p90'], nd=6)}; effective incl. stalls {_fmt(t['effective'], nd=6)})"
+        )
+        mfu = f"MFU {100 * r['mfu']:.1f} % of {r['peak_tflops']:g}" if r["mfu"] is not None else "MFU -"
+        lines.append(
+            f"compute: {_fmt(r['tflops_per_device'])} TFLOP/s/device, {mfu}"
+            + (f" ({r['peak_source']})" if r["peak_source"] else "")
+        )
+        lines.append(
+            f"step time: first {_fmt(st['first'], ' s')}"
+            + (f" ({_fmt(st['to_first_step'], ' s')} from job start)" if st["to_first_step"] else "")
+            + f", warm-up mean {_fmt(st['warmup_mean'], ' s')}, steady median {_fmt(st['median'], ' s')}, "
+            f"p95 {_fmt(st['p95'], ' s')}, p99 {_fmt(st['p99'], ' s')}, max {_fmt(st['max'], ' s')}"
+        )
+        sl = r["stalls"]
+        if sl["count"]:
+            shown = ", ".join(str(x) for x in sl["steps"][:12]) + (" ..." if sl["count"] > 12 else "")
+            lines.append(
+                f"stalls (> {sl['factor']:g} x median): {sl['count']} at steps {shown}; "
+                f"{_fmt(sl['excess_seconds'], ' s')} lost ({100 * (sl['share'] or 0):.1f} %)"
+            )
+        else:
+            lines.append(f"stalls (> {sl['factor']:g} x median): none")
+        lo = r["lost"]
+        if lo:
+            lines.append(
+                f"lost vs. every step at the median: {_fmt(lo['seconds'], ' s')} of {_fmt(st['total'], ' s')} "
+                f"({100 * (lo['share'] or 0):.1f} %): first step {_fmt(lo['first'], ' s')}, warm-up "
+                f"{_fmt(lo['warmup'], ' s')}, stalls {_fmt(lo['stalls'], ' s')}, jitter {_fmt(lo['jitter'], ' s')}"
+            )
+        if len(r["hosts"]) > 1:
+            lines.append("hosts (steady median step time, x the median host):")
+            for h in sorted(r["hosts"], key=lambda h: -(h["vs_median"] or 0))[:8]:
+                lines.append(
+                    f"  {h['host']}: {_fmt(h['median'], ' s')} (x{_fmt(h['vs_median'])}), p95 "
+                    f"{_fmt(h['p95'], ' s')}, {h['stalls']} stalls, last step {h['last_step']}"
+                )
+    for tr in r["traces"]:
+        lines.append(f"trace: {tr['path']} ({tr['kind']}, {tr['bytes'] / 1e6:.1f} MB)")
+        sm = tr["summary"]
+        if tr["same_as"]:
+            lines.append("  same profile as the trace.json.gz beside it")
+        if sm and sm["split"]:
+            sp = sm["split"]
+            lines.append(
+                f"  {sm['source']}: window {_fmt(sm['window_ms'], ' ms')}, compute {100 * sp['compute']:.1f} %, "
+                f"collectives exposed {100 * sp['collective_exposed']:.1f} %, overlapped {100 * sp['overlap']:.1f} %, "
+                f"idle {100 * sp['idle']:.1f} %"
+            )
+            for op in sm["top_ops"][:5]:
+                lines.append(
+                    f"    {op['ms']:>10.3f} ms {100 * op['share']:5.1f} %  {op['name']} ({op['kind']}, x{op['count']})"
+                )
+        for c in tr["view"]:
+            lines.append(f"  view: {c}")
+    for n in r["notes"]:
+        lines.append(f"note: {n}")
+    return "\n".join(lines)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (no usage dump)
+        print(f"perf.py: {message} (see perf.py --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+class _Help(argparse.RawDescriptionHelpFormatter):
+    def add_usage(self, usage, actions, groups, prefix=None):  # noqa: ANN001
+        super().add_usage(usage, actions, groups, prefix="Usage: ")
+
+
+def _positive(kind: type) -> object:
+    def conv(v: str) -> object:
+        x = kind(v)
+        if not x > 0 or (isinstance(x, float) and not math.isfinite(x)):
+            raise argparse.ArgumentTypeError(f"must be a positive number: {v}")
+        return x
+
+    conv.__name__ = kind.__name__
+    return conv
+
+
+def main(argv: list[str] | None = None) -> int:
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `perf.py ... | head` ends quietly
+    doc = (__doc__ or "").strip().splitlines()
+    ap = _Parser(
+        prog="perf.py",
+        formatter_class=_Help,
+        description="\n".join(doc[2:]),
+        epilog="Peaks (dense bf16 TFLOP/s per device): "
+        + ", ".join(f"{g[0]} {g[2]:g}" for g in GPUS)
+        + ". Sources: docs/perf.md.",
+    )
+    ap.add_argument("job", metavar="JOB", help="job id, job directory or log file")
+    ap.add_argument("--json", action="store_true", help="print the report as JSON (for agents and scripts)")
+    ap.add_argument(
+        "--workspace",
+        type=Path,
+        metavar="DIR",
+        help="where job ids are looked up (default $JOB_WORKSPACE or <repo>/outputs)",
+    )
+    peak = ap.add_mutually_exclusive_group()
+    peak.add_argument(
+        "--peak-tflops",
+        type=_positive(float),
+        metavar="X",
+        help="peak dense bf16 TFLOP/s of one device, for MFU (overrides the table)",
+    )
+    peak.add_argument("--gpu", metavar="NAME", help="device type for the peak: " + ", ".join(g[0] for g in GPUS))
+    ap.add_argument(
+        "--warmup-steps",
+        type=_positive(int),
+        default=3,
+        metavar="N",
+        help="first steps left out of the steady numbers, the first (compilation) included (default 3)",
+    )
+    ap.add_argument(
+        "--stall-factor",
+        type=_positive(float),
+        default=3.0,
+        metavar="F",
+        help="a steady step longer than F x the median is a stall (default 3)",
+    )
+    ap.add_argument(
+        "--max-traces",
+        type=int,
+        default=2,
+        metavar="N",
+        help="summarise at most N trace files, newest first (default 2; 0: only list them)",
+    )
+    ap.add_argument("--top", type=_positive(int), default=10, metavar="N", help="ops listed per trace (default 10)")
+    a = ap.parse_args(argv)
+    if a.max_traces < 0:
+        ap.error(f"--max-traces must be 0 or more: {a.max_traces}")
+    try:
+        r = perf(
+            a.job,
+            a.workspace,
+            peak_tflops=a.peak_tflops,
+            gpu=a.gpu,
+            warmup_steps=a.warmup_steps,
+            stall_factor=a.stall_factor,
+            max_traces=a.max_traces,
+            top=a.top,
+        )
+    except InputError as e:
+        print(f"perf.py: {e}", file=sys.stderr)
+        return 2
+    triage.emit(r, a.json, render)
+    return 0

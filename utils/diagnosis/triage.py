@@ -1,0 +1,904 @@
+"""Usage: triage.py JOB [--json] [--workspace DIR] [options]
+
+Takes a MaxText job from symptom to root cause: reads its log once (fast, also while the job
+runs), its job directory (.stages records, artifact) and, for a Slurm job whose log has no
+JOB SUMMARY yet, scontrol; prints the status, the failure class, the culprit host(s) with the
+log lines that prove it, progress, throughput phases and what to do next.
+JOB is a job id (looked up in --workspace), a job directory or a log file.
+--json prints the report for programs (schema: docs/triage.md). Exit 0 when the job could be
+triaged, 2 on bad input (no such job, not a job log).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from diagnosis import failure_classes as fc
+from diagnosis import joblog
+
+REPO = Path(__file__).resolve().parents[2]
+CLASSES = fc.CLASSES
+RUNNING_STATES = {"RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "STAGE_OUT"}
+exception_kind = fc.exception_kind
+_JOBCTL = re.compile(r"^\S+: line \d+: +\d+ ")  # bash: "<script>: line N: PID Killed  <command>"
+_ABSL_PREFIX = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]\s]*\] ")
+
+
+class InputError(Exception):
+    """Bad input: reported as one line, exit 2."""
+
+
+@dataclasses.dataclass
+class Options:
+    now: float | None = None
+    hang_factor: float = 10.0
+    hang_min_seconds: float = 120.0
+    warmup_steps: int = 3
+    phase_min_steps: int = 20
+    phase_threshold: float = 0.10
+    scheduler: bool = True
+
+
+# --- finding the job ------------------------------------------------------------------------
+def default_workspace() -> Path:
+    return Path(os.environ.get("JOB_WORKSPACE") or REPO / "outputs")
+
+
+JOB_FORMS = "give a job id, a job directory (<workspace>/<id>-JAX-<model>[-<tag>]) or its .log"
+
+
+def locate(job: str, workspace: Path) -> tuple[Path, Path | None]:
+    """(log, job dir or None) for a job id, a job directory or a log file; InputError (one line
+    naming what is wrong and what would be right) for anything else."""
+    if not job.strip():
+        raise InputError(f"empty JOB argument: {JOB_FORMS}")
+    try:
+        return _locate(job, workspace)
+    except OSError as e:  # a name too long, a permission, a symlink loop: no traceback
+        raise InputError(f"cannot look up '{job}': {e.strerror or e} ({JOB_FORMS})") from None
+
+
+def _locate(job: str, workspace: Path) -> tuple[Path, Path | None]:
+    p = Path(job)
+    if p.is_dir():
+        d = p.resolve()
+        log = p / "log"
+        sibling = d.with_name(d.name + ".log") if d.name else None
+        if not log.exists() and sibling is not None and sibling.is_file():
+            log = sibling
+        if log.exists():
+            return log.resolve(), p
+        if os.path.lexists(p / "log") or (p / "artifact").exists() or (p / ".stages").is_dir():
+            raise InputError(f"{p} has no log yet (looked for {p}/log and {d.name}.log; is the job still pending?)")
+        raise InputError(f"{job} is a directory but not a job directory (no log, artifact/ or .stages/): {JOB_FORMS}")
+    if p.is_file():
+        d = p.with_suffix("") if p.suffix == ".log" else None
+        return p, d if d and d.is_dir() else None
+    if os.path.lexists(p):
+        what = "a dangling symlink or a symlink loop" if p.is_symlink() else "not a regular file or directory"
+        raise InputError(f"{job} is {what}: {JOB_FORMS}")
+    if "/" in job:
+        raise InputError(f"no such job, directory or log: {job} ({JOB_FORMS})")
+    try:
+        is_ws = workspace.is_dir()
+    except OSError as e:
+        raise InputError(
+            f"cannot use workspace {workspace}: {e.strerror or e} (set --workspace or JOB_WORKSPACE)"
+        ) from None
+    if not is_ws:
+        raise InputError(f"workspace {workspace} does not exist (set --workspace or JOB_WORKSPACE)")
+    names = [job] if job.endswith(".log") else [f"{job}.log"]
+    logs = [workspace / n for n in names if (workspace / n).is_file()]
+    logs = logs or sorted(workspace.glob(f"{glob_escape(job)}-JAX-*.log"), key=lambda q: q.stat().st_mtime)
+    if logs:
+        log = logs[-1]
+        d = log.with_suffix("")
+        return log, d if d.is_dir() else None
+    dirs = sorted(workspace.glob(f"{glob_escape(job)}-JAX-*"), key=lambda q: q.stat().st_mtime)
+    if dirs and dirs[-1].is_dir():
+        return _locate(str(dirs[-1]), workspace)
+    raise InputError(f"no job '{job}' in {workspace} (looked for {job}-JAX-*.log; {JOB_FORMS})")
+
+
+def glob_escape(s: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", s)
+
+
+def scheduler_state(job_id: str) -> str | None:
+    """Slurm's JobState for a job id, or None when Slurm cannot tell (no scontrol, unknown id)."""
+    if not re.fullmatch(r"\d+(_\d+)?", job_id or "") or not shutil.which("scontrol"):
+        return None
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=5, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"\bJobState=([A-Z_]+)", out)
+    return m.group(1) if m else None
+
+
+# --- numbers ------------------------------------------------------------------------------
+def median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def binary_segmentation(x: list[float], min_len: int, rel: float) -> list[tuple[int, int]]:
+    """Split x into segments [a, b) where its level changes.
+
+    Repeatedly cuts a segment where the cut most reduces the sum of squared deviations from the
+    segment means, keeping both sides at least min_len long; a cut is kept only when the medians
+    of the two sides differ by at least rel (relative) and by at least three standard errors
+    (so a noisy series is not cut into phases). Neighbours that do not differ are merged."""
+    n = len(x)
+    pre, pre2 = [0.0], [0.0]
+    for v in x:
+        pre.append(pre[-1] + v)
+        pre2.append(pre2[-1] + v * v)
+
+    def sse(a: int, b: int) -> float:
+        s = pre[b] - pre[a]
+        return (pre2[b] - pre2[a]) - s * s / (b - a)
+
+    def spread(v: list[float], m: float) -> float:
+        """Standard error of a median, from the median absolute deviation (robust to spikes)."""
+        return 1.4826 * 1.2533 * statistics.median(abs(t - m) for t in v) / math.sqrt(len(v))
+
+    def differs(a: list[float], b: list[float]) -> bool:
+        ma, mb = statistics.median(a), statistics.median(b)
+        big = abs(ma - mb) / max(abs(ma), abs(mb), 1e-12) >= rel
+        return big and abs(ma - mb) >= 3 * (spread(a, ma) + spread(b, mb))
+
+    done, todo = [], [(0, n)]
+    while todo:
+        a, b = todo.pop()
+        best = None
+        if b - a >= 2 * min_len:
+            total = sse(a, b)
+            for k in range(a + min_len, b - min_len + 1):
+                gain = total - sse(a, k) - sse(k, b)
+                if best is None or gain > best[0]:
+                    best = (gain, k)
+        if best and differs(x[a : best[1]], x[best[1] : b]):
+            todo += [(best[1], b), (a, best[1])]
+        else:
+            done.append((a, b))
+    done.sort()
+    merged = [done[0]] if done else []
+    for a, b in done[1:]:
+        pa, _ = merged[-1]
+        if differs(x[pa:a], x[a:b]):
+            merged.append((a, b))
+        else:
+            merged[-1] = (pa, b)
+    return merged
+
+
+def throughput_phases(steps: list[int], rates: list[float], min_steps: int, rel: float) -> list[dict]:
+    """[{start_step, end_step, mean}] of the per-step rate; long series are first reduced to at most
+    4000 bucket medians (so one slow step never makes a phase and the search stays fast)."""
+    n = len(rates)
+    if not n:
+        return []
+    k = max(1, math.ceil(n / 4000))
+    pts = [statistics.median(rates[i : i + k]) for i in range(0, n, k)]
+    segs = binary_segmentation(pts, max(2, math.ceil(min_steps / k)), rel)
+    out = []
+    for a, b in segs:
+        lo, hi = a * k, min(b * k, n)
+        out.append(
+            {"start_step": steps[lo], "end_step": steps[hi - 1], "mean": round(statistics.fmean(rates[lo:hi]), 3)}
+        )
+    return out
+
+
+# --- the analysis -------------------------------------------------------------------------
+@dataclasses.dataclass
+class Host:
+    name: str
+    rank: int | None
+    last_step: int | None = None
+    last_step_ts: float | None = None
+    last_step_line: int | None = None
+    last_ts: float | None = None
+    exit: int | None = None
+    reason: str | None = None  # exit | timeout | stopped (stage record) or exit (srun / summary)
+    end: float | None = None
+    record: str | None = None
+    events: list[joblog.Event] = dataclasses.field(default_factory=list)
+
+    def first(self, *kinds: str) -> joblog.Event | None:
+        """The first event of these kinds, preferring lines the host printed itself over lines
+        attributed to it (unprefixed notices of a one-node job)."""
+        ranked = sorted(
+            (e for e in self.events if e.kind in kinds),
+            key=lambda e: (e.host is None, bool(_JOBCTL.match(e.text)), e.line),
+        )
+        return ranked[0] if ranked else None
+
+
+def message(e: joblog.Event | None) -> str:
+    """An event's text without the absl prefix, for one-line summaries."""
+    if not e:
+        return ""
+    text = _ABSL_PREFIX.sub("", e.text).strip()[:200]
+    detail = e.data.get("detail")
+    return f"{text} ({detail})" if detail else text
+
+
+def iso(ts: float | None) -> str | None:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts)) if ts is not None else None
+
+
+class Triage:
+    def __init__(self, log: Path, job_dir: Path | None, opts: Options) -> None:
+        self.log, self.opts = log, opts
+        try:
+            self.scan = joblog.scan(log)
+        except joblog.NotALog as e:
+            raise InputError(str(e)) from None
+        except OSError as e:
+            raise InputError(f"cannot read {log}: {e.strerror or e}") from None
+        if not joblog.looks_like_job_log(self.scan):
+            raise InputError(f"{log} is not a job log (no JOB header, step line or known error line)")
+        s = self.scan
+        if job_dir is None and s.header.get("job_dir") and Path(s.header["job_dir"]).is_dir():
+            job_dir = Path(s.header["job_dir"])
+        self.job_dir = job_dir
+        self.now = opts.now if opts.now is not None else time.time()
+        self.notes: list[str] = []
+        self.evidence: list[dict] = []
+        self.records = joblog.read_records(job_dir) if job_dir else {}
+        self.stage = s.summary.get("stage") or (list(self.records)[-1] if self.records else None)
+        self.job_id = (s.header.get("job") or s.summary.get("job") or "").split(" ")[0] or log.name.split("-JAX-")[0]
+        self.job_name = ((s.header.get("job") or "").split(" ") + [""])[1] or log.name.removesuffix(".log")
+        self.sched = None
+        if opts.scheduler and not s.summary and s.header.get("scheduler") == "slurm":
+            self.sched = scheduler_state(self.job_id)
+        self.hosts = self._hosts()
+
+    # hosts ------------------------------------------------------------------------------
+    def _hosts(self) -> dict[str, Host]:
+        s = self.scan
+        nodes = s.nodes()
+        seen = [h for h in s.hosts if h is not None and h not in nodes]
+        hosts = {h: Host(h, i) for i, h in enumerate(nodes)}
+        for h in seen:
+            hosts[h] = Host(h, None)
+        single = nodes[0] if len(nodes) == 1 else None
+        for key, hs in s.hosts.items():
+            name = key if key is not None else single
+            if name is None:
+                continue
+            h = hosts.setdefault(name, Host(name, None))
+            h.last_step, h.last_step_ts, h.last_step_line = hs.last_step, hs.last_step_ts, hs.last_step_line
+            h.last_ts = hs.last_ts
+        for e in s.events:
+            name = e.host if e.host is not None else single
+            if name in hosts:
+                hosts[name].events.append(e)
+        failed = joblog.parse_failed_nodes(s.summary.get("failed_nodes", ""))
+        for e in s.events:
+            if e.kind == "srun_exit" and e.host in hosts and e.data.get("exit") is not None:
+                hosts[e.host].exit, hosts[e.host].reason = e.data["exit"], "exit"
+        for name, (rc, why) in failed.items():
+            if name in hosts:
+                hosts[name].exit, hosts[name].reason = rc, why
+        for name, rec in self.records.get(self.stage or "", {}).items():
+            h = hosts.setdefault(name, Host(name, None))
+            h.exit, h.reason, h.end, h.record = rec["rc"], rec["reason"], rec["end"], rec["file"]
+        return hosts
+
+    # status -----------------------------------------------------------------------------
+    def status(self) -> str:
+        s = self.scan
+        st = s.summary.get("status")
+        if st:
+            return {
+                "completed": "completed",
+                "cancelled": "cancelled",
+                "failed": "failed",
+                "stage_timeout": "failed",
+                "timeout": "failed",
+            }.get(st, "unknown")
+        if self.sched:
+            if self.sched in RUNNING_STATES:
+                return "running"
+            self.notes.append(f"Slurm says the job ended ({self.sched}) but the log has no JOB SUMMARY")
+            return {"COMPLETED": "completed", "CANCELLED": "cancelled"}.get(self.sched, "failed")
+        if self.job_dir is None:
+            self.notes.append("no job directory and no JOB SUMMARY: cannot tell whether the job still runs")
+            return "unknown"
+        recs = self.records.get(self.stage or "", {})
+        nodes = s.nodes()
+        if not self.records or (nodes and len(recs) < len(nodes)) or self.stage != "train":
+            return "running"
+        self.notes.append("every node has an exit record but the log has no JOB SUMMARY yet")
+        return "failed" if any(r["rc"] != 0 for r in recs.values()) else "completed"
+
+    # steps, progress, throughput --------------------------------------------------------
+    def steady_rows(self) -> tuple[list[int], int]:
+        """Rows of the reference host's steps after ramp-up and the first warm-up steps (compilation,
+        first data): (rows, number of warm-up steps left out; at most all but one)."""
+        st = self.scan.steps
+        idx = [i for i in range(len(st.step)) if st.tokens[i] is not None or not st.rampup]
+        skip = min(self.opts.warmup_steps, max(0, len(idx) - 1))
+        first = {st.step[i] for i in idx[:skip]}
+        return [i for i in idx if st.step[i] not in first], skip
+
+    def throughput(self) -> tuple[dict, list[int]]:
+        st = self.scan.steps
+        rows, skipped = self.steady_rows()
+        rates = [st.tokens[i] for i in rows if st.tokens[i] is not None]
+        steps = [st.step[i] for i in rows if st.tokens[i] is not None]
+        tgs = {
+            "steady": round(statistics.median(rates), 3) if rates else None,
+            "warmup_steps_excluded": skipped,
+            "phases": throughput_phases(steps, rates, self.opts.phase_min_steps, self.opts.phase_threshold),
+            "host": st.host,
+        }
+        return tgs, rows
+
+    def step_period(self, rows: list[int]) -> float | None:
+        st = self.scan.steps
+        recent = rows[-1000:]  # the current step period; also bounds the work on huge logs
+        ts = [(st.step[i], t) for i in recent for t in [st.ts(i)] if t is not None]
+        diffs = [(t2 - t1) / (s2 - s1) for (s1, t1), (s2, t2) in zip(ts, ts[1:], strict=False) if s2 > s1]
+        if diffs:
+            return statistics.median(diffs)
+        return median([st.seconds[i] for i in recent])
+
+    def progress(self, status: str, tgs: dict, rows: list[int]) -> dict:
+        st = self.scan.steps
+        last = max([h.last_step for h in self.hosts.values() if h.last_step is not None] + st.step[-1:], default=None)
+        total = self.total_steps()
+        rate = None
+        ts_rows = [i for i in rows if st.stamp[i]]
+        if tgs["phases"]:
+            start = tgs["phases"][-1]["start_step"]
+            ts_rows = [i for i in ts_rows if st.step[i] >= start] or ts_rows
+        pts = [(st.step[i], t) for i in ts_rows[-5000:] for t in [st.ts(i)] if t is not None]
+        gaps = [((t2 - t1), s2 - s1) for (s1, t1), (s2, t2) in zip(pts, pts[1:], strict=False) if s2 > s1]
+        if gaps:
+            # mean step period over the current phase, stalls (> 10 x the median) left out:
+            # periodic checkpoints and evals still count, a hang or a restart does not
+            typical = statistics.median(dt / ds for dt, ds in gaps)
+            kept = [(dt, ds) for dt, ds in gaps if dt / ds <= 10 * typical] or gaps
+            rate = sum(ds for _, ds in kept) / sum(dt for dt, _ in kept) if sum(dt for dt, _ in kept) > 0 else None
+        elif rows:
+            per = median([st.seconds[i] for i in rows])
+            rate = 1 / per if per else None
+        eta = None
+        if status == "completed":
+            eta = 0.0
+        elif status == "running" and rate and total is not None and last is not None:
+            eta = max(0.0, (total - (last + 1)) / rate)
+        last_ts = self.last_step_time()
+        return {
+            "last_step": last,
+            "total_steps": total,
+            "steps_per_sec": round(rate, 4) if rate else None,
+            "eta_seconds": round(eta, 1) if eta is not None else None,
+            "last_step_time": iso(last_ts),
+            "last_step_age_seconds": round(self.now - last_ts, 1) if last_ts is not None else None,
+        }
+
+    def last_step_time(self) -> float | None:
+        times = [h.last_step_ts for h in self.hosts.values() if h.last_step_ts is not None]
+        st = self.scan.steps
+        if st.step and st.ts(len(st.step) - 1) is not None:
+            times.append(st.ts(len(st.step) - 1))
+        if times:
+            return max(times)
+        if self.scan.steps.step:  # steps without absl stamps: the log's mtime is the best we have
+            return self.scan.mtime
+        return None
+
+    def total_steps(self) -> int | None:
+        found = None
+        for kv in self.scan.header.get("overrides", "").split():
+            k, _, v = kv.partition("=")
+            if k == "steps" and re.fullmatch(r"-?\d+", v):
+                found = int(v)
+        if found is not None:
+            return found
+        model = self.scan.header.get("model", "").split(" ")[0]
+        if self.job_dir and model:
+            cfg = self.job_dir / "artifact" / "configs" / f"{model}.yml"
+            try:
+                m = re.search(r"(?m)^steps:\s*(-?\d+)\s*(?:#.*)?$", cfg.read_text(errors="replace"))
+            except OSError:
+                m = None
+            if m:
+                return int(m.group(1))
+        return None
+
+    # evidence helpers -------------------------------------------------------------------
+    def cite(self, line: int | None, text: str, why: str, host: str | None = None, file: str | None = None) -> None:
+        if line is None:
+            return
+        item = {"file": file or str(self.log), "line": line, "text": text[:400], "host": host, "why": why}
+        if not any(e["file"] == item["file"] and e["line"] == line for e in self.evidence):
+            self.evidence.append(item)
+
+    def cite_event(self, e: joblog.Event | None, why: str) -> None:
+        if e is not None:
+            self.cite(e.line, e.raw or e.text, why, e.host)
+
+    def cite_record(self, h: Host, why: str) -> None:
+        if h.record:
+            self.cite(1, f"rc={h.exit} end={h.end:.3f} reason={h.reason}", why, h.name, h.record)
+
+    def cite_summary(self, key: str, why: str) -> None:
+        line = self.scan.summary_lines.get(key)
+        if line:
+            self.cite(line, f"{key}: {self.scan.summary[key]}", why)
+
+    def cite_last_step(self, h: Host, why: str) -> None:
+        text = self.scan.hosts.get(h.name, self.scan.hosts.get(None, joblog.HostSeen())).last_step_text
+        if h.last_step_line:
+            self.cite(h.last_step_line, text or f"{h.name}: completed step: {h.last_step}", why, h.name)
+
+    # root causes per host ---------------------------------------------------------------
+    def root_of(self, h: Host) -> tuple[str, joblog.Event | None] | None:
+        """The host's own failure (not a consequence of another host's): the registry's per-host
+        root cause of highest priority, and the event that shows it (None: only its exit record)."""
+        for c in fc.ROOT_CAUSES:
+            found, e = c.on_host(h)
+            if found:
+                return c.name, e
+        return None
+
+    def fail_time(self, h: Host, e: joblog.Event | None) -> tuple[float, float]:
+        """Sort key: (when it failed, where in the log); unknown times sort last."""
+        t = h.end if (h.end is not None and h.reason != "stopped") else (e.ts if e and e.ts else None)
+        return (t if t is not None else math.inf, e.line if e else math.inf)
+
+    # classification ---------------------------------------------------------------------
+    def classify(self, status: str) -> tuple[str | None, list[str], str, str | None]:
+        """(failure_class, culprits, one-line summary, confidence), in docs/triage.md's order: a
+        config error anywhere, the first host's root cause, then the registry's job-level rules."""
+        hosts = list(self.hosts.values())
+        roots = [(h, *r) for h in hosts for r in [self.root_of(h)] if r]
+        # a config error anywhere is the cause, whatever else happened
+        cfg = [(h, k, e) for h, k, e in roots if k == "config_error"]
+        if cfg:
+            h, _, e = min(cfg, key=lambda r: self.fail_time(r[0], r[2]))
+            self.cite_event(e, "configuration rejected")
+            self.cite_event(next((x for x in h.events if x.kind == "exception"), None), "the exception")
+            return "config_error", [h.name], fc.explain("config_error", host=h.name, detail=f": {message(e)}"), "high"
+        # a heartbeat claim is cited even when a host's root cause decides: it happened on the way
+        first_rule, *rules = fc.JOB_RULES
+        hb = first_rule(self, status)
+        if roots:
+            h, kind, e = min(roots, key=lambda r: self.fail_time(r[0], r[2]))
+            return self.explain_root(h, kind, e)
+        if hb:
+            return hb
+        for rule in rules:
+            verdict = rule(self, status)
+            if verdict:
+                return verdict
+        return self.unclassified(status)
+
+    def unclassified(self, status: str) -> tuple[str | None, list[str], str, str | None]:
+        """Failures outside the classes: a preflight check, or an exit code with no known text."""
+        hosts = list(self.hosts.values())
+        pre = [h for h in hosts if h.first("preflight")]
+        if pre:
+            for h in pre:
+                self.cite_event(h.first("preflight"), "preflight check failed")
+            e = pre[0].first("preflight")
+            return (
+                None,
+                [h.name for h in pre],
+                f"preflight failed on {', '.join(h.name for h in pre)}: {message(e)}",
+                "high",
+            )
+        if status == "failed":
+            bad = [h for h in hosts if h.exit not in (None, 0) and h.reason != "stopped"]
+            self.cite_summary("first_error", "the launcher's guess at the first error")
+            if bad:
+                h = min(bad, key=lambda x: self.fail_time(x, None))
+                self.cite_record(h, "exit record")
+                return None, [h.name], f"{h.name} exited with code {h.exit}; no known error signature in the log", "low"
+            return None, [], "the job failed but the log names no cause", "low"
+        return None, [], "", None
+
+    def explain_root(self, h: Host, kind: str, e: joblog.Event | None) -> tuple:
+        """The verdict for the host whose root cause came first: its evidence and the registry's summary."""
+        if kind == "stage_timeout":
+            self.cite_event(e, "stage time limit")
+            self.cite_record(h, "exit record")
+            last = self.last_step_time()
+            extra = (
+                f"; the last step was {h.end - last:.0f} s before the limit hit" if last is not None and h.end else ""
+            )
+            return "stage_timeout", self.laggards(), fc.explain(kind, stage=self.stage, extra=extra), "high"
+        if kind != "killed":
+            self.cite_event(e, "the first error on the culprit")
+        self.cite_record(h, "exit record of the first node that failed")
+        if kind == "python_exception":
+            self.cite_event(next((x for x in h.events if x.kind == "exception"), None), "the exception")
+        self.cite_last_step(h, "the culprit's last step")
+        self.cite_summary("first_failure", "first node to fail (job summary)")
+        for x in self.hosts.values():
+            c = (x.first("collective") or fc.first_exception(x, "collective")) if x is not h else None
+            if c:
+                self.cite_event(c, "a survivor's collective error (consequence)")
+                break
+        if kind == "killed":
+            self.cite_event(
+                h.first("killed") or next((x for x in self.scan.events if x.kind == "killed"), None),
+                "bash: the stage's process was killed",
+            )
+            return fc.reported(kind), [h.name], fc.explain(kind, host=h.name), "low"
+        detail = f": {message(e)}" if e else ""
+        code = f" (exit {h.exit})" if h.exit else ""
+        return kind, [h.name], fc.explain(kind, host=h.name, detail=detail, exit=code), "high" if e else "medium"
+
+    def laggards(self) -> list[str]:
+        steps = {h.name: h.last_step for h in self.hosts.values() if h.last_step is not None}
+        if len(steps) < 2 or len(set(steps.values())) < 2:
+            return []
+        low = min(steps.values())
+        return [n for n, v in steps.items() if v == low]
+
+    # hang ---------------------------------------------------------------------------------
+    def hang_check(self, rows: list[int]) -> dict | None:
+        period = self.step_period(rows)
+        last = self.last_step_time()
+        if last is None:
+            return None
+        threshold = max(self.opts.hang_factor * (period or 0), self.opts.hang_min_seconds)
+        age = self.now - last
+        return {
+            "threshold_seconds": round(threshold, 1),
+            "last_step_age_seconds": round(age, 1),
+            "median_step_seconds": round(period, 4) if period else None,
+            "hung": age > threshold,
+        }
+
+    def hang_before_end(self, rows: list[int]) -> dict | None:
+        """For a job that was cancelled or timed out: had it stopped stepping long before it ended?
+        The end is the newest stage record (written when each node's stage ended)."""
+        ends = [h.end for h in self.hosts.values() if h.end is not None]
+        last, period = self.last_step_time(), self.step_period(rows)
+        if not ends or last is None or not self.scan.steps.stamp or not any(self.scan.steps.stamp):
+            return None
+        threshold = max(self.opts.hang_factor * (period or 0), self.opts.hang_min_seconds)
+        gap = max(ends) - last
+        if gap <= threshold:
+            return None
+        return {
+            "threshold_seconds": round(threshold, 1),
+            "last_step_age_seconds": round(gap, 1),
+            "median_step_seconds": round(period, 4) if period else None,
+            "hung": True,
+            "before_end": True,
+        }
+
+    # next steps ---------------------------------------------------------------------------
+    def metrics_step(self, cls: str | None, status: str, phases: int) -> list[str]:
+        """Where the log ends and the metrics begin: a throughput change, a hang or a heartbeat claim."""
+        why = (
+            "throughput changed during the run"
+            if phases > 1
+            else fc.BY_NAME["hang"].metrics_why
+            if status == "hung"
+            else fc.BY_NAME[cls].metrics_why
+            if cls
+            else ""
+        )
+        if not why or not self.job_dir:
+            return []
+        if (self.job_dir / "prometheus").is_dir():
+            diag = Path(__file__).resolve().parent / "diagnose.py"
+            return [
+                f"{shlex.quote(str(REPO / '.venv/bin/python'))} {shlex.quote(str(diag))} "
+                f"{shlex.quote(str(self.job_dir))}   # {why}: what the metrics say (GPU, network, host)"
+            ]
+        return [f"{why}, but the job saved no metrics: rerun it with RAY=1 to see GPU, network and host metrics"]
+
+    def next_steps(self, cls: str | None, culprits: list[str], status: str, phases: int = 1) -> list[str]:
+        """The culprit's last lines, the class's own steps (registry), the metrics, triage again."""
+        log = shlex.quote(str(self.log))
+        out: list[str] = []
+        if culprits:
+            out.append(f"grep -a -n '^{culprits[0]}: ' {log} | tail -40   # what {culprits[0]} printed last")
+        if cls:
+            job = fc.Job(
+                log=log,
+                job_id=self.job_id,
+                scheduler=self.scan.header.get("scheduler"),
+                status=status,
+                culprits=culprits,
+                command=self.command(),
+                job_dir=self.job_dir,
+                coordinator=(self.scan.nodes() or ["the coordinator"])[0],
+            )
+            out += fc.BY_NAME[cls].next_steps(job)
+        out += self.metrics_step(cls, status, phases)
+        if status in ("running", "hung"):
+            out.append(f"tail -F {log}")
+        out.append(f"{shlex.quote(str(Path(__file__).resolve()))} {self.job_id} --json   # triage again")
+        return out
+
+    def command(self) -> str | None:
+        if not self.job_dir:
+            return None
+        try:
+            return (self.job_dir / "artifact" / ".submit" / "command.txt").read_text(errors="replace").strip() or None
+        except OSError:
+            return None
+
+    # report -------------------------------------------------------------------------------
+    def report(self) -> dict:
+        s = self.scan
+        status = self.status()
+        tgs, rows = self.throughput()
+        hang = None
+        if status == "running":
+            hang = self.hang_check(rows)
+            if hang and hang["hung"]:
+                status = "hung"
+        prog = self.progress(status, tgs, rows)
+        cls, culprits, summary, conf = (None, [], "", None)
+        if status in ("failed", "cancelled", "unknown", "running", "hung"):
+            cls, culprits, summary, conf = self.classify(status)
+            if status in ("running", "unknown") and cls is None:
+                summary = ""
+        if status == "hung" and cls is None:
+            culprits = self.laggards()
+            for n in culprits:
+                self.cite_last_step(self.hosts[n], "this host is behind the others")
+            best = max(self.hosts.values(), key=lambda h: h.last_step_ts or 0, default=None)
+            if best:
+                self.cite_last_step(best, "the newest step line in the log")
+            cls, conf = "hang", "medium" if culprits else "low"
+            summary = fc.explain(
+                "hang",
+                "running",
+                age=hang["last_step_age_seconds"],
+                threshold=hang["threshold_seconds"],
+                behind=f"; {', '.join(culprits)} is behind the others" if culprits else "",
+            )
+        if cls in ("cancelled", "stage_timeout") and status in ("cancelled", "failed"):
+            pre = self.hang_before_end(rows)
+            if pre:  # the cancel or the time limit only ended a job that had hung: the hang is the cause
+                hang, ended = pre, "cancelled" if cls == "cancelled" else "timed out"
+                culprits, before = self.laggards(), self.evidence
+                self.evidence = []
+                for n in culprits:
+                    self.cite_last_step(self.hosts[n], "this host is behind the others")
+                best = max(self.hosts.values(), key=lambda h: h.last_step_ts or 0, default=None)
+                if best:
+                    self.cite_last_step(best, "the newest step line: nothing after it until the end")
+                self.evidence += [e for e in before if e not in self.evidence]
+                cls, conf = "hang", "medium" if culprits else "low"
+                summary = fc.explain(
+                    "hang",
+                    "before_end",
+                    age=pre["last_step_age_seconds"],
+                    threshold=pre["threshold_seconds"],
+                    ended=ended,
+                    stop="cancel" if ended == "cancelled" else "time limit",
+                    behind=f"; {', '.join(culprits)} is behind the others" if culprits else "",
+                )
+        if status == "completed" and not summary:
+            summary = f"completed {prog['last_step'] + 1 if prog['last_step'] is not None else 0} steps"
+            if s.summary_lines.get("status"):
+                self.cite_summary("status", "job summary")
+        if status == "running" and not summary:
+            summary = f"running: step {prog['last_step']}" if prog["last_step"] is not None else "running: no step yet"
+        if s.runs > 1:
+            self.notes.append(f"the log holds {s.runs} runs (requeued); this report is about the last one")
+        hosts = [
+            {
+                "host": h.name,
+                "rank": h.rank,
+                "last_step": h.last_step,
+                "last_step_time": iso(h.last_step_ts),
+                "exit_code": h.exit,
+                "end_reason": h.reason,
+            }
+            for h in self.hosts.values()
+        ]
+        return {
+            "job_id": self.job_id,
+            "job_name": self.job_name,
+            "log": str(self.log),
+            "job_dir": str(self.job_dir) if self.job_dir else None,
+            "scheduler": s.header.get("scheduler"),
+            "scheduler_state": self.sched,
+            "status": status,
+            "failure_class": cls,
+            "culprit_hosts": culprits,
+            "confidence": conf,
+            "summary": summary,
+            "evidence": self.evidence,
+            "progress": prog,
+            "tgs": {k: v for k, v in tgs.items() if k != "host"},
+            "hang": hang,
+            "hosts": hosts,
+            "next_steps": self.next_steps(cls, culprits, status, len(tgs.get("phases") or [])),
+            "notes": self.notes,
+            "scan": {
+                "bytes": s.size,
+                "lines": s.lines,
+                "seconds": round(s.seconds, 3),
+                "mb_per_s": round(s.size / s.seconds / 1e6, 1) if s.seconds else None,
+            },
+        }
+
+
+def triage(job: str, workspace: Path | None = None, opts: Options | None = None) -> dict:
+    """The report for JOB (id, job directory or log file) as a dict (see docs/triage.md)."""
+    log, job_dir = locate(job, workspace or default_workspace())
+    return Triage(log, job_dir, opts or Options()).report()
+
+
+def emit(report: dict, as_json: bool, text: Callable[[dict], str]) -> None:
+    """Print a tool's report: JSON for programs (--json), else text(report) for people."""
+    if as_json:
+        json.dump(report, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print(text(report))
+
+
+def render(r: dict) -> str:
+    """The report as text for people."""
+    p, t = r["progress"], r["tgs"]
+    head = f"job {r['job_id']} ({r['job_name']}): {r['status'].upper()}"
+    if r["failure_class"]:
+        head += f" - {r['failure_class']}"
+        if r["culprit_hosts"]:
+            head += f" on {', '.join(r['culprit_hosts'])}"
+        head += f" (confidence {r['confidence']})"
+    lines = [head]
+    if r["summary"]:
+        lines.append(f"  {r['summary']}")
+    if p["last_step"] is not None:
+        prog = f"progress: step {p['last_step']}"
+        if p["total_steps"]:
+            prog += f" of {p['total_steps']} ({100 * (p['last_step'] + 1) / p['total_steps']:.0f}%)"
+        if p["steps_per_sec"]:
+            prog += f", {p['steps_per_sec']:.3g} steps/s"
+        if p["eta_seconds"]:
+            prog += (
+                f", eta {p['eta_seconds'] / 3600:.1f} h"
+                if p["eta_seconds"] > 5400
+                else f", eta {p['eta_seconds']:.0f} s"
+            )
+        if p["last_step_age_seconds"] is not None and r["status"] in ("running", "hung"):
+            prog += f", last step {p['last_step_age_seconds']:.0f} s ago"
+        lines.append(prog)
+    if t["steady"] is not None:
+        ph = "; ".join(f"steps {x['start_step']}-{x['end_step']}: {x['mean']:.6g}" for x in t["phases"])
+        lines.append(
+            f"throughput: {t['steady']:.6g} tokens/s/device steady"
+            + (f" (phases: {ph})" if len(t["phases"]) > 1 else "")
+        )
+    if r["evidence"]:
+        lines.append("evidence:")
+        for e in r["evidence"]:
+            where = e["file"] if e["file"] != r["log"] else Path(e["file"]).name
+            lines.append(f"  {where}:{e['line']}: {e['text']}")
+            lines.append(f"      ({e['why']})")
+    for n in r["notes"]:
+        lines.append(f"note: {n}")
+    if r["next_steps"]:
+        lines.append("next steps:")
+        lines += [f"  {x}" for x in r["next_steps"]]
+    return "\n".join(lines)
+
+
+class _Help(argparse.RawDescriptionHelpFormatter):
+    def add_usage(self, usage, actions, groups, prefix=None):  # noqa: ANN001
+        super().add_usage(usage, actions, groups, prefix="Usage: ")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (no usage dump)
+        print(f"triage.py: {message} (see triage.py --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _number(kind: type, least: float, what: str) -> Callable[[str], float]:
+    """An argparse type: a finite number of KIND that is at least LEAST (what: the words for the bound)."""
+
+    def conv(text: str) -> float:
+        try:
+            x = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"'{text}' is not {'a whole number' if kind is int else 'a number'}"
+            ) from None
+        if not math.isfinite(x) or x < least:
+            raise argparse.ArgumentTypeError(f"'{text}' must be {what}")
+        return x
+
+    conv.__name__ = kind.__name__
+    return conv
+
+
+def main(argv: list[str] | None = None) -> int:
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `triage.py ... | head` ends quietly
+    doc = (__doc__ or "").strip().splitlines()
+    ap = _Parser(prog="triage.py", formatter_class=_Help, description="\n".join(doc[2:]))
+    ap.add_argument("job", metavar="JOB", help="job id, job directory or log file")
+    ap.add_argument("--json", action="store_true", help="print the report as JSON (for agents and scripts)")
+    ap.add_argument(
+        "--workspace", type=Path, help="where job ids are looked up (default $JOB_WORKSPACE or <repo>/outputs)"
+    )
+    ap.add_argument(
+        "--hang-factor",
+        type=_number(float, 1.0, "1 or more"),
+        default=10.0,
+        help="hung when no step for FACTOR x the median step time (default 10)",
+    )
+    ap.add_argument(
+        "--hang-min-seconds",
+        type=_number(float, 0.0, "0 or more"),
+        default=120.0,
+        help="... and for at least this long (default 120)",
+    )
+    ap.add_argument(
+        "--warmup-steps",
+        type=_number(int, 0, "0 or more"),
+        default=3,
+        help="first steps left out of the steady throughput (default 3)",
+    )
+    ap.add_argument(
+        "--phase-min-steps",
+        type=_number(int, 2, "2 or more"),
+        default=20,
+        help="shortest throughput phase in steps (default 20)",
+    )
+    ap.add_argument(
+        "--phase-threshold",
+        type=_number(float, 0.0, "0 or more"),
+        default=0.10,
+        help="relative change that starts a new phase (default 0.10)",
+    )
+    ap.add_argument(
+        "--now",
+        type=_number(float, 0.0, "an epoch time (seconds since 1970, 0 or more)"),
+        help="evaluate as if at this epoch time (reproducible hang checks)",
+    )
+    ap.add_argument(
+        "--no-scheduler", action="store_true", help="do not ask Slurm (scontrol) about a job without a summary"
+    )
+    a = ap.parse_args(argv)
+    opts = Options(
+        now=a.now,
+        hang_factor=a.hang_factor,
+        hang_min_seconds=a.hang_min_seconds,
+        warmup_steps=a.warmup_steps,
+        phase_min_steps=a.phase_min_steps,
+        phase_threshold=a.phase_threshold,
+        scheduler=not a.no_scheduler,
+    )
+    try:
+        r = triage(a.job, a.workspace, opts)
+    except InputError as e:
+        print(f"triage.py: {e}", file=sys.stderr)
+        return 2
+    emit(r, a.json, render)
+    return 0
