@@ -77,7 +77,7 @@ trap 'exit 143' TERM INT HUP
 
 "$py" "$repo/utils/observe/metrics_exporter.py" --bind "$addr" --port "$(free_port 9400)" \
   --interval "${METRICS_INTERVAL:-5}" --host "$host" --node-rank "$rank" --job-dir "$JOB_DIR" \
-  --plugin-dir "$repo/utils" --state-dir "$scratch/exporter" \
+  --state-dir "$scratch/exporter" \
   --sd-file "$JOB_DIR/metrics/targets/$host-node.json" --log "$JOB_DIR/metrics/exporter-$host.log" >/dev/null 2>&1 &
 exporter_pid=$!
 
