@@ -111,6 +111,19 @@ def test_the_earlier_job_as_a_path_is_read_with_its_own_log(ws):
     assert r["failure_class"] == "oom_device" and r["job_dir"] == str(earlier)
 
 
+def test_triage_next_steps_run_the_commands_on_the_same_job(ws):
+    """The commands triage prints (diagnose.py for the metrics, triage again) run as printed and read
+    this job, whatever the workspace of the shell that runs them."""
+    job = the_job(ws)
+    r = json.loads(tool("triage", "4242", "--json", "--no-scheduler", ws=ws).stdout)
+    diagnose, again = r["next_steps"][-2:]
+    assert "# triage again" in again and "diagnose.py" in diagnose, r["next_steps"]
+    res = run(["bash", "-c", again.split("   #")[0] + " --no-scheduler"], env={"JOB_WORKSPACE": "/nonexistent"})
+    assert res.returncode == 0 and json.loads(res.stdout)["job_dir"] == str(job), res.stderr
+    res = run(["bash", "-c", diagnose.split("   #")[0] + " --json"], env={"JOB_WORKSPACE": "/nonexistent"}, timeout=120)
+    assert res.returncode == 0 and json.loads(res.stdout)["job"] == job.name, res.stderr
+
+
 def test_only_earlier_results_match_nothing(tmp_path):
     logcorpus.write_job(logcorpus.Job(job_id="51", model="tiny"), tmp_path)
     move_aside(tmp_path / "51-JAX-tiny.log", tmp_path / "51-JAX-tiny")

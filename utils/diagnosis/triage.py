@@ -522,10 +522,9 @@ class Triage:
         if not why or not self.job_dir:
             return []
         if (self.job_dir / "prometheus").is_dir():
-            diag = Path(__file__).resolve().parent / "diagnose.py"
             return [
-                f"{shlex.quote(str(REPO / '.venv/bin/python'))} {shlex.quote(str(diag))} "
-                f"{shlex.quote(str(self.job_dir))}   # {why}: what the metrics say (GPU, network, host)"
+                f"{shlex.quote(str(REPO / 'utils' / 'diagnose.py'))} {shlex.quote(str(self.job_dir))}"
+                f"   # {why}: what the metrics say (GPU, network, host)"
             ]
         return [f"{why}, but the job saved no metrics: rerun it with RAY=1 to see GPU, network and host metrics"]
 
@@ -550,7 +549,8 @@ class Triage:
         out += self.metrics_step(cls, status, phases)
         if status in ("running", "hung"):
             out.append(f"tail -F {log}")
-        out.append(f"{shlex.quote(str(Path(__file__).resolve()))} {self.job_id} --json   # triage again")
+        again = f"{shlex.quote(str(REPO / 'utils' / 'triage.py'))} {shlex.quote(str(self.log))} --json"
+        out.append(f"{again}   # triage again")  # the log: an id may be ambiguous or in another workspace
         return out
 
     def command(self) -> str | None:
