@@ -175,7 +175,7 @@ def test_help():
 
 def test_bad_input(tmp_path, network_job):
     one_line_error(cli(tmp_path / "nope"), "does not exist")
-    one_line_error(cli("999999", "--workspace", tmp_path), "no job 999999")
+    one_line_error(cli("999999", "--workspace", tmp_path), "no job '999999'")
     (tmp_path / "plain").mkdir()
     one_line_error(cli(tmp_path / "plain"), "neither a job dir nor a TSDB")
     job = tmp_path / "7-JAX-tiny"

@@ -16,8 +16,9 @@ evidence (the PromQL run, the hosts, the time window, the values seen):
 and compares every host with its peers for every hw_ family. With --vs OTHER_JOB it ranks every
 family by how much it differs between the two jobs (per host, robust effect size).
 
-JOB and OTHER_JOB: a job id (looked up in --workspace, default $JOB_WORKSPACE or
-<repo>/outputs), a job dir (<workspace>/<id>-JAX-<model>[-<tag>]) or a TSDB dir.
+JOB and OTHER_JOB: a job id or a job name (<id>-JAX-<model>[-<tag>]), looked up in --workspace
+(default $JOB_WORKSPACE or <repo>/outputs), a job dir, its log or a TSDB dir; an id that two jobs
+share is an error that lists their names.
 --json prints the report for programs (schema: docs/diagnose.md); --plot DIR writes PNG charts
 of the evidence. Exit 0 when diagnosed (even with too little data: it says so), 2 on bad input,
 1 when Prometheus could not serve the data.
@@ -25,14 +26,9 @@ of the evidence. Exit 0 when diagnosed (even with too little data: it says so), 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import glob
-import json
 import math
-import os
 import re
-import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable
@@ -41,7 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
-from diagnosis import tsdb
+from diagnosis import cli, tsdb
+from diagnosis import locate as lookup
+from diagnosis.cli import InputError
+from diagnosis.locate import default_workspace
 
 try:
     from diagnosis import joblog  # the one parser of the job log format (utils/diagnosis/joblog.py)
@@ -102,10 +101,6 @@ VS_CATEGORY: list[tuple[str, str, int]] = [  # first match wins; within a verdic
     (r"hw_gpu_power_limit_watts", "gpu_power", -1),
     (r"hw_gpu_ras_errors_total|hw_gpu_pcie_aer_errors_total", "gpu_hardware", +1),
 ]
-
-
-class InputError(Exception):
-    """Bad input: one line, exit 2."""
 
 
 # --- data model ---------------------------------------------------------------------------
@@ -208,55 +203,21 @@ def _jsonable(x: object) -> object:
 
 
 # --- finding the job ----------------------------------------------------------------------
-def default_workspace() -> Path:
-    return Path(os.environ.get("JOB_WORKSPACE") or REPO / "outputs")
-
-
-def _log_of(job_dir: Path) -> Path | None:
-    for cand in (job_dir / "log", job_dir.with_name(job_dir.name + ".log")):
-        if cand.is_file():
-            return cand.resolve()
-    return None
-
-
-JOB_FORMS = "give a job id, a job dir (<workspace>/<id>-JAX-<model>[-<tag>]) or a TSDB dir"
-
-
-def locate(arg: str, workspace: Path, what: str = "JOB") -> Target:
-    """A job id, job dir, TSDB dir or job log -> Target; InputError with one line otherwise
-    (what: the argument's name in that line)."""
-    if not arg.strip():
-        raise InputError(f"empty {what} argument: {JOB_FORMS}")
+def locate(arg: str, workspace: Path | None = None, what: str = "JOB") -> Target:
+    """The job ARG names (diagnosis/locate.py's rule; a TSDB dir is also taken) and its TSDB;
+    InputError with one line otherwise (what: the argument's name in that line)."""
+    job = lookup.find(arg, workspace, what=what, tsdb=tsdb.is_tsdb)
+    if job.dir is None and job.log is not None:
+        raise InputError(f"{arg} is not a directory and no job dir is beside it: {lookup.forms(tsdb=True)}")
+    if job.dir is not None and not (job.dir / "prometheus").is_dir():
+        raise InputError(f"{job.dir} has no saved metrics (no prometheus/): only RAY=1 jobs record a TSDB")
     try:
-        return _locate(arg, workspace)
-    except OSError as e:  # a name too long, a permission, a symlink loop: no traceback
-        raise InputError(f"cannot look up '{arg}': {e.strerror or e} ({JOB_FORMS})") from None
-
-
-def _locate(arg: str, workspace: Path) -> Target:
-    p = Path(arg)
-    if not p.exists() and os.path.lexists(p):
-        raise InputError(f"{arg} is a dangling symlink or a symlink loop: {JOB_FORMS}")
-    if not p.exists() and re.fullmatch(r"[\w.-]+", arg) and "/" not in arg:
-        hits = [d for d in sorted(workspace.glob(f"{glob.escape(arg)}-JAX-*")) if d.is_dir()]
-        with_tsdb = [d for d in hits if (d / "prometheus").is_dir()]
-        if not hits:
-            raise InputError(f"no job {arg} in {workspace} (looked for {arg}-JAX-*; {JOB_FORMS}, or set --workspace)")
-        if len(with_tsdb) > 1:
-            raise InputError(f"job id {arg} is ambiguous in {workspace}: {', '.join(d.name for d in with_tsdb)}")
-        p = (with_tsdb or hits)[0]
-    if p.is_file() and p.suffix == ".log" and p.with_suffix("").is_dir():
-        p = p.with_suffix("")
-    if p.is_dir() and not (p / "prometheus").exists() and not tsdb.is_tsdb(p) and (p / ".stages").is_dir():
-        raise InputError(f"{p} has no saved metrics (no prometheus/): only RAY=1 jobs record a TSDB")
-    try:
-        db = tsdb.resolve(p)
+        db = tsdb.resolve(job.dir or job.path)
     except tsdb.TSDBError as e:
         raise InputError(str(e)) from None
-    job_dir = p.resolve() if (p / "prometheus").is_dir() else (db.parent if db.name == "prometheus" else None)
-    log = _log_of(job_dir) if job_dir else None
-    name = job_dir.name if job_dir else db.name
-    return Target(name, db, job_dir, log)
+    job_dir = job.dir or (db.parent if db.name == "prometheus" else None)
+    log = job.log or (lookup.log_of(job_dir) if job_dir else None)
+    return Target(job_dir.name if job_dir else db.name, db, job_dir, log)
 
 
 # --- numeric helpers ----------------------------------------------------------------------
@@ -1677,17 +1638,6 @@ def plot(r: dict, out: Path) -> list[Path]:
     return written
 
 
-class _Help(argparse.RawDescriptionHelpFormatter):
-    def add_usage(self, usage: str | None, actions: Iterable, groups: Iterable, prefix: str | None = None) -> None:
-        super().add_usage(usage, actions, groups, "Usage: ")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2
-        print(f"diagnose.py: {message} (see --help)", file=sys.stderr)
-        sys.exit(2)
-
-
 def check_plot_dir(out: Path) -> None:
     """InputError unless OUT is a directory or can be made one (checked before the diagnosis runs)."""
     p = out.absolute()
@@ -1702,17 +1652,16 @@ def check_plot_dir(out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = _Parser(
+    ap = cli.Parser(
         prog="diagnose.py",
         description=__doc__.split("\n", 2)[2],
-        formatter_class=_Help,
         usage="diagnose.py JOB [--vs OTHER_JOB] [--json] [--plot DIR] [--workspace DIR]",
     )
-    ap.add_argument("job", help="job id, job dir or TSDB dir")
-    ap.add_argument("--vs", metavar="OTHER_JOB", help="compare with this job (id, job dir or TSDB dir)")
+    ap.add_argument("job", help="job id, job name, job dir, its log or TSDB dir")
+    ap.add_argument("--vs", metavar="OTHER_JOB", help="compare with this job (as JOB)")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     ap.add_argument("--plot", metavar="DIR", type=Path, help="write PNG charts of the evidence to DIR")
-    ap.add_argument("--workspace", metavar="DIR", type=Path, help="where job ids are looked up")
+    ap.add_argument("--workspace", metavar="DIR", type=Path, help="where job ids and names are looked up")
     a = ap.parse_args(argv)
     ws = a.workspace or default_workspace()
     try:
@@ -1722,28 +1671,20 @@ def main(argv: list[str] | None = None) -> int:
         other = locate(a.vs, ws, "--vs") if a.vs is not None else None
         report = diagnose(target, other)
     except InputError as e:
-        print(f"diagnose.py: {e}", file=sys.stderr)
-        return 2
+        return cli.fail("diagnose.py", e)
     except tsdb.TSDBError as e:
-        print(f"diagnose.py: {e}", file=sys.stderr)
-        return 1
+        return cli.fail("diagnose.py", e, cli.FAILED)
     try:
         pngs = plot(report, a.plot) if a.plot else []
     except OSError as e:
-        print(
-            f"diagnose.py: cannot write the charts to {a.plot}: {e.strerror or e} (give a directory you can write "
-            "to, or leave out --plot)",
-            file=sys.stderr,
+        return cli.fail(
+            "diagnose.py",
+            f"cannot write the charts to {a.plot}: {e.strerror or e} (give a directory you can write to, or leave "
+            "out --plot)",
         )
-        return 2
     report.pop("_report", None)
     if pngs:
         report["plots"] = [str(p) for p in pngs]
-    if a.json:
-        json.dump(report, sys.stdout, indent=1)
-        print()
-    else:
-        print(render(report))
-        if pngs:
-            print("Charts: " + " ".join(map(str, pngs)))
-    return 0
+    charts = "\nCharts: " + " ".join(map(str, pngs)) if pngs else ""
+    cli.emit(report, a.json, lambda r: render(r) + charts)
+    return cli.OK

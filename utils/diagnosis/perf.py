@@ -5,7 +5,8 @@ MFU against one device's peak dense bf16 TFLOP/s, where the step time goes (firs
 steady median and tail, stall steps such as checkpoint saves, evals and data waits, and the wall
 time they cost), a per-host comparison, and a summary of the profiler traces under the job
 directory (top ops, compute / collectives / idle).
-JOB is a job id (looked up in --workspace), a job directory or a log file, as for triage.py.
+JOB is a job id or a job name (<id>-JAX-<model>[-<tag>], looked up in --workspace), a job
+directory or a log file, as for triage.py.
 --json prints the report for programs (schema: docs/perf.md). Exit 0 when the job was analysed
 (also a job without step lines: the report says so), 2 on bad input (no such job, not a job log,
 bad option).
@@ -13,25 +14,22 @@ bad option).
 
 from __future__ import annotations
 
-import argparse
 import calendar
 import gzip
 import json
 import math
 import os
 import re
-import signal
 import statistics
-import sys
 import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from diagnosis import joblog, triage
+from diagnosis import cli, joblog, locate
+from diagnosis.cli import InputError
 
 REPO = Path(__file__).resolve().parents[2]
-InputError = triage.InputError
 
 # Peak dense (no sparsity) bf16 matrix TFLOP/s of ONE device as JAX sees it, from the vendors'
 # datasheets (sources in docs/perf.md). Matched in order against --gpu or XLA's device name.
@@ -628,21 +626,16 @@ def perf(
     max_traces: int = 2,
     top: int = 10,
 ) -> dict:
-    """The report for JOB (id, job directory or log file) as a dict (see docs/perf.md)."""
-    log, job_dir = triage.locate(job, workspace or triage.default_workspace())
+    """The report for JOB (as diagnosis/locate.py finds it) as a dict (see docs/perf.md)."""
+    found = locate.find_log(job, workspace)
+    log = found.log
+    s, job_dir = locate.read_log(log, found.dir)
     try:
-        s = joblog.scan(log)
         table = joblog.read_steps(log, s.steps.clock)
-    except joblog.NotALog as e:
-        raise InputError(str(e)) from None
     except OSError as e:
         raise InputError(f"cannot read {log}: {e.strerror or e}") from None
-    if not joblog.looks_like_job_log(s):
-        raise InputError(f"{log} is not a job log (no JOB header, step line or known error line)")
-    if job_dir is None and s.header.get("job_dir") and Path(s.header["job_dir"]).is_dir():
-        job_dir = Path(s.header["job_dir"])
     notes: list[str] = []
-    job_id = (s.header.get("job") or s.summary.get("job") or "").split(" ")[0] or log.name.split("-JAX-")[0]
+    job_id, job_name = locate.job_id_and_name(s, log)
     nodes = s.nodes()
     ref = s.steps.host if s.steps.host in table.hosts else next(iter(table.hosts), None)
     st = table.hosts.get(ref) if table.hosts else None
@@ -663,7 +656,7 @@ def perf(
 
     rep: dict = {
         "job_id": job_id,
-        "job_name": ((s.header.get("job") or "").split(" ") + [""])[1] or log.name.removesuffix(".log"),
+        "job_name": job_name,
         "log": str(log),
         "job_dir": str(job_dir) if job_dir else None,
         "status": s.summary.get("status") or None,
@@ -841,81 +834,54 @@ def render(r: dict) -> str:
     return "\n".join(lines)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2 (no usage dump)
-        print(f"perf.py: {message} (see perf.py --help)", file=sys.stderr)
-        sys.exit(2)
-
-
-class _Help(argparse.RawDescriptionHelpFormatter):
-    def add_usage(self, usage, actions, groups, prefix=None):  # noqa: ANN001
-        super().add_usage(usage, actions, groups, prefix="Usage: ")
-
-
-def _positive(kind: type) -> object:
-    def conv(v: str) -> object:
-        x = kind(v)
-        if not x > 0 or (isinstance(x, float) and not math.isfinite(x)):
-            raise argparse.ArgumentTypeError(f"must be a positive number: {v}")
-        return x
-
-    conv.__name__ = kind.__name__
-    return conv
-
-
 def main(argv: list[str] | None = None) -> int:
-    if hasattr(signal, "SIGPIPE"):
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `perf.py ... | head` ends quietly
     doc = (__doc__ or "").strip().splitlines()
-    ap = _Parser(
+    ap = cli.Parser(
         prog="perf.py",
-        formatter_class=_Help,
         description="\n".join(doc[2:]),
         epilog="Peaks (dense bf16 TFLOP/s per device): "
         + ", ".join(f"{g[0]} {g[2]:g}" for g in GPUS)
         + ". Sources: docs/perf.md.",
     )
-    ap.add_argument("job", metavar="JOB", help="job id, job directory or log file")
+    ap.add_argument("job", metavar="JOB", help="job id, job name, job directory or log file")
     ap.add_argument("--json", action="store_true", help="print the report as JSON (for agents and scripts)")
     ap.add_argument(
         "--workspace",
         type=Path,
         metavar="DIR",
-        help="where job ids are looked up (default $JOB_WORKSPACE or <repo>/outputs)",
+        help="where job ids and names are looked up (default $JOB_WORKSPACE or <repo>/outputs)",
     )
     peak = ap.add_mutually_exclusive_group()
     peak.add_argument(
         "--peak-tflops",
-        type=_positive(float),
+        type=cli.positive_float,
         metavar="X",
         help="peak dense bf16 TFLOP/s of one device, for MFU (overrides the table)",
     )
     peak.add_argument("--gpu", metavar="NAME", help="device type for the peak: " + ", ".join(g[0] for g in GPUS))
     ap.add_argument(
         "--warmup-steps",
-        type=_positive(int),
+        type=cli.positive_int,
         default=3,
         metavar="N",
         help="first steps left out of the steady numbers, the first (compilation) included (default 3)",
     )
     ap.add_argument(
         "--stall-factor",
-        type=_positive(float),
+        type=cli.positive_float,
         default=3.0,
         metavar="F",
         help="a steady step longer than F x the median is a stall (default 3)",
     )
     ap.add_argument(
         "--max-traces",
-        type=int,
+        type=cli.number(int, lambda x: x >= 0, "0 or more"),
         default=2,
         metavar="N",
         help="summarise at most N trace files, newest first (default 2; 0: only list them)",
     )
-    ap.add_argument("--top", type=_positive(int), default=10, metavar="N", help="ops listed per trace (default 10)")
+    ap.add_argument("--top", type=cli.positive_int, default=10, metavar="N", help="ops listed per trace (default 10)")
     a = ap.parse_args(argv)
-    if a.max_traces < 0:
-        ap.error(f"--max-traces must be 0 or more: {a.max_traces}")
     try:
         r = perf(
             a.job,
@@ -928,7 +894,6 @@ def main(argv: list[str] | None = None) -> int:
             top=a.top,
         )
     except InputError as e:
-        print(f"perf.py: {e}", file=sys.stderr)
-        return 2
-    triage.emit(r, a.json, render)
-    return 0
+        return cli.fail("perf.py", e)
+    cli.emit(r, a.json, render)
+    return cli.OK

@@ -46,7 +46,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from diagnosis import joblog, triage
+from diagnosis import cli, joblog, locate, triage
+from diagnosis.cli import InputError
 
 REPO = Path(__file__).resolve().parents[2]
 SUBMIT = REPO / "submit.sh"
@@ -58,10 +59,6 @@ USABLE_NODE_STATES = {"idle", "alloc", "mix", "comp", "plnd"}
 OVERRIDE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*=")
 # MaxText's step line carries "loss: X" (see the STOPGAP note at final_loss)
 _LOSS = re.compile(r"(?:^|[\s,])loss: (-?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|-?inf)\b")
-
-
-class InputError(Exception):
-    """Bad input: reported as one line, exit 2, nothing submitted."""
 
 
 class Interrupted(Exception):
@@ -159,26 +156,10 @@ def check_overrides(overrides: list[str], forbidden: dict[str, str]) -> None:
             raise InputError(f"override '{o}' is set by the sweep: {forbidden[override_key(o)]}")
 
 
-def positive_int(text: str) -> int:
-    if not re.fullmatch(r"[1-9]\d*", text.strip()):
-        raise argparse.ArgumentTypeError(f"'{text}' is not a positive whole number")
-    return int(text)
-
-
 def nonempty_path(text: str) -> Path:
     if not text.strip():
         raise argparse.ArgumentTypeError("is empty (give a path)")
     return Path(text)
-
-
-def positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
-    if not v > 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"'{text}' must be a positive number")
-    return v
 
 
 def parse_values(text: str) -> list[str]:
@@ -331,7 +312,7 @@ def read_result(job: Job) -> None:
     try:
         t = triage.Triage(log, job_dir, triage.Options())
         r = t.report()
-    except (triage.InputError, OSError, ValueError) as e:
+    except (InputError, OSError, ValueError) as e:
         job.status, job.summary = "unknown", f"cannot read the result: {e}"
         return
     job.status = r["status"] if r["status"] in ENDED else "unknown"
@@ -876,9 +857,10 @@ def baseline_of(job: str, workspace: Path) -> dict:
     MaxText overrides) and what it only shows unless asked (sbatch flags, _env_ values): the
     command.txt may belong to someone else in a shared workspace."""
     try:
-        log, job_dir = triage.locate(job, workspace)
-    except triage.InputError as e:
+        found = locate.find_log(job, workspace)
+    except InputError as e:
         raise InputError(f"baseline: {e}") from None
+    log, job_dir = found.log, found.dir
     if job_dir is None:
         raise InputError(f"baseline {job} has no job directory next to {log} (its artifact holds the command)")
     path = job_dir / "artifact" / ".submit" / "command.txt"
@@ -898,7 +880,7 @@ def baseline_of(job: str, workspace: Path) -> dict:
     try:
         r = triage.Triage(log, job_dir, triage.Options())
         rep = r.report()
-    except (triage.InputError, OSError, ValueError) as e:
+    except (InputError, OSError, ValueError) as e:
         raise InputError(f"baseline {job}: cannot read its log: {e}") from None
     if rep["tgs"]["steady"] is None:
         raise InputError(
@@ -1172,19 +1154,15 @@ def render(rec: dict) -> str:
 
 
 def emit(rec: dict, as_json: bool) -> None:
-    if as_json:
-        json.dump(rec, sys.stdout, indent=1)
-        sys.stdout.write("\n")
-    else:
-        print(render(rec))
+    cli.emit(rec, as_json, render)
 
 
 def exit_code(sw: Sweep) -> int:
     if sw.state == "interrupted":
-        return 130
+        return cli.INTERRUPTED
     if sw.kind == "regress":
-        return 1 if sw.result.get("verdict") in ("regression", "failed") else 0
-    return 0 if any(j.measured for j in sw.jobs) else 1
+        return cli.FAILED if sw.result.get("verdict") in ("regression", "failed") else cli.OK
+    return cli.OK if any(j.measured for j in sw.jobs) else cli.FAILED
 
 
 # --- running ----------------------------------------------------------------------------------
@@ -1201,7 +1179,7 @@ def execute(sw: Sweep, as_json: bool) -> int:
                 "cleared is run again with a node of a good pair (tag pair-NODE-GOOD)"
             ]
         emit(rec, as_json)
-        return 0
+        return cli.OK
     if not shutil.which("sbatch") or not shutil.which("scontrol"):
         raise InputError(
             "sbatch/scontrol not found: run on a Slurm login node (or start utils/local_cluster.sh and eval its env)"
@@ -1301,46 +1279,36 @@ def resume(a: argparse.Namespace) -> int:
     return execute(sw, a.json)
 
 
-class _Help(argparse.RawDescriptionHelpFormatter):
-    def add_usage(self, usage, actions, groups, prefix=None):  # noqa: ANN001, ANN201
-        return super().add_usage(usage, actions, groups, prefix="Usage: ")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2 (no usage dump)
-        print(f"{PROG}: {message} (see {PROG} --help)", file=sys.stderr)
-        sys.exit(2)
-
-
 def build_parser() -> argparse.ArgumentParser:
     doc = (__doc__ or "").strip()
-    ap = _Parser(
+    ap = cli.Parser(
         prog=PROG,
         usage=doc.splitlines()[0].removeprefix("Usage: "),
         description="\n".join(doc.splitlines()[2:]),
-        formatter_class=_Help,
     )
-    common = _Parser(add_help=False)
+    common = cli.Parser(add_help=False)
     common.add_argument(
         "--workspace", type=nonempty_path, help="job workspace (default $JOB_WORKSPACE or <repo>/outputs)"
     )
     common.add_argument("--dry-run", action="store_true", help="print the submit commands; submit nothing")
     common.add_argument(
         "--timeout",
-        type=positive_float,
+        type=cli.positive_float,
         default=3600.0,
         help="seconds a job may take from submission before the sweep cancels it (default 3600)",
     )
-    common.add_argument("--max-parallel", type=positive_int, default=1, help="jobs in flight at once (default 1)")
-    common.add_argument("--poll", type=positive_float, default=2.0, help="seconds between scontrol polls (default 2)")
+    common.add_argument("--max-parallel", type=cli.positive_int, default=1, help="jobs in flight at once (default 1)")
+    common.add_argument(
+        "--poll", type=cli.positive_float, default=2.0, help="seconds between scontrol polls (default 2)"
+    )
     common.add_argument("--json", action="store_true", help="print the record as JSON (for agents and scripts)")
-    sub = ap.add_subparsers(dest="kind", required=True, parser_class=_Parser, metavar="KIND")
+    sub = ap.add_subparsers(dest="kind", required=True, parser_class=cli.Parser, metavar="KIND")
 
     b = add_kind(sub, "batch", "batch-size search", common)
     b.add_argument("model", metavar="MODEL[:TAG]")
     b.add_argument("--values", required=True, help="comma-separated values, e.g. 1,2,4,8")
-    b.add_argument("-N", dest="num_nodes", type=positive_int, default=1, help="nodes per job (default 1)")
-    b.add_argument("--steps", type=positive_int, default=30, help="training steps per job (default 30)")
+    b.add_argument("-N", dest="num_nodes", type=cli.positive_int, default=1, help="nodes per job (default 1)")
+    b.add_argument("--steps", type=cli.positive_int, default=30, help="training steps per job (default 30)")
     b.add_argument(
         "--key", default="per_device_batch_size", help="MaxText key to sweep (default per_device_batch_size)"
     )
@@ -1348,13 +1316,16 @@ def build_parser() -> argparse.ArgumentParser:
     n = add_kind(sub, "nodes", "per-node health", common)
     n.add_argument("model", metavar="MODEL[:TAG]")
     n.add_argument("--nodes", default="all", help="n1,n2,... or all (default: every usable node sinfo lists)")
-    n.add_argument("--steps", type=positive_int, default=30, help="training steps per job (default 30)")
+    n.add_argument("--steps", type=cli.positive_int, default=30, help="training steps per job (default 30)")
     n.add_argument(
-        "--z", type=positive_float, default=3.5, help="modified z-score beyond which a node is an outlier (default 3.5)"
+        "--z",
+        type=cli.positive_float,
+        default=3.5,
+        help="modified z-score beyond which a node is an outlier (default 3.5)",
     )
     n.add_argument(
         "--min-deviation",
-        type=positive_float,
+        type=cli.positive_float,
         default=5.0,
         help="... and at least this many percent from the median (default 5)",
     )
@@ -1362,28 +1333,28 @@ def build_parser() -> argparse.ArgumentParser:
     s = add_kind(sub, "bisect", "find the node that spoils multi-node jobs", common)
     s.add_argument("model", metavar="MODEL[:TAG]")
     s.add_argument("--nodes", required=True, help="n1,n2,n3,... or all (at least 3)")
-    s.add_argument("--steps", type=positive_int, default=30, help="training steps per job (default 30)")
+    s.add_argument("--steps", type=cli.positive_int, default=30, help="training steps per job (default 30)")
     s.add_argument(
         "--slow-threshold",
-        type=positive_float,
+        type=cli.positive_float,
         default=10.0,
         help="a pair slower than the reference by this many percent is bad (default 10)",
     )
 
     r = add_kind(sub, "regress", "rerun a baseline job and compare", common)
     r.add_argument("model", metavar="MODEL")
-    r.add_argument("--baseline", required=True, help="baseline job id, job directory or log")
-    r.add_argument("--steps", type=positive_int, help="training steps (default: the baseline's)")
-    r.add_argument("-N", dest="num_nodes", type=positive_int, help="nodes (default: the baseline's)")
+    r.add_argument("--baseline", required=True, help="baseline job id, job name, job directory or log")
+    r.add_argument("--steps", type=cli.positive_int, help="training steps (default: the baseline's)")
+    r.add_argument("-N", dest="num_nodes", type=cli.positive_int, help="nodes (default: the baseline's)")
     r.add_argument(
         "--threshold",
-        type=positive_float,
+        type=cli.positive_float,
         default=3.0,
         help="slower than the baseline by this many percent is a regression (default 3)",
     )
     r.add_argument(
         "--loss-tolerance",
-        type=positive_float,
+        type=cli.positive_float,
         default=1.0,
         help="final loss differing by more than this many percent is 'changed' (default 1)",
     )
@@ -1400,9 +1371,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     x = add_kind(sub, "resume", "continue an interrupted sweep", _json_only())
     x.add_argument("record", type=nonempty_path, metavar="RECORD")
-    x.add_argument("--timeout", type=positive_float, help="per-job timeout (default: the record's)")
-    x.add_argument("--max-parallel", type=positive_int, help="jobs in flight at once (default: the record's)")
-    x.add_argument("--poll", type=positive_float, help="seconds between polls (default: the record's)")
+    x.add_argument("--timeout", type=cli.positive_float, help="per-job timeout (default: the record's)")
+    x.add_argument("--max-parallel", type=cli.positive_int, help="jobs in flight at once (default: the record's)")
+    x.add_argument("--poll", type=cli.positive_float, help="seconds between polls (default: the record's)")
     x = add_kind(sub, "show", "print a record's report", _json_only())
     x.add_argument("record", type=nonempty_path, metavar="RECORD")
     return ap
@@ -1411,11 +1382,11 @@ def build_parser() -> argparse.ArgumentParser:
 def add_kind(
     sub: argparse._SubParsersAction, name: str, what: str, parent: argparse.ArgumentParser
 ) -> argparse.ArgumentParser:
-    return sub.add_parser(name, parents=[parent], prog=f"{PROG} {name}", formatter_class=_Help, help=what)
+    return sub.add_parser(name, parents=[parent], prog=f"{PROG} {name}", help=what)
 
 
 def _json_only() -> argparse.ArgumentParser:
-    p = _Parser(add_help=False)
+    p = cli.Parser(add_help=False)
     p.add_argument("--json", action="store_true", help="print the record as JSON")
     return p
 
@@ -1427,10 +1398,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.kind == "show":
             emit(load_record(a.record), a.json)
-            return 0
+            return cli.OK
         if a.kind == "resume":
             return resume(a)
-        workspace = (a.workspace or Path(os.environ.get("JOB_WORKSPACE") or REPO / "outputs")).absolute()
+        workspace = (a.workspace or locate.default_workspace()).absolute()
         if workspace.exists() and not workspace.is_dir():
             raise InputError(f"workspace {workspace} is not a directory (set --workspace or JOB_WORKSPACE)")
         if a.kind == "regress":
@@ -1440,5 +1411,4 @@ def main(argv: list[str] | None = None) -> int:
         opts = Options(workspace, a.timeout, a.max_parallel, a.poll, a.dry_run)
         return execute(Sweep(a.kind, params["model"], params, opts, argv), a.json)
     except InputError as e:
-        print(f"{PROG}: {e}", file=sys.stderr)
-        return 2
+        return cli.fail(PROG, e)

@@ -4,31 +4,26 @@ Takes a MaxText job from symptom to root cause: reads its log once (fast, also w
 runs), its job directory (.stages records, artifact) and, for a Slurm job whose log has no
 JOB SUMMARY yet, scontrol; prints the status, the failure class, the culprit host(s) with the
 log lines that prove it, progress, throughput phases and what to do next.
-JOB is a job id (looked up in --workspace), a job directory or a log file.
+JOB is a job id or a job name (<id>-JAX-<model>[-<tag>], looked up in --workspace), a job
+directory or a log file; an id that two jobs share is an error that lists their names.
 --json prints the report for programs (schema: docs/triage.md). Exit 0 when the job could be
 triaged, 2 on bad input (no such job, not a job log).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import math
-import os
 import re
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
+from diagnosis import cli, joblog, locate
 from diagnosis import failure_classes as fc
-from diagnosis import joblog
 
 REPO = Path(__file__).resolve().parents[2]
 CLASSES = fc.CLASSES
@@ -36,10 +31,6 @@ RUNNING_STATES = {"RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "SUSPENDED"
 exception_kind = fc.exception_kind
 _JOBCTL = re.compile(r"^\S+: line \d+: +\d+ ")  # bash: "<script>: line N: PID Killed  <command>"
 _ABSL_PREFIX = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]\s]*\] ")
-
-
-class InputError(Exception):
-    """Bad input: reported as one line, exit 2."""
 
 
 @dataclasses.dataclass
@@ -51,71 +42,6 @@ class Options:
     phase_min_steps: int = 20
     phase_threshold: float = 0.10
     scheduler: bool = True
-
-
-# --- finding the job ------------------------------------------------------------------------
-def default_workspace() -> Path:
-    return Path(os.environ.get("JOB_WORKSPACE") or REPO / "outputs")
-
-
-JOB_FORMS = "give a job id, a job directory (<workspace>/<id>-JAX-<model>[-<tag>]) or its .log"
-
-
-def locate(job: str, workspace: Path) -> tuple[Path, Path | None]:
-    """(log, job dir or None) for a job id, a job directory or a log file; InputError (one line
-    naming what is wrong and what would be right) for anything else."""
-    if not job.strip():
-        raise InputError(f"empty JOB argument: {JOB_FORMS}")
-    try:
-        return _locate(job, workspace)
-    except OSError as e:  # a name too long, a permission, a symlink loop: no traceback
-        raise InputError(f"cannot look up '{job}': {e.strerror or e} ({JOB_FORMS})") from None
-
-
-def _locate(job: str, workspace: Path) -> tuple[Path, Path | None]:
-    p = Path(job)
-    if p.is_dir():
-        d = p.resolve()
-        log = p / "log"
-        sibling = d.with_name(d.name + ".log") if d.name else None
-        if not log.exists() and sibling is not None and sibling.is_file():
-            log = sibling
-        if log.exists():
-            return log.resolve(), p
-        if os.path.lexists(p / "log") or (p / "artifact").exists() or (p / ".stages").is_dir():
-            raise InputError(f"{p} has no log yet (looked for {p}/log and {d.name}.log; is the job still pending?)")
-        raise InputError(f"{job} is a directory but not a job directory (no log, artifact/ or .stages/): {JOB_FORMS}")
-    if p.is_file():
-        d = p.with_suffix("") if p.suffix == ".log" else None
-        return p, d if d and d.is_dir() else None
-    if os.path.lexists(p):
-        what = "a dangling symlink or a symlink loop" if p.is_symlink() else "not a regular file or directory"
-        raise InputError(f"{job} is {what}: {JOB_FORMS}")
-    if "/" in job:
-        raise InputError(f"no such job, directory or log: {job} ({JOB_FORMS})")
-    try:
-        is_ws = workspace.is_dir()
-    except OSError as e:
-        raise InputError(
-            f"cannot use workspace {workspace}: {e.strerror or e} (set --workspace or JOB_WORKSPACE)"
-        ) from None
-    if not is_ws:
-        raise InputError(f"workspace {workspace} does not exist (set --workspace or JOB_WORKSPACE)")
-    names = [job] if job.endswith(".log") else [f"{job}.log"]
-    logs = [workspace / n for n in names if (workspace / n).is_file()]
-    logs = logs or sorted(workspace.glob(f"{glob_escape(job)}-JAX-*.log"), key=lambda q: q.stat().st_mtime)
-    if logs:
-        log = logs[-1]
-        d = log.with_suffix("")
-        return log, d if d.is_dir() else None
-    dirs = sorted(workspace.glob(f"{glob_escape(job)}-JAX-*"), key=lambda q: q.stat().st_mtime)
-    if dirs and dirs[-1].is_dir():
-        return _locate(str(dirs[-1]), workspace)
-    raise InputError(f"no job '{job}' in {workspace} (looked for {job}-JAX-*.log; {JOB_FORMS})")
-
-
-def glob_escape(s: str) -> str:
-    return re.sub(r"([*?\[])", r"[\1]", s)
 
 
 def scheduler_state(job_id: str) -> str | None:
@@ -247,25 +173,14 @@ def iso(ts: float | None) -> str | None:
 class Triage:
     def __init__(self, log: Path, job_dir: Path | None, opts: Options) -> None:
         self.log, self.opts = log, opts
-        try:
-            self.scan = joblog.scan(log)
-        except joblog.NotALog as e:
-            raise InputError(str(e)) from None
-        except OSError as e:
-            raise InputError(f"cannot read {log}: {e.strerror or e}") from None
-        if not joblog.looks_like_job_log(self.scan):
-            raise InputError(f"{log} is not a job log (no JOB header, step line or known error line)")
+        self.scan, self.job_dir = locate.read_log(log, job_dir)
         s = self.scan
-        if job_dir is None and s.header.get("job_dir") and Path(s.header["job_dir"]).is_dir():
-            job_dir = Path(s.header["job_dir"])
-        self.job_dir = job_dir
         self.now = opts.now if opts.now is not None else time.time()
         self.notes: list[str] = []
         self.evidence: list[dict] = []
-        self.records = joblog.read_records(job_dir) if job_dir else {}
+        self.records = joblog.read_records(self.job_dir) if self.job_dir else {}
         self.stage = s.summary.get("stage") or (list(self.records)[-1] if self.records else None)
-        self.job_id = (s.header.get("job") or s.summary.get("job") or "").split(" ")[0] or log.name.split("-JAX-")[0]
-        self.job_name = ((s.header.get("job") or "").split(" ") + [""])[1] or log.name.removesuffix(".log")
+        self.job_id, self.job_name = locate.job_id_and_name(s, log)
         self.sched = None
         if opts.scheduler and not s.summary and s.header.get("scheduler") == "slurm":
             self.sched = scheduler_state(self.job_id)
@@ -607,10 +522,9 @@ class Triage:
         if not why or not self.job_dir:
             return []
         if (self.job_dir / "prometheus").is_dir():
-            diag = Path(__file__).resolve().parent / "diagnose.py"
             return [
-                f"{shlex.quote(str(REPO / '.venv/bin/python'))} {shlex.quote(str(diag))} "
-                f"{shlex.quote(str(self.job_dir))}   # {why}: what the metrics say (GPU, network, host)"
+                f"{shlex.quote(str(REPO / 'utils' / 'diagnose.py'))} {shlex.quote(str(self.job_dir))}"
+                f"   # {why}: what the metrics say (GPU, network, host)"
             ]
         return [f"{why}, but the job saved no metrics: rerun it with RAY=1 to see GPU, network and host metrics"]
 
@@ -635,7 +549,8 @@ class Triage:
         out += self.metrics_step(cls, status, phases)
         if status in ("running", "hung"):
             out.append(f"tail -F {log}")
-        out.append(f"{shlex.quote(str(Path(__file__).resolve()))} {self.job_id} --json   # triage again")
+        again = f"{shlex.quote(str(REPO / 'utils' / 'triage.py'))} {shlex.quote(str(self.log))} --json"
+        out.append(f"{again}   # triage again")  # the log: an id may be ambiguous or in another workspace
         return out
 
     def command(self) -> str | None:
@@ -747,18 +662,9 @@ class Triage:
 
 
 def triage(job: str, workspace: Path | None = None, opts: Options | None = None) -> dict:
-    """The report for JOB (id, job directory or log file) as a dict (see docs/triage.md)."""
-    log, job_dir = locate(job, workspace or default_workspace())
-    return Triage(log, job_dir, opts or Options()).report()
-
-
-def emit(report: dict, as_json: bool, text: Callable[[dict], str]) -> None:
-    """Print a tool's report: JSON for programs (--json), else text(report) for people."""
-    if as_json:
-        json.dump(report, sys.stdout, indent=1)
-        sys.stdout.write("\n")
-    else:
-        print(text(report))
+    """The report for JOB (as diagnosis/locate.py finds it) as a dict (see docs/triage.md)."""
+    found = locate.find_log(job, workspace)
+    return Triage(found.log, found.dir, opts or Options()).report()
 
 
 def render(r: dict) -> str:
@@ -808,78 +714,49 @@ def render(r: dict) -> str:
     return "\n".join(lines)
 
 
-class _Help(argparse.RawDescriptionHelpFormatter):
-    def add_usage(self, usage, actions, groups, prefix=None):  # noqa: ANN001
-        super().add_usage(usage, actions, groups, prefix="Usage: ")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2 (no usage dump)
-        print(f"triage.py: {message} (see triage.py --help)", file=sys.stderr)
-        sys.exit(2)
-
-
-def _number(kind: type, least: float, what: str) -> Callable[[str], float]:
-    """An argparse type: a finite number of KIND that is at least LEAST (what: the words for the bound)."""
-
-    def conv(text: str) -> float:
-        try:
-            x = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"'{text}' is not {'a whole number' if kind is int else 'a number'}"
-            ) from None
-        if not math.isfinite(x) or x < least:
-            raise argparse.ArgumentTypeError(f"'{text}' must be {what}")
-        return x
-
-    conv.__name__ = kind.__name__
-    return conv
-
-
 def main(argv: list[str] | None = None) -> int:
-    if hasattr(signal, "SIGPIPE"):
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `triage.py ... | head` ends quietly
     doc = (__doc__ or "").strip().splitlines()
-    ap = _Parser(prog="triage.py", formatter_class=_Help, description="\n".join(doc[2:]))
-    ap.add_argument("job", metavar="JOB", help="job id, job directory or log file")
+    ap = cli.Parser(prog="triage.py", description="\n".join(doc[2:]))
+    ap.add_argument("job", metavar="JOB", help="job id, job name, job directory or log file")
     ap.add_argument("--json", action="store_true", help="print the report as JSON (for agents and scripts)")
     ap.add_argument(
-        "--workspace", type=Path, help="where job ids are looked up (default $JOB_WORKSPACE or <repo>/outputs)"
+        "--workspace",
+        type=Path,
+        help="where job ids and names are looked up (default $JOB_WORKSPACE or <repo>/outputs)",
     )
     ap.add_argument(
         "--hang-factor",
-        type=_number(float, 1.0, "1 or more"),
+        type=cli.number(float, lambda x: x >= 1, "1 or more"),
         default=10.0,
         help="hung when no step for FACTOR x the median step time (default 10)",
     )
     ap.add_argument(
         "--hang-min-seconds",
-        type=_number(float, 0.0, "0 or more"),
+        type=cli.number(float, lambda x: x >= 0, "0 or more"),
         default=120.0,
         help="... and for at least this long (default 120)",
     )
     ap.add_argument(
         "--warmup-steps",
-        type=_number(int, 0, "0 or more"),
+        type=cli.number(int, lambda x: x >= 0, "0 or more"),
         default=3,
         help="first steps left out of the steady throughput (default 3)",
     )
     ap.add_argument(
         "--phase-min-steps",
-        type=_number(int, 2, "2 or more"),
+        type=cli.number(int, lambda x: x >= 2, "2 or more"),
         default=20,
         help="shortest throughput phase in steps (default 20)",
     )
     ap.add_argument(
         "--phase-threshold",
-        type=_number(float, 0.0, "0 or more"),
+        type=cli.number(float, lambda x: x >= 0, "0 or more"),
         default=0.10,
         help="relative change that starts a new phase (default 0.10)",
     )
     ap.add_argument(
         "--now",
-        type=_number(float, 0.0, "an epoch time (seconds since 1970, 0 or more)"),
+        type=cli.number(float, lambda x: x >= 0, "an epoch time (seconds since 1970, 0 or more)"),
         help="evaluate as if at this epoch time (reproducible hang checks)",
     )
     ap.add_argument(
@@ -897,8 +774,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         r = triage(a.job, a.workspace, opts)
-    except InputError as e:
-        print(f"triage.py: {e}", file=sys.stderr)
-        return 2
-    emit(r, a.json, render)
-    return 0
+    except cli.InputError as e:
+        return cli.fail("triage.py", e)
+    cli.emit(r, a.json, render)
+    return cli.OK
