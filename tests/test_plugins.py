@@ -7,7 +7,6 @@ tested for real, since this machine has one.
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import subprocess
@@ -17,32 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from helpers.tbevents import MAXTEXT_TAGS, event_record
 from observe import metrics_exporter as mx
 
 REPO = Path(__file__).resolve().parents[1]
 UTILS = REPO / "utils"
 FIX = REPO / "tests" / "fixtures"
-
-
-MAXTEXT_TAGS = [  # what MaxText 0.2.5 writes (shared notes: environment-facts.md)
-    "learning/loss",
-    "learning/lm_loss",
-    "learning/perplexity",
-    "learning/total_weights",
-    "learning/grad_norm",
-    "learning/raw_grad_norm",
-    "learning/param_norm",
-    "learning/current_learning_rate",
-    "learning/z_loss",
-    "learning/moe_lb_loss",
-    "learning/mtp_loss",
-    "learning/indexer_loss",
-    "perf/step_time_seconds",
-    "perf/per_device_tflops",
-    "perf/per_device_tflops_per_sec",
-    "perf/per_device_tokens",
-    "perf/per_device_tokens_per_sec",
-]
 
 
 def run_plugin(
@@ -433,21 +412,6 @@ def test_tb_events_read_between_two_scrapes_are_all_served(tb):
     assert again == [("tb_learning_loss", 0.5, t0 * 1000 + 1000)]  # the newest again, the same sample
 
 
-def _event_bytes(tag: str, value: float, step: int, wall_time: float) -> bytes:
-    """One framed record, written by tensorboard's own RecordWriter."""
-    from tensorboard.compat.proto import event_pb2, summary_pb2
-    from tensorboard.summary.writer.record_writer import RecordWriter
-
-    buf = io.BytesIO()
-    event = event_pb2.Event(
-        wall_time=wall_time,
-        step=step,
-        summary=summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)]),
-    )
-    RecordWriter(buf).write(event.SerializeToString())
-    return buf.getvalue()
-
-
 def test_tb_collector_waits_for_a_partial_record(tb):
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
@@ -457,8 +421,8 @@ def test_tb_collector_waits_for_a_partial_record(tb):
     path = next(logdir.glob("events.out.tfevents.*"))
     assert tb.poll() == {}
     first, second = (
-        _event_bytes("learning/loss", 2.0, 1, 1763779500.0),
-        _event_bytes("learning/loss", 1.5, 2, 1763779501.0),
+        event_record("learning/loss", 2.0, 1, 1763779500.0),
+        event_record("learning/loss", 1.5, 2, 1763779501.0),
     )
     with open(path, "ab") as f:
         f.write(first + second[:10])  # the second record is cut inside its header
@@ -475,7 +439,7 @@ def test_tb_collector_skips_a_corrupt_file_and_rereads_a_replaced_one(tb):
     good, bad = tb.job / "good", tb.job / "bad"
     good.mkdir()
     bad.mkdir()
-    rec = _event_bytes("learning/loss", 2.0, 1, 1763779550.0)
+    rec = event_record("learning/loss", 2.0, 1, 1763779550.0)
     (bad / "events.out.tfevents.1.n1").write_bytes(rec + b"\xff" * 20)  # a header whose checksum is wrong
     (good / "events.out.tfevents.1.n1").write_bytes(rec)
     got = tb.poll()
@@ -483,7 +447,7 @@ def test_tb_collector_skips_a_corrupt_file_and_rereads_a_replaced_one(tb):
     assert got[("tb_learning_loss", run_label("good"))] == [(2.0, 1763779550000)]
     assert tb.collector.errors == 1
     replaced = good / "events.out.tfevents.1.n1.new"
-    replaced.write_bytes(_event_bytes("learning/loss", 1.0, 2, 1763779551.0))
+    replaced.write_bytes(event_record("learning/loss", 1.0, 2, 1763779551.0))
     replaced.rename(good / "events.out.tfevents.1.n1")  # a new inode under the old name: read from the start
     assert tb.poll() == {
         ("tb_learning_loss", run_label("good")): [(1.0, 1763779551000)],
@@ -557,7 +521,7 @@ def exporter_once(tmp_path: Path, *args: str, env: dict[str, str] | None = None)
 
 def test_tb_read_on_node_rank_0_only(tb, tmp_path):
     (tb.job / "r").mkdir()
-    (tb.job / "r/events.out.tfevents.1.n1").write_bytes(_event_bytes("learning/loss", 2.0, 1, 1763779560.25))
+    (tb.job / "r/events.out.tfevents.1.n1").write_bytes(event_record("learning/loss", 2.0, 1, 1763779560.25))
     line = 'tb_learning_loss{host="n1",run="r"} 2.0 1763779560250'
     assert line in exporter_once(tmp_path, "--job-dir", str(tb.job), "--node-rank", "0").splitlines()
     off = exporter_once(tmp_path, "--job-dir", str(tb.job), "--node-rank", "1", env={"TB_METRICS_ALL_NODES": ""})
