@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.tbevents import MAXTEXT_TAGS, event_record
+from helpers.tbevents import MAXTEXT_TAGS, event_record, write_history
 from observe import metrics_exporter as mx
 
 REPO = Path(__file__).resolve().parents[1]
@@ -491,6 +492,49 @@ def test_tb_collector_decodes_tensor_scalars(tb):
     assert got[("tb_a_content", run)] == [(1.25, 1763779600500)]
     assert got[("tb_a_int", run)] == [(42, 1763779600500)]
     assert ("tb_a_text", run) not in got
+
+
+def f32(x: float) -> float:
+    """x rounded to float32, as a writer's simple_value holds it."""
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def test_tb_first_poll_of_a_long_history(tb, monkeypatch):
+    """A job's whole history read at once (the exporter started late): every scalar of every MaxText tag is
+    served with its value as written and its event's time, and tb_step once per step; also when the values are
+    converted in bulk with numpy (a first poll of tens of thousands of values)."""
+    monkeypatch.setattr(mx, "_NUMPY_IMPORT_FROM", 256)  # the bulk path for this smaller history too
+    steps, t0 = 300, 1763779480.0
+    write_history(tb.job / "run", steps * len(MAXTEXT_TAGS), t0)
+    got = tb.poll()
+    assert mx._numpy, "the values were converted with numpy"
+    run = run_label("run")
+    for i, tag in enumerate(MAXTEXT_TAGS):
+        want = [
+            (mx.float32_value(f32(6.0 / (step + 1) + i)), round((t0 + step + i / 1000) * 1000)) for step in range(steps)
+        ]
+        assert got[(mx.metric_name_for_tag(tag), run)] == want, tag
+    assert got[("tb_step", run)] == [(step, round((t0 + step) * 1000)) for step in range(steps)]
+    assert tb.poll() == {}
+
+
+def test_tb_values_converted_in_bulk_are_each_as_written():
+    """float32_values (numpy, all values at once) gives exactly what float32_value gives one value at a time:
+    float32s of every bit pattern (NaN, infinities, subnormals), of every magnitude a scalar has, and the edges
+    (zeros, powers of two, the largest float32, values a digit away from a tie)."""
+    import random
+
+    rng = random.Random(8)
+    xs = [struct.unpack("<f", struct.pack("<I", rng.getrandbits(32)))[0] for _ in range(20000)]
+    xs += [f32(rng.uniform(-1, 1) * 10.0 ** rng.randint(-12, 12)) for _ in range(20000)]
+    xs += [f32(round(rng.uniform(0, 10), rng.randint(0, 8))) for _ in range(5000)]  # written with few digits
+    xs += [sign * 2.0**e for e in range(-149, 128) for sign in (1, -1)] + [0.0, -0.0, f32(0.01), f32(6.123)]
+    xs += [f32(10.0**d + n + 0.5) for d in range(5, 9) for n in range(50)]  # ties at 6-8 digits (from 2**24: none)
+    xs += [struct.unpack("<f", struct.pack("<I", b))[0] for b in (0x7F7FFFFF, 0xFF7FFFFF, 0x00000001, 0x00800000)]
+    got = mx.float32_values(xs)
+    assert mx._numpy, "numpy did the conversion"
+    assert list(map(repr, got)) == [repr(mx.float32_value(x)) for x in xs]
+    assert mx.float32_values([f32(0.01)] * 300) == [0.01] * 300  # as written, not 0.009999999776482582
 
 
 def exporter_once(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> str:
