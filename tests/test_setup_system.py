@@ -99,6 +99,13 @@ def test_submit_without_sbatch_says_where_slurm_comes_from(tmp_path):
     assert not (tmp_path / "ws").exists() and not (tmp_path / "venv").exists()  # checked before any setup
 
 
+def test_sweep_without_slurm_says_where_slurm_comes_from(tmp_path):
+    env = {**os.environ, "PATH": path_without(tmp_path / "bin", "sbatch", "scontrol"), "JOB_WORKSPACE": str(tmp_path)}
+    res = run([REPO / "utils" / "sweep.py", "batch", "tiny", "--values", "1,2"], env=env)
+    assert_one_line(res, "sweep.py", "sbatch/scontrol not found", "utils/local_cluster.sh up 2", rc=2)
+    assert list(tmp_path.iterdir()) == [tmp_path / "bin"]  # no sweep record
+
+
 def test_run_local_without_python_3_12_says_what_to_install(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYENV_ROOT", "MAXTEXT_SLURM_PYTHON", "VIRTUAL_ENV")}
     env |= {
