@@ -46,6 +46,9 @@ if ! [[ "$nodes" =~ ^[1-9][0-9]{0,5}$ ]] || (( nodes > MAX_NODES )); then
   die "bad node count '$nodes': -N takes a whole number from 1 to $MAX_NODES, e.g. -N 8"
 fi
 check_sbatch_flags "${sbatch_flags[@]}"
+# before the Python environment is set up (minutes on a fresh machine)
+(( dry_run )) || command -v sbatch >/dev/null 2>&1 ||
+  die "sbatch not found: run on a Slurm login node, or try Slurm on this machine: utils/local_cluster.sh up 2 (installs Slurm as root), then eval \"\$(utils/local_cluster.sh env)\""
 split_overrides "$@"
 prepare_launch "$model_arg" "$repo"
 if (( dry_run )); then
@@ -56,7 +59,6 @@ if (( dry_run )); then
   echo "env_overrides: $(shown_list env <<< "$TRAIN_ENV_OVERRIDES")"
   exit 0
 fi
-command -v sbatch >/dev/null 2>&1 || die "sbatch not found: run on a Slurm login node (or start utils/local_cluster.sh and eval its env)"
 
 make_workspace
 snapshot=$("$repo/utils/launch/snapshot.sh" "$repo" "$JOB_WORKSPACE/.snapshots" "$command_text")

@@ -33,11 +33,7 @@ BEFORE = "0.0138, 0.0140, 0.0143, 0.0143 (e.g. 0.0055 + 0.0068 + 0.0020 = 0.0143
 WRITER = """
 import sys, time
 from tensorboardX import SummaryWriter
-tags = ["learning/loss", "learning/lm_loss", "learning/perplexity", "learning/total_weights", "learning/grad_norm",
-        "learning/raw_grad_norm", "learning/param_norm", "learning/current_learning_rate", "learning/z_loss",
-        "learning/moe_lb_loss", "learning/mtp_loss", "learning/indexer_loss", "perf/step_time_seconds",
-        "perf/per_device_tflops", "perf/per_device_tflops_per_sec", "perf/per_device_tokens",
-        "perf/per_device_tokens_per_sec"]
+from helpers.tbevents import MAXTEXT_TAGS as tags
 w = SummaryWriter(sys.argv[1])
 step = 0
 while True:

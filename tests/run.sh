@@ -2,8 +2,8 @@
 # Usage: tests/run.sh [PYTEST_ARGS...]
 #
 # Sets everything up on a fresh machine and runs the whole suite:
-#   1. system packages (Debian): Slurm (slurmctld, slurmd, client), munge, Prometheus,
-#      ShellCheck, iproute2, procps, jq (the skills' commands), curl — installed with apt-get when missing (needs root);
+#   1. system packages (Debian: Slurm, munge, Prometheus, ShellCheck, jq, ...): utils/setup_system.sh
+#      installs the missing ones with apt-get as root, else names them on one line and stops;
 #   2. the pinned Python environment (utils/setup_env.sh; ~2-3 min the first time);
 #   3. pytest over tests/ (the tests start the local Slurm cluster themselves).
 # Extra arguments go to pytest, e.g. tests/run.sh -k slurm -x
@@ -12,22 +12,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 start=$SECONDS
 
-need=()
-for pair in slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge prometheus:prometheus \
-            promtool:prometheus shellcheck:shellcheck ip:iproute2 pgrep:procps jq:jq curl:curl; do
-  command -v "${pair%%:*}" >/dev/null 2>&1 || [[ -x "/usr/sbin/${pair%%:*}" ]] || need+=("${pair#*:}")
-done
-if (( ${#need[@]} )); then
-  mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
-  if [[ $(id -u) -ne 0 ]]; then
-    echo "tests/run.sh: missing system packages: ${need[*]}; install them (sudo apt-get install ${need[*]}) and rerun" >&2
-    exit 1
-  fi
-  echo "tests/run.sh: installing ${need[*]}" >&2
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >&2
-  apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
-fi
+"$repo/utils/setup_system.sh"
 export PATH="$PATH:/usr/sbin:/sbin"
 
 "$repo/utils/setup_env.sh"

@@ -7,9 +7,9 @@ tested for real, since this machine has one.
 
 from __future__ import annotations
 
-import io
 import os
 import re
+import struct
 import subprocess
 import sys
 import time
@@ -17,32 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from helpers.tbevents import MAXTEXT_TAGS, event_record, write_history
 from observe import metrics_exporter as mx
 
 REPO = Path(__file__).resolve().parents[1]
 UTILS = REPO / "utils"
 FIX = REPO / "tests" / "fixtures"
-
-
-MAXTEXT_TAGS = [  # what MaxText 0.2.5 writes (shared notes: environment-facts.md)
-    "learning/loss",
-    "learning/lm_loss",
-    "learning/perplexity",
-    "learning/total_weights",
-    "learning/grad_norm",
-    "learning/raw_grad_norm",
-    "learning/param_norm",
-    "learning/current_learning_rate",
-    "learning/z_loss",
-    "learning/moe_lb_loss",
-    "learning/mtp_loss",
-    "learning/indexer_loss",
-    "perf/step_time_seconds",
-    "perf/per_device_tflops",
-    "perf/per_device_tflops_per_sec",
-    "perf/per_device_tokens",
-    "perf/per_device_tokens_per_sec",
-]
 
 
 def run_plugin(
@@ -433,21 +413,6 @@ def test_tb_events_read_between_two_scrapes_are_all_served(tb):
     assert again == [("tb_learning_loss", 0.5, t0 * 1000 + 1000)]  # the newest again, the same sample
 
 
-def _event_bytes(tag: str, value: float, step: int, wall_time: float) -> bytes:
-    """One framed record, written by tensorboard's own RecordWriter."""
-    from tensorboard.compat.proto import event_pb2, summary_pb2
-    from tensorboard.summary.writer.record_writer import RecordWriter
-
-    buf = io.BytesIO()
-    event = event_pb2.Event(
-        wall_time=wall_time,
-        step=step,
-        summary=summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)]),
-    )
-    RecordWriter(buf).write(event.SerializeToString())
-    return buf.getvalue()
-
-
 def test_tb_collector_waits_for_a_partial_record(tb):
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
@@ -457,8 +422,8 @@ def test_tb_collector_waits_for_a_partial_record(tb):
     path = next(logdir.glob("events.out.tfevents.*"))
     assert tb.poll() == {}
     first, second = (
-        _event_bytes("learning/loss", 2.0, 1, 1763779500.0),
-        _event_bytes("learning/loss", 1.5, 2, 1763779501.0),
+        event_record("learning/loss", 2.0, 1, 1763779500.0),
+        event_record("learning/loss", 1.5, 2, 1763779501.0),
     )
     with open(path, "ab") as f:
         f.write(first + second[:10])  # the second record is cut inside its header
@@ -475,7 +440,7 @@ def test_tb_collector_skips_a_corrupt_file_and_rereads_a_replaced_one(tb):
     good, bad = tb.job / "good", tb.job / "bad"
     good.mkdir()
     bad.mkdir()
-    rec = _event_bytes("learning/loss", 2.0, 1, 1763779550.0)
+    rec = event_record("learning/loss", 2.0, 1, 1763779550.0)
     (bad / "events.out.tfevents.1.n1").write_bytes(rec + b"\xff" * 20)  # a header whose checksum is wrong
     (good / "events.out.tfevents.1.n1").write_bytes(rec)
     got = tb.poll()
@@ -483,7 +448,7 @@ def test_tb_collector_skips_a_corrupt_file_and_rereads_a_replaced_one(tb):
     assert got[("tb_learning_loss", run_label("good"))] == [(2.0, 1763779550000)]
     assert tb.collector.errors == 1
     replaced = good / "events.out.tfevents.1.n1.new"
-    replaced.write_bytes(_event_bytes("learning/loss", 1.0, 2, 1763779551.0))
+    replaced.write_bytes(event_record("learning/loss", 1.0, 2, 1763779551.0))
     replaced.rename(good / "events.out.tfevents.1.n1")  # a new inode under the old name: read from the start
     assert tb.poll() == {
         ("tb_learning_loss", run_label("good")): [(1.0, 1763779551000)],
@@ -529,6 +494,49 @@ def test_tb_collector_decodes_tensor_scalars(tb):
     assert ("tb_a_text", run) not in got
 
 
+def f32(x: float) -> float:
+    """x rounded to float32, as a writer's simple_value holds it."""
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def test_tb_first_poll_of_a_long_history(tb, monkeypatch):
+    """A job's whole history read at once (the exporter started late): every scalar of every MaxText tag is
+    served with its value as written and its event's time, and tb_step once per step; also when the values are
+    converted in bulk with numpy (a first poll of tens of thousands of values)."""
+    monkeypatch.setattr(mx, "_NUMPY_IMPORT_FROM", 256)  # the bulk path for this smaller history too
+    steps, t0 = 300, 1763779480.0
+    write_history(tb.job / "run", steps * len(MAXTEXT_TAGS), t0)
+    got = tb.poll()
+    assert mx._numpy, "the values were converted with numpy"
+    run = run_label("run")
+    for i, tag in enumerate(MAXTEXT_TAGS):
+        want = [
+            (mx.float32_value(f32(6.0 / (step + 1) + i)), round((t0 + step + i / 1000) * 1000)) for step in range(steps)
+        ]
+        assert got[(mx.metric_name_for_tag(tag), run)] == want, tag
+    assert got[("tb_step", run)] == [(step, round((t0 + step) * 1000)) for step in range(steps)]
+    assert tb.poll() == {}
+
+
+def test_tb_values_converted_in_bulk_are_each_as_written():
+    """float32_values (numpy, all values at once) gives exactly what float32_value gives one value at a time:
+    float32s of every bit pattern (NaN, infinities, subnormals), of every magnitude a scalar has, and the edges
+    (zeros, powers of two, the largest float32, values a digit away from a tie)."""
+    import random
+
+    rng = random.Random(8)
+    xs = [struct.unpack("<f", struct.pack("<I", rng.getrandbits(32)))[0] for _ in range(20000)]
+    xs += [f32(rng.uniform(-1, 1) * 10.0 ** rng.randint(-12, 12)) for _ in range(20000)]
+    xs += [f32(round(rng.uniform(0, 10), rng.randint(0, 8))) for _ in range(5000)]  # written with few digits
+    xs += [sign * 2.0**e for e in range(-149, 128) for sign in (1, -1)] + [0.0, -0.0, f32(0.01), f32(6.123)]
+    xs += [f32(10.0**d + n + 0.5) for d in range(5, 9) for n in range(50)]  # ties at 6-8 digits (from 2**24: none)
+    xs += [struct.unpack("<f", struct.pack("<I", b))[0] for b in (0x7F7FFFFF, 0xFF7FFFFF, 0x00000001, 0x00800000)]
+    got = mx.float32_values(xs)
+    assert mx._numpy, "numpy did the conversion"
+    assert list(map(repr, got)) == [repr(mx.float32_value(x)) for x in xs]
+    assert mx.float32_values([f32(0.01)] * 300) == [0.01] * 300  # as written, not 0.009999999776482582
+
+
 def exporter_once(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> str:
     plugins = tmp_path / "plugins"  # one trivial plugin, so that the per-plugin self-metrics have samples
     plugins.mkdir(exist_ok=True)
@@ -557,7 +565,7 @@ def exporter_once(tmp_path: Path, *args: str, env: dict[str, str] | None = None)
 
 def test_tb_read_on_node_rank_0_only(tb, tmp_path):
     (tb.job / "r").mkdir()
-    (tb.job / "r/events.out.tfevents.1.n1").write_bytes(_event_bytes("learning/loss", 2.0, 1, 1763779560.25))
+    (tb.job / "r/events.out.tfevents.1.n1").write_bytes(event_record("learning/loss", 2.0, 1, 1763779560.25))
     line = 'tb_learning_loss{host="n1",run="r"} 2.0 1763779560250'
     assert line in exporter_once(tmp_path, "--job-dir", str(tb.job), "--node-rank", "0").splitlines()
     off = exporter_once(tmp_path, "--job-dir", str(tb.job), "--node-rank", "1", env={"TB_METRICS_ALL_NODES": ""})

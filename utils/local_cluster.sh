@@ -12,8 +12,10 @@
 #   down        cancel its jobs, stop the daemons it started (pid files); safe when not up
 #   status      print the node states; exit 0 if up and every node is idle/alloc/mix/comp
 #   env         print the settings for clients: eval "$(utils/local_cluster.sh env)"
-# Needs Debian's slurmctld, slurmd, slurm-client and munge. Runs as root; as another user the
-# daemons run as that user (needs unprivileged user namespaces for the per-node hostnames).
+# Needs Debian's slurmctld, slurmd, slurm-client and munge: `up` installs the missing ones as root
+# (utils/setup_system.sh cluster); as another user it names them on one line and stops. Runs as
+# root; as another user the daemons run as that user (needs unprivileged user namespaces for the
+# per-node hostnames).
 set -euo pipefail
 
 PROG=local_cluster.sh
@@ -218,6 +220,7 @@ case "${1:-}" in
     [[ "$dir" != *[[:space:]]* ]] || usage_error "LOCAL_CLUSTER_DIR must not contain spaces, got '$dir'"
     # Unix socket paths (munge, slurmstepd) under it must fit in 108 bytes.
     ((${#dir} <= 64)) || usage_error "LOCAL_CLUSTER_DIR must be at most 64 characters, got ${#dir}: '$dir'"
+    "$repo/utils/setup_system.sh" cluster || exit 1 # it said what is missing and how to install it
     up "$n"
     ;;
   down | status | env)

@@ -58,6 +58,7 @@ fi
 
 echo "setup_env.sh: creating $venv with $($py --version) (first run takes ~2-3 min)" >&2
 start=$SECONDS
+trap '(($? == 0)) || echo "setup_env.sh: creating $venv failed (see above); rerun it once that is fixed" >&2' EXIT
 pip_install() {  # pip install, without the noise of index locations a machine's pip.conf may name
   "$venv/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1 |
     { grep -v 'is ignored: it is neither a file nor a directory' || true; } >&2

@@ -1182,7 +1182,8 @@ def execute(sw: Sweep, as_json: bool) -> int:
         return cli.OK
     if not shutil.which("sbatch") or not shutil.which("scontrol"):
         raise InputError(
-            "sbatch/scontrol not found: run on a Slurm login node (or start utils/local_cluster.sh and eval its env)"
+            "sbatch/scontrol not found: run on a Slurm login node, or try Slurm on this machine: "
+            'utils/local_cluster.sh up 2 (installs Slurm as root), then eval "$(utils/local_cluster.sh env)"'
         )
     if sw.record is None:
         sw.open_record()

@@ -59,6 +59,17 @@ def resolve(path: str | Path) -> Path:
     raise TSDBError(f"{p} is neither a job dir nor a TSDB (expected {want})")
 
 
+def _end(proc: subprocess.Popen) -> None:
+    """Close the stdin of prometheus.sh serve (it stops and cleans up) and wait for it; terminate it after 30 s."""
+    try:
+        if proc.stdin:
+            proc.stdin.close()
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 class Served:
     """A private Prometheus on a copy of one TSDB, for as long as the `with` block runs.
 
@@ -104,8 +115,9 @@ class Served:
         reader.join(self.timeout + 30)
         if got and got[0].strip():
             return got[0].strip()
+        _end(self._proc)
+        err = self._proc.stderr.read().strip().splitlines()  # its last line says why (prometheus.sh's die)
         self.close()
-        err = self._proc.stderr.read().strip().splitlines() if self._proc.stderr else []
         raise TSDBError(err[-1] if err else "prometheus.sh serve did not start")
 
     def close(self) -> None:
@@ -114,12 +126,7 @@ class Served:
         if proc is None:
             return
         try:
-            if proc.stdin:
-                proc.stdin.close()
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.terminate()
-            proc.wait(timeout=30)
+            _end(proc)
         finally:
             for f in (proc.stdout, proc.stderr):
                 if f:

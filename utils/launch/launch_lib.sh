@@ -133,7 +133,7 @@ prepare_launch() {
   [[ "$JOB_WORKSPACE" == /* ]] || JOB_WORKSPACE="$PWD/$JOB_WORKSPACE"
   check_workspace "$JOB_WORKSPACE"
 
-  "$repo/utils/setup_env.sh" || die "could not set up the Python environment (see the messages above)"
+  "$repo/utils/setup_env.sh" || exit 1 # its last line says what failed and what to install or fix
   MST_VENV=${MAXTEXT_SLURM_VENV:-$repo/.venv}
   # the config's keys and the MaxText overrides against MaxText's schema (overrides by environment:
   # they may hold secrets)
