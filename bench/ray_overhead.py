@@ -239,7 +239,8 @@ def main() -> int:
         print(f"{m:<6} {steps[m]:>6} {step_s:>7.3f} {ratio:>15.3f} {'(' + pairs + ')':<16} {extra:>+16.1f} s")
     if a.baseline_repo:
         print(
-            "goal: ratio ~1.00 (no measurable cost; judge it on the model with >= 0.2 s steps and on the per-pair spread)"
+            "goal: ratio ~1.00 (no measurable cost; judge it on the model with >= 0.2 s steps "
+            "and on the per-pair spread)"
         )
     else:
         print("goals: ratio >= 0.99 (judge it on the model with >= 0.2 s steps), extra time to first step <= 10 s")

@@ -169,7 +169,8 @@ def main(argv: list[str]) -> int:
         text = render(build())
     except ImportError as e:
         print(
-            f"maxtext_schema.py: cannot import MaxText ({e}); run it with the venv's Python: .venv/bin/python utils/dev/maxtext_schema.py",
+            f"maxtext_schema.py: cannot import MaxText ({e}); run it with the venv's Python: "
+            ".venv/bin/python utils/dev/maxtext_schema.py",
             file=sys.stderr,
         )
         return 1
@@ -190,7 +191,8 @@ def main(argv: list[str]) -> int:
     changed = sorted(k for k in keys if new["fields"].get(k) != cur.get("fields", {}).get(k))
     print(
         f"{path} is out of date for the installed MaxText {new['maxtext']} ({len(changed)} keys differ"
-        f"{', e.g. ' + ', '.join(changed[:5]) if changed else ''}); regenerate it: .venv/bin/python utils/dev/maxtext_schema.py",
+        f"{', e.g. ' + ', '.join(changed[:5]) if changed else ''}); regenerate it: "
+        ".venv/bin/python utils/dev/maxtext_schema.py",
         file=sys.stderr,
     )
     return 1

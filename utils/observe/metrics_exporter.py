@@ -10,8 +10,9 @@ A background thread polls every --interval seconds: it lists the *_metrics_plugi
 (so a plugin dropped in mid-job is picked up at the next poll), starts them all at once (`bash FILE`, each
 in its own process group, the whole group killed after --timeout), checks their Prometheus text output line
 by line and publishes the merged result. In the same thread, on node rank 0 (--tensorboard auto), it reads
-what was appended to the job's TensorBoard event files since the last poll (tb_* series). GET /metrics serves the last completed poll; a scrape never waits
-for a plugin. If --port is taken the next free port is used; the real one is printed on stdout
+what was appended to the job's TensorBoard event files since the last poll (tb_* series).
+GET /metrics serves the last completed poll; a scrape never waits for a plugin. If --port is taken
+the next free port is used; the real one is printed on stdout
 ("metrics_exporter: serving http://ADDR:PORT/metrics") and written to --port-file / --sd-file.
 --once runs one poll, prints the exposition and exits. The plugin contract is docs/plugins.md; every
 series is listed in docs/metrics.md.
