@@ -264,6 +264,14 @@ def test_rampup_lines_and_optional_fields(tmp_path):
     assert r["tgs"]["phases"][0]["start_step"] >= 10  # ramp-up lines carry no Tokens/s
 
 
+def test_warmup_counts_steps_not_rows():
+    # a log without host prefixes from two processes holds every step twice
+    st = joblog.Steps(step=[0, 0, 1, 1, 2, 2, 3, 3], seconds=[1.0] * 8, tokens=[1.0] * 8, tflops=[1.0] * 8)
+    assert st.steady_rows(3) == ([6, 7], 3)
+    assert st.steady_rows(9) == ([6, 7], 3)  # never all: the last step stays
+    assert st.steady_rows(0) == (list(range(8)), 0)
+
+
 def test_year_boundary(tmp_path):
     start = time.mktime((2026, 12, 31, 23, 59, 0, 0, 0, -1))
     job, log = job_for(None, tmp_path, start=start, steps=200, total_steps=200, step_time=1.0)

@@ -176,6 +176,9 @@ class HostSeen:
     last_line: int | None = None
 
 
+WARMUP_STEPS = 3  # first steps left out of steady numbers by default (compilation, first data)
+
+
 @dataclasses.dataclass
 class Steps:
     """Step lines of one host, in log order. Columns: step, seconds, tokens (Tokens/s/device),
@@ -195,6 +198,18 @@ class Steps:
         """Epoch seconds of row i (None without absl stamps)."""
         stamp = self.stamp[i]
         return self.clock.epoch(stamp) if (stamp and self.clock) else None
+
+    def steady_rows(self, warmup_steps: int = WARMUP_STEPS) -> tuple[list[int], int]:
+        """The warm-up rule of every tool (triage, perf, sweep): (rows of steady training, number
+        of warm-up steps left out). Ramp-up lines (no rates) are never steady; of the other rows,
+        those of the first `warmup_steps` step numbers (compilation, first data) are left out, but
+        never all: the last step stays. Step numbers, not rows: a log whose lines carry no host
+        prefix holds each step once per process."""
+        idx = [i for i in range(len(self.step)) if self.tokens[i] is not None or not self.rampup]
+        order = list(dict.fromkeys(self.step[i] for i in idx))
+        skip = min(warmup_steps, max(0, len(order) - 1))
+        left_out = set(order[:skip])
+        return [i for i in idx if self.step[i] not in left_out], skip
 
 
 @dataclasses.dataclass

@@ -47,7 +47,7 @@ class Options:
     now: float | None = None
     hang_factor: float = 10.0
     hang_min_seconds: float = 120.0
-    warmup_steps: int = 3
+    warmup_steps: int = joblog.WARMUP_STEPS
     phase_min_steps: int = 20
     phase_threshold: float = 0.10
     scheduler: bool = True
@@ -331,18 +331,9 @@ class Triage:
         return "failed" if any(r["rc"] != 0 for r in recs.values()) else "completed"
 
     # steps, progress, throughput --------------------------------------------------------
-    def steady_rows(self) -> tuple[list[int], int]:
-        """Rows of the reference host's steps after ramp-up and the first warm-up steps (compilation,
-        first data): (rows, number of warm-up steps left out; at most all but one)."""
-        st = self.scan.steps
-        idx = [i for i in range(len(st.step)) if st.tokens[i] is not None or not st.rampup]
-        skip = min(self.opts.warmup_steps, max(0, len(idx) - 1))
-        first = {st.step[i] for i in idx[:skip]}
-        return [i for i in idx if st.step[i] not in first], skip
-
     def throughput(self) -> tuple[dict, list[int]]:
         st = self.scan.steps
-        rows, skipped = self.steady_rows()
+        rows, skipped = st.steady_rows(self.opts.warmup_steps)
         rates = [st.tokens[i] for i in rows if st.tokens[i] is not None]
         steps = [st.step[i] for i in rows if st.tokens[i] is not None]
         tgs = {
