@@ -141,6 +141,17 @@ def test_rampup_lines_and_warmup_option(tmp_path):
     assert r["mfu"] is None and any("--gpu" in n and "--peak-tflops" in n for n in r["notes"])
 
 
+def test_real_maxtext_rampup_lines_are_warmup(tmp_path):
+    # recorded MaxText 0.2.5 lines: "[Rampup Batch Size Phase], completed step: N, ..." for steps 0-3
+    lines = (REPO / "tests" / "fixtures" / "maxtext_0.2.5" / "rampup_steps.log").read_text().splitlines()
+    log = tmp_path / "rampup.log"
+    log.write_text("".join(f"n1: {ln}\n" for ln in lines))
+    r = perf.perf(str(log), warmup_steps=1)
+    assert r["steps"]["rampup"] == 4 and r["steps"]["warmup"] == 4 and r["steps"]["steady"] == 3
+    assert r["step_time"]["median"] == 0.016  # steps 5-7 (0.004, 0.058, 0.016), not the ramp-up's 14.269 s
+    assert r["tgs"]["steady"] == pytest.approx(15717.092)
+
+
 def test_warmup_rule_is_the_one_of_triage(tmp_path):
     # two processes without host prefixes: every step twice; the first 3 *steps* are the warm-up
     rates = [10.0, 20.0, 30.0, 100.0]

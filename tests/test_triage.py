@@ -4,6 +4,7 @@ job; throughput phases; heartbeat false positives; the CLI; and real local jobs 
 config error, a SIGKILLed trainer, and triage while the job runs)."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -262,6 +263,40 @@ def test_rampup_lines_and_optional_fields(tmp_path):
     assert r["progress"]["last_step"] == 49
     assert r["tgs"]["steady"] == pytest.approx(2048 / 0.5, rel=0.03)
     assert r["tgs"]["phases"][0]["start_step"] >= 10  # ramp-up lines carry no Tokens/s
+
+
+# --- MaxText 0.2.5's own step lines (tests/fixtures/maxtext_0.2.5, recorded from real runs) -------
+MAXTEXT_LINES = REPO / "tests" / "fixtures" / "maxtext_0.2.5"
+
+
+def maxtext_log(tmp_path: Path, name: str, prefix: str = "n1: ") -> Path:
+    """A fixture's lines as a log, each behind PREFIX (the launcher's "<host>: ", or none)."""
+    log = tmp_path / name
+    log.write_text("".join(prefix + ln for ln in (MAXTEXT_LINES / name).read_text().splitlines(keepends=True)))
+    return log
+
+
+@pytest.mark.parametrize("prefix", ["n1: ", ""])
+def test_real_rampup_lines_carry_no_rate_and_are_never_steady(tmp_path, prefix):
+    # MaxText 0.2.5 writes "[Rampup Batch Size Phase], completed step: ..." (a comma after the marker)
+    log = maxtext_log(tmp_path, "rampup_steps.log", prefix)
+    for st in (joblog.scan(log).steps, next(iter(joblog.read_steps(log).hosts.values()))):
+        assert st.step == list(range(8)) and st.rampup == 4
+        assert st.tokens[:4] == [None] * 4 and st.tokens[4] == pytest.approx(15434.704)
+        assert st.loss == pytest.approx([6.061, 6.144, 6.083, 6.060, 6.079, 6.076, 6.074, 6.073])
+        assert st.final_loss() == pytest.approx(6.073)
+        assert st.steady_rows(1) == ([5, 6, 7], 1)
+    r = report(log)
+    # steps 4-6 are the warm-up, 0-3 ramp-up: the steady rate is step 7's alone
+    assert r["tgs"]["steady"] == pytest.approx(15717.092) and r["tgs"]["warmup_steps_excluded"] == 3
+
+
+def test_real_nan_loss_is_read(tmp_path):
+    log = maxtext_log(tmp_path, "nan_loss_steps.log")
+    for st in (joblog.scan(log).steps, joblog.read_steps(log).hosts["n1"]):
+        assert st.step == [0, 1, 2] and st.loss[:2] == pytest.approx([6.123, 5.545])
+        assert math.isnan(st.loss[2]) and math.isnan(st.final_loss())
+    assert joblog.Steps().final_loss() is None
 
 
 def test_warmup_counts_steps_not_rows():

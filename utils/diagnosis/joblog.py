@@ -47,14 +47,22 @@ NOT_HOSTS = {
     "job_dir",
 }
 ABSL = re.compile(rb"([IWEF])(\d{4} \d\d:\d\d:\d\d\.\d+) +\d+ ([^\]\s]*)\] ")
-# groups: ramp-up marker, step, seconds, TFLOP/s/device, Tokens/s/device (the last two absent in ramp-up lines)
+# MaxText 0.2.5's step line (metric_logger.py joins its fields with ", "):
+#   completed step: 4, seconds: 0.017, TFLOP/s/device: 0.010, Tokens/s/device: 15434.704, total_weights: 256,
+#   loss: 6.079, lm_loss: 6.079, perplexity: 436.634[, moe_lb_loss: ..., ...]
+#   [Rampup Batch Size Phase], completed step: 0, seconds: 20.968, total_weights: 128, loss: 6.061, ...
+# (loss is printed with "%.3f": "nan" or "inf" when training diverged; tests/fixtures/maxtext_0.2.5/).
+# groups: ramp-up marker, step, seconds, TFLOP/s/device, Tokens/s/device (the last two absent in
+# ramp-up lines), loss
+_RAMPUP = rb"\[Rampup Batch Size Phase\],? "
 STEP = re.compile(
-    rb"(\[Rampup Batch Size Phase\] )?completed step: (\d+), seconds: ([\d.]+)"
+    rb"(" + _RAMPUP + rb")?completed step: (\d+), seconds: ([\d.]+)"
     rb"(?:, TFLOP/s/device: ([\d.]+))?(?:[^\n]*?Tokens/s/device: ([\d.]+))?"
+    rb"(?:[^\n]*?, loss: (-?[\d.]+|-?inf|nan))?"
 )
 # a line start that is neither an absl INFO line nor a step line: every error, notice and
 # header/summary line (possessive repeat: no backtracking, ~0.2 us per line)
-_STEP_TEXT = rb"(?:\[Rampup Batch Size Phase\] )?completed step: "
+_STEP_TEXT = rb"(?:" + _RAMPUP + rb")?completed step: "
 _NOT_BORING = re.compile(rb"\n(?![^:\n]{1,64}+: (?:I\d{4} |" + _STEP_TEXT + rb")|I\d{4} |" + _STEP_TEXT + rb")")
 _RECORD = re.compile(r"rc=(\d+)\s+end=([\d.]+)\s+reason=(\w+)")
 
@@ -182,14 +190,16 @@ WARMUP_STEPS = 3  # first steps left out of steady numbers by default (compilati
 @dataclasses.dataclass
 class Steps:
     """Step lines of one host, in log order. Columns: step, seconds, tokens (Tokens/s/device),
-    tflops (TFLOP/s/device; both None in ramp-up lines) and the raw absl stamp (b"" without absl
-    prefix), turned into epoch seconds on demand by ts(i)."""
+    tflops (TFLOP/s/device; both None in ramp-up lines), loss (nan when training diverged, None
+    when the line has none) and the raw absl stamp (b"" without absl prefix), turned into epoch
+    seconds on demand by ts(i)."""
 
     host: str | None = None
     step: list[int] = dataclasses.field(default_factory=list)
     seconds: list[float] = dataclasses.field(default_factory=list)
     tokens: list[float | None] = dataclasses.field(default_factory=list)
     tflops: list[float | None] = dataclasses.field(default_factory=list)
+    loss: list[float | None] = dataclasses.field(default_factory=list)
     stamp: list[bytes] = dataclasses.field(default_factory=list)
     rampup: int = 0
     clock: AbslClock | None = dataclasses.field(default=None, repr=False, compare=False)
@@ -210,6 +220,10 @@ class Steps:
         skip = min(warmup_steps, max(0, len(order) - 1))
         left_out = set(order[:skip])
         return [i for i in idx if self.step[i] not in left_out], skip
+
+    def final_loss(self) -> float | None:
+        """The loss of the last step line (nan when training diverged; None without step lines)."""
+        return self.loss[-1] if self.loss else None
 
 
 @dataclasses.dataclass
@@ -293,8 +307,12 @@ def parse_failed_nodes(value: str) -> dict[str, tuple[int, str]]:
     return {h: (int(rc), why or "exit") for h, rc, why in re.findall(r"(\S+) \(exit (\d+)([a-z]*)\)", value)}
 
 
-def _add_rates(st: Steps, ramp: tuple, tfl: tuple, tok: tuple) -> None:
-    """Append the TFLOP/s/device and Tokens/s/device columns of findall rows (None in ramp-up lines)."""
+def _add_rows(st: Steps, ts: tuple, ramp: tuple, step: tuple, sec: tuple, tfl: tuple, tok: tuple, loss: tuple) -> None:
+    """Append the columns of STEP's findall rows (with the absl stamp first) to st."""
+    st.step.extend(map(int, step))
+    st.seconds.extend(map(float, sec))
+    st.stamp.extend(ts)
+    st.loss.extend(float(x) if x else None for x in loss)
     ramped = len(ramp) - ramp.count(b"")
     if ramped:
         st.rampup += ramped
@@ -418,12 +436,7 @@ class _Scanner:
         rows = self.ref_re.findall(buf, 0, cut)
         if not rows:
             return 0
-        st = self.s.steps
-        ts, ramp, step, sec, tfl, tok = zip(*rows, strict=True)
-        st.step.extend(map(int, step))
-        st.seconds.extend(map(float, sec))
-        st.stamp.extend(ts)
-        _add_rates(st, ramp, tfl, tok)
+        _add_rows(self.s.steps, *zip(*rows, strict=True))
         return len(rows)
 
     def _host_tails(self, buf: bytearray, cut: int, base: int, nl_total: int, has_steps: bool) -> None:
@@ -785,11 +798,7 @@ def read_steps(path: str | Path, clock: AbslClock | None = None) -> StepTable:
                     st = out.hosts.get(host)
                     if st is None:
                         st = out.hosts[host] = Steps(host=host, clock=clock)
-                    _, ts, ramp, step, sec, tfl, tok = zip(*hrows, strict=True)
-                    st.step.extend(map(int, step))
-                    st.seconds.extend(map(float, sec))
-                    st.stamp.extend(ts)
-                    _add_rates(st, ramp, tfl, tok)
+                    _add_rows(st, *list(zip(*hrows, strict=True))[1:])
             read += cut
             rest = n - cut - 1
             if rest > 0:
