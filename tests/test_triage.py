@@ -202,6 +202,15 @@ def test_heartbeat_false_positive_needs_activity_after_the_claim(tmp_path):
     assert report(log)["failure_class"] == "heartbeat_timeout"
 
 
+def test_heartbeat_claim_is_one_mapping_for_every_tool(tmp_path):
+    # joblog.heartbeat_claim is what triage and diagnose both read: task i is node rank i
+    job, log = job_for("heartbeat_timeout", tmp_path, culprit=2)
+    claim = joblog.heartbeat_claim(joblog.scan(log))
+    assert claim.tasks == [2] and claim.hosts == ["n3"] and claim.coordinator == "n1"
+    assert claim.time is not None and claim.first.ts == claim.time and claim.first.host == "n1"
+    assert joblog.heartbeat_claim(joblog.scan(job_for(None, tmp_path / "ok")[1])) is None
+
+
 def test_hang_versus_healthy_running_job(tmp_path):
     job, log = job_for(None, tmp_path, running=True, steps=60, total_steps=200, step_time=2.0)
     last = report(log, now=0)["progress"]["last_step_time"]

@@ -17,8 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from diagnosis import joblog
+
 if TYPE_CHECKING:  # the detectors read the job through triage's analysis object
-    from diagnosis import joblog
     from diagnosis.triage import Host, Triage
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,19 +113,14 @@ Verdict = tuple[str | None, list[str], str, str | None]
 
 def on_job_heartbeat(t: Triage, status: str) -> Verdict | None:
     """JAX's coordination service claimed tasks dead: were they (heartbeat_timeout) or not?"""
-    s = t.scan
-    claims = [e for e in s.events if e.kind in ("hb_claim", "hb_task") and e.data.get("tasks")]
-    if not claims:
+    claim = joblog.heartbeat_claim(t.scan)
+    if claim is None:
         return None
-    nodes = s.nodes()
-    times = [e.ts for e in claims if e.ts is not None]
-    t_claim = min(times) if times else None
-    tasks = sorted({x for e in claims for x in e.data["tasks"]})
-    accused = [t.hosts[nodes[x]] for x in tasks if x < len(nodes) and nodes[x] in t.hosts]
-    first = min(claims, key=lambda e: (e.ts if e.ts is not None else math.inf, e.line))
-    t.cite_event(first, HB_CLAIM)
+    t_claim = claim.time
+    accused = [t.hosts[n] for n in claim.hosts if n in t.hosts]
+    t.cite_event(claim.first, HB_CLAIM)
     if not accused:
-        return "heartbeat_timeout", [], explain("heartbeat_timeout", "unmapped", tasks=tasks), "medium"
+        return "heartbeat_timeout", [], explain("heartbeat_timeout", "unmapped", tasks=claim.tasks), "medium"
     alive = []
     for h in accused:
         later = t_claim is not None and h.last_step_ts is not None and h.last_step_ts > t_claim
@@ -147,7 +143,7 @@ def on_job_heartbeat(t: Triage, status: str) -> Verdict | None:
                 "heartbeat_false_positive",
                 accused=", ".join(names),
                 they="they" if len(names) > 1 else "it",
-                coordinator=nodes[0] if nodes else None,
+                coordinator=claim.coordinator,
             ),
             "high",
         )

@@ -720,6 +720,36 @@ def looks_like_job_log(s: Scan) -> bool:
     return bool(s.runs or s.summary or s.step_lines_seen or s.events)
 
 
+@dataclasses.dataclass
+class HeartbeatClaim:
+    """JAX's coordination service declaring tasks dead (they stopped sending heartbeats), mapped
+    to hosts: JAX task i is the process of node rank i, the i-th node of the header's list."""
+
+    events: list[Event]  # the claim lines that name tasks (kinds hb_claim, hb_task)
+    first: Event  # the earliest of them (by absl time, then by line)
+    time: float | None  # the earliest claim's absl time (None: no claim line has one)
+    tasks: list[int]  # every task id claimed, sorted
+    hosts: list[str]  # the accused hosts, in task order (task ids beyond the node list have none)
+    coordinator: str | None  # node rank 0, where the coordination service runs
+
+
+def heartbeat_claim(s: Scan) -> HeartbeatClaim | None:
+    """The heartbeat claim of the log (every claim line together), or None without one."""
+    claims = [e for e in s.events if e.kind in ("hb_claim", "hb_task") and e.data.get("tasks")]
+    if not claims:
+        return None
+    nodes = s.nodes()
+    tasks = sorted({x for e in claims for x in e.data["tasks"]})
+    return HeartbeatClaim(
+        events=claims,
+        first=min(claims, key=lambda e: (e.ts is None, e.ts or 0.0, e.line)),
+        time=min((e.ts for e in claims if e.ts is not None), default=None),
+        tasks=tasks,
+        hosts=[nodes[x] for x in tasks if x < len(nodes)],
+        coordinator=nodes[0] if nodes else None,
+    )
+
+
 # --- every host's step lines (utils/perf.py) ---------------------------------------------------
 _HEADER_OPEN = b"\n==================== JOB ====================\n"
 # XLA's device list at start-up (GPU, absl INFO): "StreamExecutor [0]: NVIDIA H100 80GB HBM3, Compute Capability
