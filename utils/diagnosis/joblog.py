@@ -69,6 +69,11 @@ _RECORD = re.compile(r"rc=(\d+)\s+end=([\d.]+)\s+reason=(\w+)")
 # --- signatures: (kind, pattern) searched in candidate lines (after the host prefix) -----------
 # Texts are the ones the programs print: JAX/XLA 0.12 (jaxlib strings and measured runs),
 # CPython, bash job control, Slurm 22.05 srun/slurmstepd, the launcher's own scripts.
+# Every regex over the job log's text lives in this file; the tools work from the kinds and
+# fields it gives (utils/launch/job_summary.sh's first_error guess is the one exception: it must
+# print in every job, without Python; see its comment).
+_OOM_DEVICE = r"RESOURCE_EXHAUSTED|Out of memory while trying to allocate"  # XLA's allocator
+_JOBCTL = r"^\S+: line \d+: +\d+ "  # bash job control: "<script>: line N: PID Killed  <command>"
 SIGNATURES: list[tuple[str, str]] = [
     ("header", r"^={20} JOB ={20}$"),
     ("summary", r"^={20} JOB SUMMARY ={20}$"),
@@ -82,7 +87,7 @@ SIGNATURES: list[tuple[str, str]] = [
         r"MAXTEXT CONFIG ERROR|ValidationError: \d+ validation errors? for"
         r"|yaml\.(?:scanner|parser|constructor|composer)\.\w+Error",
     ),
-    ("oom_device", r"RESOURCE_EXHAUSTED|Out of memory while trying to allocate"),
+    ("oom_device", _OOM_DEVICE),
     ("oom_host", r"\bOut Of Memory\b|oom-kill|oom_kill|Out of memory: Killed process|invoked oom-killer"),
     ("hb_claim", r"The following tasks are unhealthy \(stopped sending heartbeats\)"),
     ("hb_task", r"Task (?:/job:[\w-]+/replica:\d+/task:)?(\d+) heartbeat timeout"),
@@ -103,7 +108,7 @@ SIGNATURES: list[tuple[str, str]] = [
         r"|\bnccl\w*Error\b|\bRCCL\b.*(?:failed|[Ee]rror)",
     ),
     ("node_failure", r"Node failure on (\S+)|DUE TO NODE FAILURE|\bNODE_FAIL\b"),
-    ("killed", r"^\S+: line \d+: +\d+ Killed\b"),
+    ("killed", _JOBCTL + r"Killed\b"),
     ("fatal", r"^F\d{4} \d\d:\d\d:\d\d\.\d+ "),
 ]
 _PYDANTIC_HEAD = re.compile(r"\d+ validation errors? for \w+\s*$")
@@ -153,6 +158,31 @@ _CANCEL = re.compile(
     r"(?: DUE TO ([A-Z ]+?))?(?:,| \*\*\*)"
 )
 _TASK_LINE = re.compile(r"^(?:/job:[\w-]+/replica:\d+/task:)?(\d+)$")
+_JOBCTL_RE = re.compile(_JOBCTL)
+
+# --- what an exception line means (the line after a traceback, kind "exception"), in this order;
+# anything else is a python_exception. A collective or coordination error is the consequence of
+# another task's death, not a cause; KeyboardInterrupt/SystemExit are how a stop request ends.
+EXCEPTION_KINDS: list[tuple[str, re.Pattern[str]]] = [
+    (
+        "config_error",
+        re.compile(
+            r"ValidationError|yaml\.\w+\.\w+Error|'[^']+' not in '|MAXTEXT CONFIG ERROR|[Cc]onfig(?:uration)? error"
+        ),
+    ),
+    ("oom_device", re.compile(_OOM_DEVICE)),
+    ("collective", re.compile(r"Gloo|\b[NR]CCL\b|nccl\w*Error|Connection reset by peer|Connection closed by peer")),
+    ("interrupt", re.compile(r"^(?:KeyboardInterrupt|SystemExit)\b")),
+    (
+        "coordination",
+        re.compile(
+            r"heartbeat|coordination service|Barrier|DEADLINE_EXCEEDED|UNAVAILABLE|PollForError|distributed service|preempt",
+            re.I,
+        ),
+    ),
+]
+# the abort a fatal error ends in (CPython's fault handler, absl's failure signal handler)
+_ABORT = re.compile(r"Fatal Python error: Aborted|SIGABRT|Signal 6 received")
 
 
 class NotALog(ValueError):
@@ -253,6 +283,29 @@ class Scan:
 
 
 # --- small parsers ------------------------------------------------------------------------
+def exception_kind(text: str) -> str:
+    """What an exception line means: config_error, oom_device, collective, interrupt, coordination
+    or python_exception (see EXCEPTION_KINDS)."""
+    return next((kind for kind, rx in EXCEPTION_KINDS if rx.search(text)), "python_exception")
+
+
+def is_abort(text: str) -> bool:
+    """A fatal-signal or fault-handler line that reports an abort (SIGABRT)."""
+    return _ABORT.search(text) is not None
+
+
+def is_job_control(text: str) -> bool:
+    """bash's job-control notice ("<script>: line N: PID Killed  <command>"), which names a
+    host's death from the outside rather than in the host's own words."""
+    return _JOBCTL_RE.match(text) is not None
+
+
+def strip_absl(text: str) -> str:
+    """The text without its absl prefix ("E1122 04:35:44.775712 123 file.cc:12] ")."""
+    m = _ABSL_S.match(text)
+    return text[m.end() :] if m else text
+
+
 def split_host(line: str, known: set[str] | None = None) -> tuple[str | None, str]:
     """("n2", rest) for "n2: rest"; (None, line) when the line has no host prefix."""
     head, sep, rest = line.partition(": ")

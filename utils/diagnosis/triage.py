@@ -33,9 +33,6 @@ from diagnosis import joblog
 REPO = Path(__file__).resolve().parents[2]
 CLASSES = fc.CLASSES
 RUNNING_STATES = {"RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "STAGE_OUT"}
-exception_kind = fc.exception_kind
-_JOBCTL = re.compile(r"^\S+: line \d+: +\d+ ")  # bash: "<script>: line N: PID Killed  <command>"
-_ABSL_PREFIX = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]\s]*\] ")
 
 
 class InputError(Exception):
@@ -226,7 +223,7 @@ class Host:
         attributed to it (unprefixed notices of a one-node job)."""
         ranked = sorted(
             (e for e in self.events if e.kind in kinds),
-            key=lambda e: (e.host is None, bool(_JOBCTL.match(e.text)), e.line),
+            key=lambda e: (e.host is None, joblog.is_job_control(e.text), e.line),
         )
         return ranked[0] if ranked else None
 
@@ -235,7 +232,7 @@ def message(e: joblog.Event | None) -> str:
     """An event's text without the absl prefix, for one-line summaries."""
     if not e:
         return ""
-    text = _ABSL_PREFIX.sub("", e.text).strip()[:200]
+    text = joblog.strip_absl(e.text).strip()[:200]
     detail = e.data.get("detail")
     return f"{text} ({detail})" if detail else text
 
