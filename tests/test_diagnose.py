@@ -8,6 +8,7 @@ its evidence (queries, window, values). Also: --vs finding a thread leak that is
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -89,6 +90,19 @@ def test_thread_leak_is_invisible_without_vs(tmp_path):
     assert -0.02 < ranked["tb_tokens"]["relative"] < 0, ranked["tb_tokens"]  # throughput -1 %
     assert r["vs"]["shared_hosts"] == len(inc.hosts)
     assert r["findings"][0]["summary"].startswith(f"vs {inc.vs.name}: hw_procs_running")
+
+
+def test_heartbeat_claim_without_a_time_is_skipped_not_ruled_out(tmp_path):
+    inc = corpus.build("heartbeat_false_positive", tmp_path, 1)
+    text = inc.log.read_text()
+    # the same claim, its absl stamps gone: there is a claim, but no time to line it up with the metrics
+    absl = re.compile(r"^(\S+: )[IWEF]\d{4} \S+ +\d+ [^\]\s]*\] (.*unhealthy \(stopped sending heartbeats\))", re.M)
+    inc.log.write_text(absl.sub(r"\1\2", text))
+    r = diag(inc.job_dir)
+    assert r["verdict"] != "heartbeat_false_positive", r["summary"]
+    assert "heartbeat_false_positive" in {s["check"] for s in r["skipped"]}, r["skipped"]
+    assert "heartbeat_false_positive" not in {c["check"] for c in r["ruled_out"]}
+    assert any("heartbeat claim has no absl time stamp" in n for n in r["notes"]), r["notes"]
 
 
 # --- missing families -------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import REPO, launcher_env, run
 
-from diagnosis import perf
+from diagnosis import perf, triage
 from helpers import logcorpus
 from helpers.jobs import bad_job_arg
 
@@ -139,6 +139,34 @@ def test_rampup_lines_and_warmup_option(tmp_path):
     assert r["steps"]["rampup"] == 4 and r["steps"]["steady"] == 30 - 5 and r["steps"]["warmup"] == 4
     assert r["tgs"]["steady"] == pytest.approx(statistics.median(logged(4e8 / x) for x in s[5:]), abs=1e-3)
     assert r["mfu"] is None and any("--gpu" in n and "--peak-tflops" in n for n in r["notes"])
+
+
+def test_real_maxtext_rampup_lines_are_warmup(tmp_path):
+    # recorded MaxText 0.2.5 lines: "[Rampup Batch Size Phase], completed step: N, ..." for steps 0-3
+    lines = (REPO / "tests" / "fixtures" / "maxtext_0.2.5" / "rampup_steps.log").read_text().splitlines()
+    log = tmp_path / "rampup.log"
+    log.write_text("".join(f"n1: {ln}\n" for ln in lines))
+    r = perf.perf(str(log), warmup_steps=1)
+    assert r["steps"]["rampup"] == 4 and r["steps"]["warmup"] == 4 and r["steps"]["steady"] == 3
+    assert r["step_time"]["median"] == 0.016  # steps 5-7 (0.004, 0.058, 0.016), not the ramp-up's 14.269 s
+    assert r["tgs"]["steady"] == pytest.approx(15717.092)
+
+
+def test_warmup_rule_is_the_one_of_triage(tmp_path):
+    # two processes without host prefixes: every step twice; the first 3 *steps* are the warm-up
+    rates = [10.0, 20.0, 30.0, 100.0]
+    lines = [
+        f"completed step: {k}, seconds: {2048 / t:.3f}, TFLOP/s/device: 0.001, Tokens/s/device: {t:.3f}, "
+        f"total_weights: 64, loss: 6.000"
+        for k, t in enumerate(rates)
+        for _ in range(2)
+    ]
+    log = tmp_path / "two.log"
+    log.write_text("\n".join(lines) + "\n")
+    r = perf.perf(str(log))
+    t = triage.triage(str(log), opts=triage.Options(scheduler=False))
+    assert r["tgs"]["steady"] == t["tgs"]["steady"] == 100.0
+    assert r["steps"]["steady"] == 2 and t["tgs"]["warmup_steps_excluded"] == 3
 
 
 def test_gpu_names_map_to_peaks():

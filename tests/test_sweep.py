@@ -390,6 +390,22 @@ def test_batch_stops_going_up_at_the_first_oom(tmp_path):
     assert "ran out of memory" in sw.jobs[3].note
 
 
+def test_regress_sees_a_diverged_loss(tmp_path):
+    # the rerun's log ends as MaxText 0.2.5 does when the loss turns nan (recorded lines)
+    fixture = REPO / "tests" / "fixtures" / "maxtext_0.2.5" / "nan_loss_steps.log"
+    log = tmp_path / "4243-JAX-tiny.log"
+    log.write_text("".join(f"n1: {ln}" for ln in fixture.read_text().splitlines(keepends=True)))
+    job = sweep.Job(label="rerun", command="submit.sh tiny", status="submitted", log=str(log))
+    sweep.read_result(job)
+    assert job.final_loss != job.final_loss and job.last_step == 2  # nan, read by joblog
+    base = {"job_id": "77", "status": "completed", "tgs_steady": 5000.0, "final_loss": 5.545, "last_step": 2}
+    base["command"] = "submit.sh tiny"
+    r = sweep.regress_result(base, job, 3.0, 1.0, True)
+    assert r["loss_verdict"] == "changed" and r["loss_delta"] is None, r
+    assert "final loss nan vs 5.545: changed" in r["conclusion"]
+    assert sweep.regress_result({**base, "final_loss": float("nan")}, job, 3.0, 1.0, True)["loss_verdict"] == "same"
+
+
 def test_nodes_outliers_are_robust():
     rates = {"n1": 100.0, "n2": 101.0, "n3": 99.0, "n4": 100.5, "n5": 60.0, "n6": 99.5}
     got = sweep.mad_outliers(rates, z=3.5, min_deviation=0.05)

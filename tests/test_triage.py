@@ -4,6 +4,7 @@ job; throughput phases; heartbeat false positives; the CLI; and real local jobs 
 config error, a SIGKILLed trainer, and triage while the job runs)."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -201,6 +202,15 @@ def test_heartbeat_false_positive_needs_activity_after_the_claim(tmp_path):
     assert report(log)["failure_class"] == "heartbeat_timeout"
 
 
+def test_heartbeat_claim_is_one_mapping_for_every_tool(tmp_path):
+    # joblog.heartbeat_claim is what triage and diagnose both read: task i is node rank i
+    job, log = job_for("heartbeat_timeout", tmp_path, culprit=2)
+    claim = joblog.heartbeat_claim(joblog.scan(log))
+    assert claim.tasks == [2] and claim.hosts == ["n3"] and claim.coordinator == "n1"
+    assert claim.time is not None and claim.first.ts == claim.time and claim.first.host == "n1"
+    assert joblog.heartbeat_claim(joblog.scan(job_for(None, tmp_path / "ok")[1])) is None
+
+
 def test_hang_versus_healthy_running_job(tmp_path):
     job, log = job_for(None, tmp_path, running=True, steps=60, total_steps=200, step_time=2.0)
     last = report(log, now=0)["progress"]["last_step_time"]
@@ -262,6 +272,48 @@ def test_rampup_lines_and_optional_fields(tmp_path):
     assert r["progress"]["last_step"] == 49
     assert r["tgs"]["steady"] == pytest.approx(2048 / 0.5, rel=0.03)
     assert r["tgs"]["phases"][0]["start_step"] >= 10  # ramp-up lines carry no Tokens/s
+
+
+# --- MaxText 0.2.5's own step lines (tests/fixtures/maxtext_0.2.5, recorded from real runs) -------
+MAXTEXT_LINES = REPO / "tests" / "fixtures" / "maxtext_0.2.5"
+
+
+def maxtext_log(tmp_path: Path, name: str, prefix: str = "n1: ") -> Path:
+    """A fixture's lines as a log, each behind PREFIX (the launcher's "<host>: ", or none)."""
+    log = tmp_path / name
+    log.write_text("".join(prefix + ln for ln in (MAXTEXT_LINES / name).read_text().splitlines(keepends=True)))
+    return log
+
+
+@pytest.mark.parametrize("prefix", ["n1: ", ""])
+def test_real_rampup_lines_carry_no_rate_and_are_never_steady(tmp_path, prefix):
+    # MaxText 0.2.5 writes "[Rampup Batch Size Phase], completed step: ..." (a comma after the marker)
+    log = maxtext_log(tmp_path, "rampup_steps.log", prefix)
+    for st in (joblog.scan(log).steps, next(iter(joblog.read_steps(log).hosts.values()))):
+        assert st.step == list(range(8)) and st.rampup == 4
+        assert st.tokens[:4] == [None] * 4 and st.tokens[4] == pytest.approx(15434.704)
+        assert st.loss == pytest.approx([6.061, 6.144, 6.083, 6.060, 6.079, 6.076, 6.074, 6.073])
+        assert st.final_loss() == pytest.approx(6.073)
+        assert st.steady_rows(1) == ([5, 6, 7], 1)
+    r = report(log)
+    # steps 4-6 are the warm-up, 0-3 ramp-up: the steady rate is step 7's alone
+    assert r["tgs"]["steady"] == pytest.approx(15717.092) and r["tgs"]["warmup_steps_excluded"] == 3
+
+
+def test_real_nan_loss_is_read(tmp_path):
+    log = maxtext_log(tmp_path, "nan_loss_steps.log")
+    for st in (joblog.scan(log).steps, joblog.read_steps(log).hosts["n1"]):
+        assert st.step == [0, 1, 2] and st.loss[:2] == pytest.approx([6.123, 5.545])
+        assert math.isnan(st.loss[2]) and math.isnan(st.final_loss())
+    assert joblog.Steps().final_loss() is None
+
+
+def test_warmup_counts_steps_not_rows():
+    # a log without host prefixes from two processes holds every step twice
+    st = joblog.Steps(step=[0, 0, 1, 1, 2, 2, 3, 3], seconds=[1.0] * 8, tokens=[1.0] * 8, tflops=[1.0] * 8)
+    assert st.steady_rows(3) == ([6, 7], 3)
+    assert st.steady_rows(9) == ([6, 7], 3)  # never all: the last step stays
+    assert st.steady_rows(0) == (list(range(8)), 0)
 
 
 def test_year_boundary(tmp_path):

@@ -114,7 +114,7 @@ def step_time_at(job: Job, step: int) -> float:
 def step_line(job: Job, w: _Writer, host: str, step: int, epoch: float, seconds: float) -> str:
     if step < job.rampup_steps:
         body = (
-            f"[Rampup Batch Size Phase] completed step: {step}, seconds: {seconds:.3f}, total_weights: 64, "
+            f"[Rampup Batch Size Phase], completed step: {step}, seconds: {seconds:.3f}, total_weights: 64, "
             f"loss: {6.1 - step * 0.001:.3f}, lm_loss: {6.1 - step * 0.001:.3f}, perplexity: 445.001"
         )
     else:

@@ -619,13 +619,13 @@ def check_heartbeat(d: Data, rep: Report, prom: tsdb.Served) -> None:
         rep.missing.add("job log")
         rep.notes.append(f"the job log could not be read ({e}): heartbeat claims not checked")
         return rep.skipped.append({"check": "heartbeat_false_positive", "needs": ["job log"]})
-    claims = [e for e in scan.events if e.kind in ("hb_claim", "hb_task") and e.data.get("tasks") and e.ts]
-    if not claims:
+    claim = joblog.heartbeat_claim(scan)
+    if claim is None:
         return rep.clean("heartbeat_false_positive", "the log holds no heartbeat claim", ["log"])
-    nodes = scan.nodes()
-    t_claim = min(e.ts for e in claims)
-    tasks = sorted({t for e in claims for t in e.data["tasks"]})
-    accused = [nodes[t] for t in tasks if t < len(nodes)]
+    if claim.time is None:
+        rep.notes.append("the log's heartbeat claim has no absl time stamp: it cannot be lined up with the metrics")
+        return rep.skipped.append({"check": "heartbeat_false_positive", "needs": ["job log"]})
+    t_claim, tasks, accused = claim.time, claim.tasks, claim.hosts
     power = d.gauges.get("hw_gpu_power_watts", {})
     # "Alive up to the claim" must hold right before it: a host that froze or died stops at least one
     # heartbeat timeout (tens of seconds; ~56 s measured with JAX 0.12) before the claim, so a longer
@@ -672,7 +672,7 @@ def check_heartbeat(d: Data, rep: Report, prom: tsdb.Served) -> None:
                 f"JAX declared task(s) {tasks} ({', '.join(accused)}) dead at {utc(t_claim)}, but they were alive up to "
                 f"the claim (GPU power in the last {near:.0f} s {', '.join(fmt(values[h]['power_at_claim_w']) + ' W' for h in accused)}"
                 + (f"; the last step {t_claim - last_tb:.0f} s before it" if steps_to_claim else "")
-                + f"): the heartbeats were lost, not the hosts (look at the coordinator {nodes[0] if nodes else '?'} "
+                + f"): the heartbeats were lost, not the hosts (look at the coordinator {claim.coordinator or '?'} "
                 "and the network around that time)",
                 accused,
                 win,

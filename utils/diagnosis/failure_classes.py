@@ -11,54 +11,24 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from diagnosis import joblog
+
 if TYPE_CHECKING:  # the detectors read the job through triage's analysis object
-    from diagnosis import joblog
     from diagnosis.triage import Host, Triage
 
 REPO = Path(__file__).resolve().parents[2]
 
-# --- signatures ---------------------------------------------------------------------------
-# exception texts, sorted into what they mean (a collective or coordination error is a
-# consequence of another task's death, not a cause)
-CONFIG_EXC = re.compile(
-    r"ValidationError|yaml\.\w+\.\w+Error|'[^']+' not in '|MAXTEXT CONFIG ERROR|[Cc]onfig(?:uration)? error"
-)
-OOM_DEV = re.compile(r"RESOURCE_EXHAUSTED|Out of memory while trying to allocate")
-COLLECTIVE = re.compile(r"Gloo|\b[NR]CCL\b|nccl\w*Error|Connection reset by peer|Connection closed by peer")
-COORD = re.compile(
-    r"heartbeat|coordination service|Barrier|DEADLINE_EXCEEDED|UNAVAILABLE|PollForError|"
-    r"distributed service|preempt",
-    re.I,
-)
-ABORT = re.compile(r"Fatal Python error: Aborted|SIGABRT|Signal 6 received")
-INTERRUPT = re.compile(r"^(?:KeyboardInterrupt|SystemExit)\b")
 
-
-def exception_kind(text: str) -> str:
-    """What an exception line means: config_error, oom_device, collective, interrupt, coordination
-    or python_exception."""
-    if CONFIG_EXC.search(text):
-        return "config_error"
-    if OOM_DEV.search(text):
-        return "oom_device"
-    if COLLECTIVE.search(text):
-        return "collective"
-    if INTERRUPT.match(text):
-        return "interrupt"
-    if COORD.search(text):
-        return "coordination"
-    return "python_exception"
-
-
+# The log's texts (signatures, what an exception line means) are read by utils/diagnosis/joblog.py;
+# the detectors below decide from the kinds it gives.
 def first_exception(h: Host, kind: str) -> joblog.Event | None:
-    """The host's first exception line of this kind (see exception_kind)."""
-    return next((x for x in h.events if x.kind == "exception" and exception_kind(x.text) == kind), None)
+    """The host's first exception line of this kind (joblog.exception_kind)."""
+    return next((x for x in h.events if x.kind == "exception" and joblog.exception_kind(x.text) == kind), None)
 
 
 # --- per-host detectors: (found, the event that shows it or None) --------------------------
@@ -83,7 +53,7 @@ def on_host_oom_host(h: Host) -> Found:
 def on_host_segfault(h: Host) -> Found:
     e = h.first("segfault", "fatal")
     notice = h.first("death_notice")
-    if e is not None and notice is not None and e.line > notice.line and ABORT.search(e.text):
+    if e is not None and notice is not None and e.line > notice.line and joblog.is_abort(e.text):
         e = None  # the abort that JAX's death notice (an absl fatal) ends in: a consequence
     if e is None and h.exit == 139 and h.reason != "stopped":
         return True, None
@@ -112,19 +82,14 @@ Verdict = tuple[str | None, list[str], str, str | None]
 
 def on_job_heartbeat(t: Triage, status: str) -> Verdict | None:
     """JAX's coordination service claimed tasks dead: were they (heartbeat_timeout) or not?"""
-    s = t.scan
-    claims = [e for e in s.events if e.kind in ("hb_claim", "hb_task") and e.data.get("tasks")]
-    if not claims:
+    claim = joblog.heartbeat_claim(t.scan)
+    if claim is None:
         return None
-    nodes = s.nodes()
-    times = [e.ts for e in claims if e.ts is not None]
-    t_claim = min(times) if times else None
-    tasks = sorted({x for e in claims for x in e.data["tasks"]})
-    accused = [t.hosts[nodes[x]] for x in tasks if x < len(nodes) and nodes[x] in t.hosts]
-    first = min(claims, key=lambda e: (e.ts if e.ts is not None else math.inf, e.line))
-    t.cite_event(first, HB_CLAIM)
+    t_claim = claim.time
+    accused = [t.hosts[n] for n in claim.hosts if n in t.hosts]
+    t.cite_event(claim.first, HB_CLAIM)
     if not accused:
-        return "heartbeat_timeout", [], explain("heartbeat_timeout", "unmapped", tasks=tasks), "medium"
+        return "heartbeat_timeout", [], explain("heartbeat_timeout", "unmapped", tasks=claim.tasks), "medium"
     alive = []
     for h in accused:
         later = t_claim is not None and h.last_step_ts is not None and h.last_step_ts > t_claim
@@ -147,7 +112,7 @@ def on_job_heartbeat(t: Triage, status: str) -> Verdict | None:
                 "heartbeat_false_positive",
                 accused=", ".join(names),
                 they="they" if len(names) > 1 else "it",
-                coordinator=nodes[0] if nodes else None,
+                coordinator=claim.coordinator,
             ),
             "high",
         )

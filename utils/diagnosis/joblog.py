@@ -47,20 +47,33 @@ NOT_HOSTS = {
     "job_dir",
 }
 ABSL = re.compile(rb"([IWEF])(\d{4} \d\d:\d\d:\d\d\.\d+) +\d+ ([^\]\s]*)\] ")
-# groups: ramp-up marker, step, seconds, TFLOP/s/device, Tokens/s/device (the last two absent in ramp-up lines)
+# MaxText 0.2.5's step line (metric_logger.py joins its fields with ", "):
+#   completed step: 4, seconds: 0.017, TFLOP/s/device: 0.010, Tokens/s/device: 15434.704, total_weights: 256,
+#   loss: 6.079, lm_loss: 6.079, perplexity: 436.634[, moe_lb_loss: ..., ...]
+#   [Rampup Batch Size Phase], completed step: 0, seconds: 20.968, total_weights: 128, loss: 6.061, ...
+# (loss is printed with "%.3f": "nan" or "inf" when training diverged; tests/fixtures/maxtext_0.2.5/).
+# groups: ramp-up marker, step, seconds, TFLOP/s/device, Tokens/s/device (the last two absent in
+# ramp-up lines), loss
+_RAMPUP = rb"\[Rampup Batch Size Phase\],? "
 STEP = re.compile(
-    rb"(\[Rampup Batch Size Phase\] )?completed step: (\d+), seconds: ([\d.]+)"
+    rb"(" + _RAMPUP + rb")?completed step: (\d+), seconds: ([\d.]+)"
     rb"(?:, TFLOP/s/device: ([\d.]+))?(?:[^\n]*?Tokens/s/device: ([\d.]+))?"
+    rb"(?:[^\n]*?, loss: (-?[\d.]+|-?inf|nan))?"
 )
 # a line start that is neither an absl INFO line nor a step line: every error, notice and
 # header/summary line (possessive repeat: no backtracking, ~0.2 us per line)
-_STEP_TEXT = rb"(?:\[Rampup Batch Size Phase\] )?completed step: "
+_STEP_TEXT = rb"(?:" + _RAMPUP + rb")?completed step: "
 _NOT_BORING = re.compile(rb"\n(?![^:\n]{1,64}+: (?:I\d{4} |" + _STEP_TEXT + rb")|I\d{4} |" + _STEP_TEXT + rb")")
 _RECORD = re.compile(r"rc=(\d+)\s+end=([\d.]+)\s+reason=(\w+)")
 
 # --- signatures: (kind, pattern) searched in candidate lines (after the host prefix) -----------
 # Texts are the ones the programs print: JAX/XLA 0.12 (jaxlib strings and measured runs),
 # CPython, bash job control, Slurm 22.05 srun/slurmstepd, the launcher's own scripts.
+# Every regex over the job log's text lives in this file; the tools work from the kinds and
+# fields it gives (utils/launch/job_summary.sh's first_error guess is the one exception: it must
+# print in every job, without Python; see its comment).
+_OOM_DEVICE = r"RESOURCE_EXHAUSTED|Out of memory while trying to allocate"  # XLA's allocator
+_JOBCTL = r"^\S+: line \d+: +\d+ "  # bash job control: "<script>: line N: PID Killed  <command>"
 SIGNATURES: list[tuple[str, str]] = [
     ("header", r"^={20} JOB ={20}$"),
     ("summary", r"^={20} JOB SUMMARY ={20}$"),
@@ -74,7 +87,7 @@ SIGNATURES: list[tuple[str, str]] = [
         r"MAXTEXT CONFIG ERROR|ValidationError: \d+ validation errors? for"
         r"|yaml\.(?:scanner|parser|constructor|composer)\.\w+Error",
     ),
-    ("oom_device", r"RESOURCE_EXHAUSTED|Out of memory while trying to allocate"),
+    ("oom_device", _OOM_DEVICE),
     ("oom_host", r"\bOut Of Memory\b|oom-kill|oom_kill|Out of memory: Killed process|invoked oom-killer"),
     ("hb_claim", r"The following tasks are unhealthy \(stopped sending heartbeats\)"),
     ("hb_task", r"Task (?:/job:[\w-]+/replica:\d+/task:)?(\d+) heartbeat timeout"),
@@ -95,7 +108,7 @@ SIGNATURES: list[tuple[str, str]] = [
         r"|\bnccl\w*Error\b|\bRCCL\b.*(?:failed|[Ee]rror)",
     ),
     ("node_failure", r"Node failure on (\S+)|DUE TO NODE FAILURE|\bNODE_FAIL\b"),
-    ("killed", r"^\S+: line \d+: +\d+ Killed\b"),
+    ("killed", _JOBCTL + r"Killed\b"),
     ("fatal", r"^F\d{4} \d\d:\d\d:\d\d\.\d+ "),
 ]
 _PYDANTIC_HEAD = re.compile(r"\d+ validation errors? for \w+\s*$")
@@ -145,6 +158,31 @@ _CANCEL = re.compile(
     r"(?: DUE TO ([A-Z ]+?))?(?:,| \*\*\*)"
 )
 _TASK_LINE = re.compile(r"^(?:/job:[\w-]+/replica:\d+/task:)?(\d+)$")
+_JOBCTL_RE = re.compile(_JOBCTL)
+
+# --- what an exception line means (the line after a traceback, kind "exception"), in this order;
+# anything else is a python_exception. A collective or coordination error is the consequence of
+# another task's death, not a cause; KeyboardInterrupt/SystemExit are how a stop request ends.
+EXCEPTION_KINDS: list[tuple[str, re.Pattern[str]]] = [
+    (
+        "config_error",
+        re.compile(
+            r"ValidationError|yaml\.\w+\.\w+Error|'[^']+' not in '|MAXTEXT CONFIG ERROR|[Cc]onfig(?:uration)? error"
+        ),
+    ),
+    ("oom_device", re.compile(_OOM_DEVICE)),
+    ("collective", re.compile(r"Gloo|\b[NR]CCL\b|nccl\w*Error|Connection reset by peer|Connection closed by peer")),
+    ("interrupt", re.compile(r"^(?:KeyboardInterrupt|SystemExit)\b")),
+    (
+        "coordination",
+        re.compile(
+            r"heartbeat|coordination service|Barrier|DEADLINE_EXCEEDED|UNAVAILABLE|PollForError|distributed service|preempt",
+            re.I,
+        ),
+    ),
+]
+# the abort a fatal error ends in (CPython's fault handler, absl's failure signal handler)
+_ABORT = re.compile(r"Fatal Python error: Aborted|SIGABRT|Signal 6 received")
 
 
 class NotALog(ValueError):
@@ -176,17 +214,22 @@ class HostSeen:
     last_line: int | None = None
 
 
+WARMUP_STEPS = 3  # first steps left out of steady numbers by default (compilation, first data)
+
+
 @dataclasses.dataclass
 class Steps:
     """Step lines of one host, in log order. Columns: step, seconds, tokens (Tokens/s/device),
-    tflops (TFLOP/s/device; both None in ramp-up lines) and the raw absl stamp (b"" without absl
-    prefix), turned into epoch seconds on demand by ts(i)."""
+    tflops (TFLOP/s/device; both None in ramp-up lines), loss (nan when training diverged, None
+    when the line has none) and the raw absl stamp (b"" without absl prefix), turned into epoch
+    seconds on demand by ts(i)."""
 
     host: str | None = None
     step: list[int] = dataclasses.field(default_factory=list)
     seconds: list[float] = dataclasses.field(default_factory=list)
     tokens: list[float | None] = dataclasses.field(default_factory=list)
     tflops: list[float | None] = dataclasses.field(default_factory=list)
+    loss: list[float | None] = dataclasses.field(default_factory=list)
     stamp: list[bytes] = dataclasses.field(default_factory=list)
     rampup: int = 0
     clock: AbslClock | None = dataclasses.field(default=None, repr=False, compare=False)
@@ -195,6 +238,22 @@ class Steps:
         """Epoch seconds of row i (None without absl stamps)."""
         stamp = self.stamp[i]
         return self.clock.epoch(stamp) if (stamp and self.clock) else None
+
+    def steady_rows(self, warmup_steps: int = WARMUP_STEPS) -> tuple[list[int], int]:
+        """The warm-up rule of every tool (triage, perf, sweep): (rows of steady training, number
+        of warm-up steps left out). Ramp-up lines (no rates) are never steady; of the other rows,
+        those of the first `warmup_steps` step numbers (compilation, first data) are left out, but
+        never all: the last step stays. Step numbers, not rows: a log whose lines carry no host
+        prefix holds each step once per process."""
+        idx = [i for i in range(len(self.step)) if self.tokens[i] is not None or not self.rampup]
+        order = list(dict.fromkeys(self.step[i] for i in idx))
+        skip = min(warmup_steps, max(0, len(order) - 1))
+        left_out = set(order[:skip])
+        return [i for i in idx if self.step[i] not in left_out], skip
+
+    def final_loss(self) -> float | None:
+        """The loss of the last step line (nan when training diverged; None without step lines)."""
+        return self.loss[-1] if self.loss else None
 
 
 @dataclasses.dataclass
@@ -224,6 +283,29 @@ class Scan:
 
 
 # --- small parsers ------------------------------------------------------------------------
+def exception_kind(text: str) -> str:
+    """What an exception line means: config_error, oom_device, collective, interrupt, coordination
+    or python_exception (see EXCEPTION_KINDS)."""
+    return next((kind for kind, rx in EXCEPTION_KINDS if rx.search(text)), "python_exception")
+
+
+def is_abort(text: str) -> bool:
+    """A fatal-signal or fault-handler line that reports an abort (SIGABRT)."""
+    return _ABORT.search(text) is not None
+
+
+def is_job_control(text: str) -> bool:
+    """bash's job-control notice ("<script>: line N: PID Killed  <command>"), which names a
+    host's death from the outside rather than in the host's own words."""
+    return _JOBCTL_RE.match(text) is not None
+
+
+def strip_absl(text: str) -> str:
+    """The text without its absl prefix ("E1122 04:35:44.775712 123 file.cc:12] ")."""
+    m = _ABSL_S.match(text)
+    return text[m.end() :] if m else text
+
+
 def split_host(line: str, known: set[str] | None = None) -> tuple[str | None, str]:
     """("n2", rest) for "n2: rest"; (None, line) when the line has no host prefix."""
     head, sep, rest = line.partition(": ")
@@ -278,8 +360,12 @@ def parse_failed_nodes(value: str) -> dict[str, tuple[int, str]]:
     return {h: (int(rc), why or "exit") for h, rc, why in re.findall(r"(\S+) \(exit (\d+)([a-z]*)\)", value)}
 
 
-def _add_rates(st: Steps, ramp: tuple, tfl: tuple, tok: tuple) -> None:
-    """Append the TFLOP/s/device and Tokens/s/device columns of findall rows (None in ramp-up lines)."""
+def _add_rows(st: Steps, ts: tuple, ramp: tuple, step: tuple, sec: tuple, tfl: tuple, tok: tuple, loss: tuple) -> None:
+    """Append the columns of STEP's findall rows (with the absl stamp first) to st."""
+    st.step.extend(map(int, step))
+    st.seconds.extend(map(float, sec))
+    st.stamp.extend(ts)
+    st.loss.extend(float(x) if x else None for x in loss)
     ramped = len(ramp) - ramp.count(b"")
     if ramped:
         st.rampup += ramped
@@ -403,12 +489,7 @@ class _Scanner:
         rows = self.ref_re.findall(buf, 0, cut)
         if not rows:
             return 0
-        st = self.s.steps
-        ts, ramp, step, sec, tfl, tok = zip(*rows, strict=True)
-        st.step.extend(map(int, step))
-        st.seconds.extend(map(float, sec))
-        st.stamp.extend(ts)
-        _add_rates(st, ramp, tfl, tok)
+        _add_rows(self.s.steps, *zip(*rows, strict=True))
         return len(rows)
 
     def _host_tails(self, buf: bytearray, cut: int, base: int, nl_total: int, has_steps: bool) -> None:
@@ -692,6 +773,36 @@ def looks_like_job_log(s: Scan) -> bool:
     return bool(s.runs or s.summary or s.step_lines_seen or s.events)
 
 
+@dataclasses.dataclass
+class HeartbeatClaim:
+    """JAX's coordination service declaring tasks dead (they stopped sending heartbeats), mapped
+    to hosts: JAX task i is the process of node rank i, the i-th node of the header's list."""
+
+    events: list[Event]  # the claim lines that name tasks (kinds hb_claim, hb_task)
+    first: Event  # the earliest of them (by absl time, then by line)
+    time: float | None  # the earliest claim's absl time (None: no claim line has one)
+    tasks: list[int]  # every task id claimed, sorted
+    hosts: list[str]  # the accused hosts, in task order (task ids beyond the node list have none)
+    coordinator: str | None  # node rank 0, where the coordination service runs
+
+
+def heartbeat_claim(s: Scan) -> HeartbeatClaim | None:
+    """The heartbeat claim of the log (every claim line together), or None without one."""
+    claims = [e for e in s.events if e.kind in ("hb_claim", "hb_task") and e.data.get("tasks")]
+    if not claims:
+        return None
+    nodes = s.nodes()
+    tasks = sorted({x for e in claims for x in e.data["tasks"]})
+    return HeartbeatClaim(
+        events=claims,
+        first=min(claims, key=lambda e: (e.ts is None, e.ts or 0.0, e.line)),
+        time=min((e.ts for e in claims if e.ts is not None), default=None),
+        tasks=tasks,
+        hosts=[nodes[x] for x in tasks if x < len(nodes)],
+        coordinator=nodes[0] if nodes else None,
+    )
+
+
 # --- every host's step lines (utils/perf.py) ---------------------------------------------------
 _HEADER_OPEN = b"\n==================== JOB ====================\n"
 # XLA's device list at start-up (GPU, absl INFO): "StreamExecutor [0]: NVIDIA H100 80GB HBM3, Compute Capability
@@ -770,11 +881,7 @@ def read_steps(path: str | Path, clock: AbslClock | None = None) -> StepTable:
                     st = out.hosts.get(host)
                     if st is None:
                         st = out.hosts[host] = Steps(host=host, clock=clock)
-                    _, ts, ramp, step, sec, tfl, tok = zip(*hrows, strict=True)
-                    st.step.extend(map(int, step))
-                    st.seconds.extend(map(float, sec))
-                    st.stamp.extend(ts)
-                    _add_rates(st, ramp, tfl, tok)
+                    _add_rows(st, *list(zip(*hrows, strict=True))[1:])
             read += cut
             rest = n - cut - 1
             if rest > 0:

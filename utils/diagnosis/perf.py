@@ -86,13 +86,10 @@ def gpu_peak(name: str) -> tuple[str, float, str] | None:
 
 # --- steps --------------------------------------------------------------------------------
 def split_rows(st: joblog.Steps, warmup_steps: int) -> tuple[list[int], list[int]]:
-    """(warm-up rows, steady rows) of one host's step columns: the steady rows are those after the
-    ramp-up lines and the first `warmup_steps` steps (the same rule as triage.py); the first row
-    (compilation) is neither."""
+    """(warm-up rows, steady rows) of one host's step columns: the steady rows are joblog's
+    (Steps.steady_rows, the rule of every tool); the first row (compilation) is neither."""
     n = len(st.step)
-    idx = [i for i in range(n) if st.tokens[i] is not None or not st.rampup]
-    skip = min(warmup_steps, max(0, len(idx) - 1))
-    steady = idx[skip:]
+    steady, _ = st.steady_rows(warmup_steps)
     keep = set(steady)
     return [i for i in range(1, n) if i not in keep], [i for i in steady if i != 0 or n == 1]
 
@@ -621,7 +618,7 @@ def perf(
     *,
     peak_tflops: float | None = None,
     gpu: str | None = None,
-    warmup_steps: int = 3,
+    warmup_steps: int = joblog.WARMUP_STEPS,
     stall_factor: float = 3.0,
     max_traces: int = 2,
     top: int = 10,

@@ -33,6 +33,7 @@ import argparse
 import calendar
 import dataclasses
 import json
+import math
 import os
 import pwd
 import re
@@ -46,7 +47,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from diagnosis import cli, joblog, locate, triage
+from diagnosis import cli, locate, triage
 from diagnosis.cli import InputError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,8 +58,6 @@ OOM_CLASSES = ("oom_device", "oom_host")
 ENDED = {"completed", "failed", "cancelled", "timeout", "unknown", "submit_failed"}
 USABLE_NODE_STATES = {"idle", "alloc", "mix", "comp", "plnd"}
 OVERRIDE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*=")
-# MaxText's step line carries "loss: X" (see the STOPGAP note at final_loss)
-_LOSS = re.compile(r"(?:^|[\s,])loss: (-?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|-?inf)\b")
 
 
 class Interrupted(Exception):
@@ -291,16 +290,6 @@ class Job:
         return self.status == "completed" and self.tgs_steady is not None
 
 
-def final_loss(scan: joblog.Scan) -> float | None:
-    """The loss of the last step line of the reference host.
-
-    STOPGAP: joblog's Steps has no loss column, so this reads "loss: X" from the last step line
-    that joblog kept (HostSeen.last_step_text); replace it by joblog's own field once it has one."""
-    seen = scan.hosts.get(scan.steps.host) or scan.hosts.get(None)
-    m = _LOSS.search(seen.last_step_text) if seen else None
-    return float(m.group(1)) if m else None
-
-
 def read_result(job: Job) -> None:
     """Fill the job's outcome from its log and job directory (triage.py / joblog.py)."""
     log = Path(job.log) if job.log else None
@@ -318,7 +307,7 @@ def read_result(job: Job) -> None:
     job.status = r["status"] if r["status"] in ENDED else "unknown"
     job.failure_class, job.summary = r["failure_class"], r["summary"]
     job.tgs_steady, job.last_step = r["tgs"]["steady"], r["progress"]["last_step"]
-    job.final_loss = final_loss(t.scan)
+    job.final_loss = t.scan.steps.final_loss()
 
 
 # --- the sweep --------------------------------------------------------------------------------
@@ -905,7 +894,7 @@ def baseline_of(job: str, workspace: Path) -> dict:
         "steps": steps,
         "status": rep["status"],
         "tgs_steady": rep["tgs"]["steady"],
-        "final_loss": final_loss(r.scan),
+        "final_loss": r.scan.steps.final_loss(),
         "last_step": rep["progress"]["last_step"],
     }
 
@@ -942,9 +931,13 @@ def regress_result(base: dict, job: Job, threshold_pct: float, loss_tol_pct: flo
         verdict = "same"
     loss_delta, loss_verdict = None, "not_compared"
     if same_steps and job.final_loss is not None and base["final_loss"] is not None:
-        loss_delta = round(job.final_loss - base["final_loss"], 6)
-        rel = abs(loss_delta) / max(abs(base["final_loss"]), 1e-12)
-        loss_verdict = "changed" if 100 * rel > loss_tol_pct else "same"
+        new, old = job.final_loss, base["final_loss"]
+        if math.isfinite(new) and math.isfinite(old):
+            loss_delta = round(new - old, 6)
+            rel = abs(loss_delta) / max(abs(old), 1e-12)
+            loss_verdict = "changed" if 100 * rel > loss_tol_pct else "same"
+        else:  # nan or inf: training diverged, on one side or on both alike
+            loss_verdict = "same" if str(new) == str(old) else "changed"
     if verdict == "failed":
         conclusion = f"the rerun did not complete ({job.status}{', ' + job.failure_class if job.failure_class else ''})"
     else:

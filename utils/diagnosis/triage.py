@@ -28,9 +28,6 @@ from diagnosis import failure_classes as fc
 REPO = Path(__file__).resolve().parents[2]
 CLASSES = fc.CLASSES
 RUNNING_STATES = {"RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "STAGE_OUT"}
-exception_kind = fc.exception_kind
-_JOBCTL = re.compile(r"^\S+: line \d+: +\d+ ")  # bash: "<script>: line N: PID Killed  <command>"
-_ABSL_PREFIX = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]\s]*\] ")
 
 
 @dataclasses.dataclass
@@ -38,7 +35,7 @@ class Options:
     now: float | None = None
     hang_factor: float = 10.0
     hang_min_seconds: float = 120.0
-    warmup_steps: int = 3
+    warmup_steps: int = joblog.WARMUP_STEPS
     phase_min_steps: int = 20
     phase_threshold: float = 0.10
     scheduler: bool = True
@@ -152,7 +149,7 @@ class Host:
         attributed to it (unprefixed notices of a one-node job)."""
         ranked = sorted(
             (e for e in self.events if e.kind in kinds),
-            key=lambda e: (e.host is None, bool(_JOBCTL.match(e.text)), e.line),
+            key=lambda e: (e.host is None, joblog.is_job_control(e.text), e.line),
         )
         return ranked[0] if ranked else None
 
@@ -161,7 +158,7 @@ def message(e: joblog.Event | None) -> str:
     """An event's text without the absl prefix, for one-line summaries."""
     if not e:
         return ""
-    text = _ABSL_PREFIX.sub("", e.text).strip()[:200]
+    text = joblog.strip_absl(e.text).strip()[:200]
     detail = e.data.get("detail")
     return f"{text} ({detail})" if detail else text
 
@@ -246,18 +243,9 @@ class Triage:
         return "failed" if any(r["rc"] != 0 for r in recs.values()) else "completed"
 
     # steps, progress, throughput --------------------------------------------------------
-    def steady_rows(self) -> tuple[list[int], int]:
-        """Rows of the reference host's steps after ramp-up and the first warm-up steps (compilation,
-        first data): (rows, number of warm-up steps left out; at most all but one)."""
-        st = self.scan.steps
-        idx = [i for i in range(len(st.step)) if st.tokens[i] is not None or not st.rampup]
-        skip = min(self.opts.warmup_steps, max(0, len(idx) - 1))
-        first = {st.step[i] for i in idx[:skip]}
-        return [i for i in idx if st.step[i] not in first], skip
-
     def throughput(self) -> tuple[dict, list[int]]:
         st = self.scan.steps
-        rows, skipped = self.steady_rows()
+        rows, skipped = st.steady_rows(self.opts.warmup_steps)
         rates = [st.tokens[i] for i in rows if st.tokens[i] is not None]
         steps = [st.step[i] for i in rows if st.tokens[i] is not None]
         tgs = {

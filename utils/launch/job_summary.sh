@@ -35,6 +35,12 @@ done
 
 # First error of the first failing node: an exception line (not indented, e.g. "ValueError: ..."),
 # else any other error-looking line that is not source code quoted in a traceback.
+# A guess for the person reading the log, not a diagnosis, and the only reading of the log outside
+# utils/diagnosis/joblog.py: it stays here, in bash, because the summary must be printed at the end of
+# every job, also when Python is what failed (a broken environment; in container mode the batch host
+# need not have the project's .venv at all), and joblog.py needs the .venv's Python (>= 3.11). The
+# signatures that decide a failure class live only in joblog.py; triage.py cites first_error as the
+# launcher's guess and never classifies from it. Keep these patterns generic: add signatures there.
 exc_re='[A-Za-z_.]*(Error|Exception|Exit|Interrupt)(: |$)'
 error_re='(Error|Exception|error:|FAILED|FATAL|Fatal|Aborted|Segmentation fault|Killed|core dumped|exceeded its)'
 info_re='[IW][0-9]{4} [0-9:.]+ '   # absl INFO/WARNING lines are not errors
