@@ -859,9 +859,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--warmup-steps",
         type=cli.positive_int,
-        default=3,
+        default=joblog.WARMUP_STEPS,
         metavar="N",
-        help="first steps left out of the steady numbers, the first (compilation) included (default 3)",
+        help=f"first steps left out of the steady numbers, the first (compilation) included (default {joblog.WARMUP_STEPS})",
     )
     ap.add_argument(
         "--stall-factor",

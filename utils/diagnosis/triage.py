@@ -727,8 +727,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--warmup-steps",
         type=cli.number(int, lambda x: x >= 0, "0 or more"),
-        default=3,
-        help="first steps left out of the steady throughput (default 3)",
+        default=joblog.WARMUP_STEPS,
+        help=f"first steps left out of the steady throughput (default {joblog.WARMUP_STEPS})",
     )
     ap.add_argument(
         "--phase-min-steps",
