@@ -249,7 +249,10 @@ n=0
 if [[ -r count ]]; then read -r n < count; fi
 n=$((n + 1)); echo "$n" > count
 echo "polls_seen $n"
-echo "env_info{rank=\"$JOB_NODE_RANK\",job=\"$JOB_DIR\",interval=\"$METRICS_INTERVAL\",timeout=\"$METRICS_TIMEOUT\",sys=\"$METRICS_SYSFS_ROOT\",proc=\"$METRICS_PROCFS_ROOT\",state=\"$METRICS_STATE_DIR\",cwd=\"$PWD\",never=\"$METRICS_NEVER_AGAIN_EXIT\",lc=\"$LC_ALL\",exporter=\"$METRICS_EXPORTER_PID\"} 1"
+l="rank=\"$JOB_NODE_RANK\",job=\"$JOB_DIR\",interval=\"$METRICS_INTERVAL\",timeout=\"$METRICS_TIMEOUT\""
+l+=",sys=\"$METRICS_SYSFS_ROOT\",proc=\"$METRICS_PROCFS_ROOT\",state=\"$METRICS_STATE_DIR\",cwd=\"$PWD\""
+l+=",never=\"$METRICS_NEVER_AGAIN_EXIT\",lc=\"$LC_ALL\",exporter=\"$METRICS_EXPORTER_PID\""
+echo "env_info{$l} 1"
 echo "host_seen{seen=\"$METRICS_HOST\"} 1"
 """,
     )

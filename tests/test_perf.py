@@ -182,7 +182,8 @@ def test_device_name_in_the_log_gives_the_peak(tmp_path):
     log = write_log(tmp_path / "ws", {"n1": s})
     text = log.read_text().replace(
         "Jax distributed system initialized on GPU!",
-        "Jax distributed system initialized on GPU!\nn1: I1122 04:00:06.000000    523 service.cc:170]   StreamExecutor [0]: "
+        "Jax distributed system initialized on GPU!\n"
+        "n1: I1122 04:00:06.000000    523 service.cc:170]   StreamExecutor [0]: "
         "NVIDIA H100 80GB HBM3, Compute Capability 9.0a (Driver: 13.0.0[580.159.4]; Runtime: 13.0.0)",
         1,
     )

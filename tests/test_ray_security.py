@@ -31,7 +31,8 @@ def exporter_once(tmp_path: Path, *args: str, env: dict[str, str] | None = None)
     plugins.mkdir(exist_ok=True)
     (plugins / "probe_metrics_plugin.sh").write_text(
         'touch "$METRICS_STATE_DIR/mark"; mkfifo "$METRICS_STATE_DIR/req" 2>/dev/null\n'
-        'echo "state_info{dir=\\"$(dirname "$METRICS_STATE_DIR")\\",mode=\\"$(stat -c %a "$(dirname "$METRICS_STATE_DIR")")\\"} 1"\n'
+        'parent=$(dirname "$METRICS_STATE_DIR")\n'
+        'echo "state_info{dir=\\"$parent\\",mode=\\"$(stat -c %a "$parent")\\"} 1"\n'
     )
     return run(
         [

@@ -102,7 +102,8 @@ def test_dry_run_batch(workspace):
     rec = as_json(res)
     assert rec["state"] == "dry_run" and rec["record"] is None
     assert commands(rec) == [
-        f"{SUBMIT} tiny:exp-bs{v} -N 2 --exclude=n9 -t 10:00 -- per_device_batch_size={v} steps=5 remat_policy=full _env_A=1"
+        f"{SUBMIT} tiny:exp-bs{v} -N 2 --exclude=n9 -t 10:00 -- "
+        f"per_device_batch_size={v} steps=5 remat_policy=full _env_A=1"
         for v in (1, 2, 4)
     ]
     assert [j["value"] for j in rec["jobs"]] == ["1", "2", "4"]

@@ -74,7 +74,8 @@ def absl_stamp(epoch: float, level: str = "I", tid: int = 140495106636672, where
     """An absl log prefix in the local time zone, like Python's absl logging and the C++ logger."""
     tm = time.localtime(epoch)
     us = int(round((epoch - int(epoch)) * 1e6)) % 1000000
-    return f"{level}{tm.tm_mon:02d}{tm.tm_mday:02d} {tm.tm_hour:02d}:{tm.tm_min:02d}:{tm.tm_sec:02d}.{us:06d} {tid} {where}] "
+    clock = f"{tm.tm_hour:02d}:{tm.tm_min:02d}:{tm.tm_sec:02d}.{us:06d}"
+    return f"{level}{tm.tm_mon:02d}{tm.tm_mday:02d} {clock} {tid} {where}] "
 
 
 def iso(epoch: float) -> str:

@@ -669,8 +669,10 @@ def check_heartbeat(d: Data, rep: Report, prom: tsdb.Served) -> None:
         rep.findings.append(
             Finding(
                 "heartbeat_false_positive",
-                f"JAX declared task(s) {tasks} ({', '.join(accused)}) dead at {utc(t_claim)}, but they were alive up to "
-                f"the claim (GPU power in the last {near:.0f} s {', '.join(fmt(values[h]['power_at_claim_w']) + ' W' for h in accused)}"
+                f"JAX declared task(s) {tasks} ({', '.join(accused)}) dead at {utc(t_claim)}, "
+                "but they were alive up to "
+                f"the claim (GPU power in the last {near:.0f} s "
+                f"{', '.join(fmt(values[h]['power_at_claim_w']) + ' W' for h in accused)}"
                 + (f"; the last step {t_claim - last_tb:.0f} s before it" if steps_to_claim else "")
                 + f"): the heartbeats were lost, not the hosts (look at the coordinator {claim.coordinator or '?'} "
                 "and the network around that time)",

@@ -397,7 +397,8 @@ REGISTRY: tuple[FailureClass, ...] = (
         cites=("configuration rejected", "the exception"),
         host_evidence="`MAXTEXT CONFIG ERROR` (pyconfig), a pydantic `ValidationError`, a `yaml.*Error`, or an "
         "exception `'<key>' not in '<valid fields>'`.",
-        decided_by="`MAXTEXT CONFIG ERROR`, pydantic `ValidationError`, `yaml.*Error`, `'<key>' not in '<valid fields>'`",
+        decided_by="`MAXTEXT CONFIG ERROR`, pydantic `ValidationError`, `yaml.*Error`, "
+        "`'<key>' not in '<valid fields>'`",
         culprit="the host that printed it (all hosts usually do)",
         check_next="The key or value named in the error; [model-config-guide](../model-config-guide/SKILL.md).",
     ),

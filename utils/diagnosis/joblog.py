@@ -176,7 +176,8 @@ EXCEPTION_KINDS: list[tuple[str, re.Pattern[str]]] = [
     (
         "coordination",
         re.compile(
-            r"heartbeat|coordination service|Barrier|DEADLINE_EXCEEDED|UNAVAILABLE|PollForError|distributed service|preempt",
+            r"heartbeat|coordination service|Barrier|DEADLINE_EXCEEDED|UNAVAILABLE|PollForError|"
+            r"distributed service|preempt",
             re.I,
         ),
     ),

@@ -525,7 +525,8 @@ def view_commands(t: dict) -> list[str]:
         prefix = ""
         if not _venv_has("fsspec"):
             cmds.append(
-                ".venv/bin/python -m pip install --target ~/.cache/maxtext-slurm/tb-fsspec fsspec   # once: the profile plugin "
+                ".venv/bin/python -m pip install --target ~/.cache/maxtext-slurm/tb-fsspec fsspec"
+                "   # once: the profile plugin "
                 "(xprof) needs fsspec, which the pinned .venv lacks"
             )
             prefix = "PYTHONPATH=~/.cache/maxtext-slurm/tb-fsspec "
@@ -861,7 +862,8 @@ def main(argv: list[str] | None = None) -> int:
         type=cli.positive_int,
         default=joblog.WARMUP_STEPS,
         metavar="N",
-        help=f"first steps left out of the steady numbers, the first (compilation) included (default {joblog.WARMUP_STEPS})",
+        help="first steps left out of the steady numbers, the first (compilation) included "
+        f"(default {joblog.WARMUP_STEPS})",
     )
     ap.add_argument(
         "--stall-factor",
