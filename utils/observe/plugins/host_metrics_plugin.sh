@@ -13,11 +13,7 @@
 set -euo pipefail
 export LC_ALL=C # numbers with a "." whatever the caller's locale
 
-if [[ ${1-} == -h || ${1-} == --help ]]; then
-  source "$(dirname "${BASH_SOURCE[0]}")/../../launch/lib.sh" # usage: the one help mechanism (needed only here)
-  usage
-  exit
-fi
+[[ ${1-} == -h || ${1-} == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/../../launch/lib.sh"; usage; exit; }
 
 proc=${METRICS_PROCFS_ROOT:-/proc}
 sys=${METRICS_SYSFS_ROOT:-/sys}
