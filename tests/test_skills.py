@@ -34,6 +34,9 @@ skill quotes is tested in its --dry-run form. Blocks that are not commands (samp
 checked with shellcheck (warnings and errors) when it is installed. Running every block must
 leave the corpus TSDBs unchanged (the skills' rule: read a copy, never the saved TSDB).
 
+Blocks that run utils/diagnose.py (each serves a job's TSDB through a fresh Prometheus) or pytest
+(the model-config-guide skill's MaxText config check) are marked slow: the fast loop runs the rest.
+
 Needs prometheus and promtool on PATH and the project venv (numpy, matplotlib). ~60 s on 2 cores,
 half of it the model-config-guide skill's own pytest block.
 """
@@ -246,7 +249,13 @@ def test_skills_quote_commands():
     assert len(BLOCKS) >= 10, f"only {len(BLOCKS)} bash blocks in skills/"
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=lambda b: b.id)
+# slow: see the module's docstring
+HEAVY = re.compile(r"utils/diagnose\.py|-m pytest\b")
+
+
+@pytest.mark.parametrize(
+    "block", [pytest.param(b, id=b.id, marks=[pytest.mark.slow] if HEAVY.search(b.text) else []) for b in BLOCKS]
+)
 def test_bash_block(block, jobs):
     where = f"{block.id} ({block.file.relative_to(REPO)}:{block.line})"
     assert block.closed, f"{where}: the code fence is never closed"
