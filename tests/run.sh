@@ -17,7 +17,9 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 start=$SECONDS
 if [[ "${1:-}" == --fast ]]; then
   shift
-  set -- -m "not cluster and not slow" -n auto --dist loadfile "$@"
+  # whole files per worker, in file order (xdist would otherwise start the files with the most
+  # tests first, and test_diagnose, the longest, has few)
+  set -- -m "not cluster and not slow" -n auto --dist loadfile --no-loadscope-reorder "$@"
 fi
 
 need=()
