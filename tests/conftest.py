@@ -18,6 +18,19 @@ def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 600,
     return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, check=False, **kw)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Before -m selects: a test that uses the local cluster carries the `cluster` mark, so that
+    -m "not cluster" (and tests/run.sh --fast) never starts a cluster."""
+    unmarked = [
+        item.nodeid
+        for item in items
+        if "cluster" in getattr(item, "fixturenames", ()) and item.get_closest_marker("cluster") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(f"these tests use the cluster fixture without @pytest.mark.cluster: {unmarked}")
+
+
 @pytest.fixture(scope="session")
 def venv() -> Path:
     res = run([str(REPO / "utils/setup_env.sh")], timeout=1800)

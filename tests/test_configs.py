@@ -24,6 +24,7 @@ checked with ``bash -n``, for the export-only format, and by starting XLA's CPU 
 XLA_FLAGS, which aborts on an unknown flag or a malformed value.
 
 Run: .venv/bin/python -m pytest tests/test_configs.py  (about 30 s on 2 cores; JAX_PLATFORMS=cpu is forced)
+Every test that needs the worker or XLA is marked slow; the fast loop keeps the file-level checks.
 """
 
 from __future__ import annotations
@@ -301,6 +302,7 @@ def test_there_are_gpu_configs() -> None:
     assert GPU_CONFIGS, "no GPU configs in configs/"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", CONFIGS, ids=_ids(CONFIGS))
 def test_config_loads(results: dict[str, dict[str, Any]], path: Path) -> None:
     res = _parsed(results, path)
@@ -321,6 +323,7 @@ def test_config_loads(results: dict[str, dict[str, Any]], path: Path) -> None:
     assert not changed, f"keys of {path.name} do not take effect (file value, parsed value): {changed}{why}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", CONFIGS, ids=_ids(CONFIGS))
 def test_model_builds(results: dict[str, dict[str, Any]], path: Path) -> None:
     res = _parsed(results, path)
@@ -332,6 +335,7 @@ def test_model_builds(results: dict[str, dict[str, Any]], path: Path) -> None:
     assert res["params"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", CONFIGS, ids=_ids(CONFIGS))
 def test_broken_copies_are_rejected(results: dict[str, dict[str, Any]], path: Path) -> None:
     typo = results[f"typo:{path.stem}"]["parse_error"]
@@ -342,6 +346,7 @@ def test_broken_copies_are_rejected(results: dict[str, dict[str, Any]], path: Pa
     assert "yaml" in (bad["type"] + bad["traceback"]).lower()
 
 
+@pytest.mark.slow
 def test_checks_beyond_the_parser_can_fail(results: dict[str, dict[str, Any]]) -> None:
     remat = results["remat"]
     assert remat["parse_error"] is None, "the parser was expected to accept remat_policy: fulll"
@@ -350,6 +355,7 @@ def test_checks_beyond_the_parser_can_fail(results: dict[str, dict[str, Any]]) -
     assert mesh["error"] is not None, "two -1 DCN axes were expected to be rejected"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", GPU_CONFIGS, ids=_ids(GPU_CONFIGS))
 def test_gpu_config_contract(results: dict[str, dict[str, Any]], path: Path) -> None:
     """Header, attention kernel, defaults, mesh and memory of a GPU config."""
@@ -441,6 +447,7 @@ def _start_xla(python: str, exports: tuple[tuple[str, str], ...]) -> tuple[int, 
     return res.returncode, res.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env_file", ENV_FILES, ids=_ids(ENV_FILES))
 def test_env_file_xla_flags_exist(venv: Path, env_file: Path) -> None:
     exports = _sourced_exports(env_file)
@@ -448,6 +455,7 @@ def test_env_file_xla_flags_exist(venv: Path, env_file: Path) -> None:
     assert rc == 0, f"XLA rejects the environment of {env_file.name} ({exports}):\n{stderr[-3000:]}"
 
 
+@pytest.mark.slow
 def test_xla_flag_check_can_fail(venv: Path) -> None:
     rc, stderr = _start_xla(
         str(venv / "bin/python"), (("XLA_FLAGS", "--xla_gpu_enable_latency_hiding_schedulerr=true"),)

@@ -59,8 +59,19 @@ def overlaps(a: dict | None, b: tuple[float, float] | None) -> bool:
 
 
 # --- every family, several seeds ------------------------------------------------------------
-@pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("family", list(corpus.FAMILIES))
+# Each case builds a corpus and serves its TSDB (~1.5 s). The fast loop runs seed 1 of one family
+# of each kind (GPU, host, training, heartbeat) that no other fast test below diagnoses; the full
+# suite runs every family and seed.
+FAST_FAMILIES = {"gpu_thermal", "host_oom", "moe_lb_spike", "heartbeat_false_positive"}
+assert FAST_FAMILIES <= set(corpus.FAMILIES), FAST_FAMILIES - set(corpus.FAMILIES)
+MATRIX = [
+    pytest.param(f, s, id=f"{f}-{s}", marks=() if s == 1 and f in FAST_FAMILIES else pytest.mark.slow)
+    for f in corpus.FAMILIES
+    for s in SEEDS
+]
+
+
+@pytest.mark.parametrize(("family", "seed"), MATRIX)
 def test_family_verdict_and_culprits(tmp_path, family, seed):
     inc = corpus.build(family, tmp_path, seed)
     r = diag(inc.job_dir, inc.vs)

@@ -301,6 +301,7 @@ def refused(res: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_schema_is_that_of_the_installed_maxtext(venv: Path, tmp_path: Path) -> None:
     tool = [str(venv / "bin/python"), str(REPO / "utils/dev/maxtext_schema.py"), "--check"]
     res = subprocess.run(tool, capture_output=True, text=True, env=_clean_env(), timeout=300, check=False)
@@ -317,6 +318,7 @@ def test_schema_is_that_of_the_installed_maxtext(venv: Path, tmp_path: Path) -> 
     assert res.returncode == 1 and "2 keys differ" in res.stderr and "dtype, steps" in res.stderr, res.stderr
 
 
+@pytest.mark.slow
 def test_checker_agrees_with_pydantic_on_every_key(maxtext: dict[str, Any]) -> None:
     fields = maxtext["fields"]
     assert fields["count"] > 50_000, "the worker compared too few values"
@@ -329,17 +331,20 @@ def test_checker_agrees_with_pydantic_on_every_key(maxtext: dict[str, Any]) -> N
     assert fields["stricter"] == ["dpo.no_such_key"], fields["stricter"]
 
 
+@pytest.mark.slow
 def test_values_and_configs_are_read_as_omegaconf_reads_them(maxtext: dict[str, Any]) -> None:
     assert not maxtext["fields"]["loader_diffs"], maxtext["fields"]["loader_diffs"][:10]
     assert not maxtext["config_files"], f"read differently from OmegaConf: {maxtext['config_files']}"
 
 
+@pytest.mark.slow
 def test_checker_accepts_what_maxtexts_parser_accepts(maxtext: dict[str, Any]) -> None:
     for case in maxtext["parser"][: len(PARSER_ACCEPTS)]:
         assert case["maxtext"] is None, f"MaxText was expected to accept {case}"
         assert case["checker"] is None, f"the checker refuses what MaxText accepts: {case}"
 
 
+@pytest.mark.slow
 def test_checker_refuses_what_maxtexts_parser_refuses(maxtext: dict[str, Any]) -> None:
     for case in maxtext["parser"][len(PARSER_ACCEPTS) :]:
         assert case["maxtext"] is not None, f"MaxText was expected to refuse {case}"

@@ -291,6 +291,7 @@ def tiny_job(tmp_path_factory, venv):
     return ws
 
 
+@pytest.mark.slow
 def test_real_tiny_job_with_the_profiler(tiny_job):
     res = run(
         [

@@ -6,6 +6,7 @@ Every test points TMPDIR at its own empty dir, so "no leftover copy" means "stil
 and finds the Prometheus processes the tool started by their --storage.tsdb.path in it.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -23,7 +24,7 @@ import pytest
 import requests
 from conftest import REPO, run
 
-from helpers.promfixture import binary, free_port, running_prometheus, tsdb_digest, write_tsdb
+from helpers.promfixture import LivePrometheus, binary, free_port, started_prometheus, tsdb_digest, write_tsdb
 from helpers.syspath import path_without
 
 TOOL = str(REPO / "utils" / "prometheus.sh")
@@ -57,12 +58,26 @@ def saved(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def killed(tmp_path_factory) -> tuple[Path, int]:
+def servers(tmp_path_factory) -> Iterator[dict[str, LivePrometheus]]:
+    """Two real Prometheus servers scraping themselves, started together so that their first
+    scrapes (~6 s after start) are waited for once: "killed" (SIGKILLed by the killed fixture) and
+    "live" (read while it runs by test_query_live_tsdb, which stops it)."""
+    with contextlib.ExitStack() as stack:
+        yield {
+            name: stack.enter_context(started_prometheus(tmp_path_factory.mktemp(name) / "prometheus", stop=stop))
+            for name, stop in (("killed", signal.SIGKILL), ("live", signal.SIGTERM))
+        }
+
+
+@pytest.fixture(scope="module")
+def killed(servers) -> tuple[Path, int]:
     """A WAL-only TSDB from a real Prometheus scraping itself, then SIGKILLed; (tsdb, scrapes seen)."""
-    tsdb = tmp_path_factory.mktemp("killed") / "prometheus"
-    with running_prometheus(tsdb, min_scrapes=2) as live:
-        scrapes = live.scrapes()
-    return tsdb, scrapes
+    prom = servers["killed"]
+    prom.wait_for(2)
+    scrapes = prom.scrapes()
+    prom.proc.kill()
+    prom.proc.wait(timeout=30)
+    return prom.tsdb, scrapes
 
 
 @pytest.fixture()
@@ -278,21 +293,23 @@ def test_prometheus_alters_a_tsdb_it_opens(tmp_path, saved, killed):
         assert any(name.startswith("wal/0") for name in set(after) - set(before)), "expected a new WAL segment"
 
 
-def test_query_live_tsdb(tmp_path, tmpdir_env):
+def test_query_live_tsdb(servers, tmpdir_env):
     """A job still running: the tool reads a copy and does not disturb the live Prometheus."""
-    tsdb = tmp_path / "live" / "prometheus"
-    with running_prometheus(tsdb, min_scrapes=2, stop=signal.SIGTERM) as live:
-        seen = live.scrapes()
-        data = query_ok(tsdb, "count_over_time(up[1h])", env=tmpdir_env)
-        assert int(data["result"][0]["value"][1]) >= seen - 1  # the copy may be a scrape behind
-        names = {p.name for p in tsdb.iterdir()}
-        assert names <= {"wal", "chunks_head", "queries.active", "lock"}, names
-        deadline = time.monotonic() + 20
-        while live.scrapes() <= seen + 1:  # still scraping and writing after the copy
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
-        assert live.proc.poll() is None
-    assert live.proc.returncode == 0
+    live = servers["live"]
+    tsdb = live.tsdb
+    live.wait_for(2)
+    seen = live.scrapes()
+    data = query_ok(tsdb, "count_over_time(up[1h])", env=tmpdir_env)
+    assert int(data["result"][0]["value"][1]) >= seen - 1  # the copy may be a scrape behind
+    names = {p.name for p in tsdb.iterdir()}
+    assert names <= {"wal", "chunks_head", "queries.active", "lock"}, names
+    deadline = time.monotonic() + 20
+    while live.scrapes() <= seen + 1:  # still scraping and writing after the copy
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert live.proc.poll() is None
+    live.proc.terminate()
+    assert live.proc.wait(timeout=30) == 0
 
 
 @pytest.mark.parametrize(

@@ -170,6 +170,7 @@ def test_head_refuses_a_token_dir_made_before_it(tmp_path):
     assert list(auth.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_one_node_ray_is_on_loopback_and_authenticated(tmp_path):
     """The single-machine case (run_local.sh RAY=1, submit.sh -N 1): every Ray port on 127.0.0.1, each
     refusing a caller without the token; the real driver (_ray_actor.py) connects with the token and

@@ -8,6 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from conftest import REPO, launcher_env, run
 
 from helpers.jobs import log_has, summary, trainer_pid, wait_for
@@ -21,6 +22,7 @@ def only_log(workspace: Path) -> Path:
     return logs[0]
 
 
+@pytest.mark.slow
 def test_trains_and_summarises(workspace, venv):
     res = run([str(REPO / "run_local.sh"), "tiny", "--", "steps=5"], env=launcher_env(workspace), timeout=300)
     assert res.returncode == 0, res.stdout[-3000:]
@@ -45,6 +47,7 @@ def test_config_error_is_refused_before_the_run(workspace, venv):
     assert not any(workspace.iterdir())
 
 
+@pytest.mark.slow
 def test_crash_leaves_a_core_dump_in_the_job_dir(workspace, venv):
     if Path("/proc/sys/kernel/core_pattern").read_text().strip().startswith(("/", "|")):
         raise AssertionError(
@@ -85,6 +88,7 @@ def test_shell_has_the_job_environment(workspace, venv):
     assert f"PY={Path(launcher_env(workspace)['MAXTEXT_SLURM_VENV'])}/bin/python FRAC=0.93 RT=none" in res.stdout
 
 
+@pytest.mark.slow
 def test_secrets_stay_out_of_argv_and_the_record(workspace, venv):
     """Every user can read any process's argv (ps): a credential override reaches MaxText by
     environment (M_HF_ACCESS_TOKEN), run_local.sh drops the overrides from its own argv, and

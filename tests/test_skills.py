@@ -8,7 +8,8 @@ and every skill is routed to.
 Commands: every ```bash block of skills/**/*.md is its own test (id: file#block number, counted
 from 1 over the file's bash blocks). It runs as written with `bash -euo pipefail` from the
 repository root and must exit 0 with no "Traceback" on stderr. The variables the skills tell the
-agent to set point at jobs of the incident corpus (tests/corpus.py), built once per module:
+agent to set point at jobs of the incident corpus (tests/corpus.py), built once per module (the
+thread_leak pair when a block first needs it):
 
   JOB            the job dir of an `rdma_retransmits` incident (a completed RAY=1 job whose
                  throughput drops; diagnose.py says `network`); for blocks that use `--vs`, a
@@ -33,6 +34,9 @@ skill quotes is tested in its --dry-run form. Blocks that are not commands (samp
 `scancel`, `sbatch`, ...), nor start a Prometheus on a TSDB directory itself; blocks are also
 checked with shellcheck (warnings and errors) when it is installed. Running every block must
 leave the corpus TSDBs unchanged (the skills' rule: read a copy, never the saved TSDB).
+
+Blocks that run utils/diagnose.py (each serves a job's TSDB through a fresh Prometheus) or pytest
+(the model-config-guide skill's MaxText config check) are marked slow: the fast loop runs the rest.
 
 Needs prometheus and promtool on PATH and the project venv (numpy, matplotlib). ~60 s on 2 cores,
 half of it the model-config-guide skill's own pytest block.
@@ -190,7 +194,6 @@ def jobs(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("skills")
     ws = root / "ws"
     net = corpus.build("rdma_retransmits", ws, 2)
-    leak = corpus.build("thread_leak", ws, 4)
     base = logcorpus.Job(job_id="4300", model="tiny", hosts=["n1"], steps=30, total_steps=30)
     logcorpus.write_job(base, ws)
     submit = ws / base.name / "artifact" / ".submit"
@@ -215,26 +218,36 @@ def jobs(tmp_path_factory) -> dict:
         "JOB_WORKSPACE": str(ws),
         "TMPDIR": str(tmp),
         "JOB": str(net.job_dir),
-        "OTHER_JOB": str(leak.vs),
         "MODEL": "tiny",
     }
-    tsdbs = [net.job_dir / "prometheus", leak.job_dir / "prometheus", leak.vs / "prometheus"]
     return {
         "env": env,
-        "leak": leak.job_dir,
+        "ws": ws,
         "baseline": ws / base.name,
         "failed": ws / failed.name,
-        "tsdbs": tsdbs,
-        "digests": [tsdb_digest(p) for p in tsdbs],
+        "digests": {net.job_dir / "prometheus": tsdb_digest(net.job_dir / "prometheus")},
     }
 
 
-def block_envs(block: Block, jobs: dict) -> list[dict[str, str]]:
+@pytest.fixture(scope="module")
+def leak(jobs) -> dict[str, str]:
+    """The thread_leak incident (JOB of --vs blocks) and its clean twin (OTHER_JOB), built in the
+    corpus workspace when a block first needs them."""
+    inc = corpus.build("thread_leak", jobs["ws"], 4)
+    for db in (inc.job_dir / "prometheus", inc.vs / "prometheus"):
+        jobs["digests"][db] = tsdb_digest(db)
+    return {"JOB": str(inc.job_dir), "OTHER_JOB": str(inc.vs)}
+
+
+def block_envs(block: Block, jobs: dict, request: pytest.FixtureRequest) -> list[dict[str, str]]:
     """The environments a block runs in: one, and for the triage skill also a failed job without
     metrics (triage exits 0 for it too; the "no TSDB" branch runs)."""
     env = dict(jobs["env"])
-    if "--vs" in block.text:
-        env["JOB"] = str(jobs["leak"])
+    if "--vs" in block.text or "OTHER_JOB" in block.text:
+        leak = request.getfixturevalue("leak")
+        env["OTHER_JOB"] = leak["OTHER_JOB"]
+        if "--vs" in block.text:
+            env["JOB"] = leak["JOB"]
     if re.search(r"utils/sweep\.py\s+regress\b", block.text):
         env["JOB"] = str(jobs["baseline"])
     if block.file.parent.name == "job-log-triage":
@@ -246,8 +259,14 @@ def test_skills_quote_commands():
     assert len(BLOCKS) >= 10, f"only {len(BLOCKS)} bash blocks in skills/"
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=lambda b: b.id)
-def test_bash_block(block, jobs):
+# slow: see the module's docstring
+HEAVY = re.compile(r"utils/diagnose\.py|-m pytest\b")
+
+
+@pytest.mark.parametrize(
+    "block", [pytest.param(b, id=b.id, marks=[pytest.mark.slow] if HEAVY.search(b.text) else []) for b in BLOCKS]
+)
+def test_bash_block(block, jobs, request):
     where = f"{block.id} ({block.file.relative_to(REPO)}:{block.line})"
     assert block.closed, f"{where}: the code fence is never closed"
     assert block.lang == "bash", f"{where}: commands go in ```bash blocks (got ```{block.lang})"
@@ -271,7 +290,7 @@ def test_bash_block(block, jobs):
             f"block with --dry-run on each submitting line):\n{block.text}"
         )
         return
-    for env in block_envs(block, jobs):
+    for env in block_envs(block, jobs, request):
         t = time.monotonic()
         res = run(["bash", "-euo", "pipefail", "-c", block.text], env=env, cwd=REPO, timeout=BLOCK_TIMEOUT)
         report = (
@@ -293,7 +312,7 @@ def test_every_submitting_block_has_a_dry_run_twin():
 
 def test_blocks_left_the_saved_tsdbs_alone(jobs):
     """Runs after the blocks (file order): reading a job's metrics must never write its TSDB."""
-    assert [tsdb_digest(p) for p in jobs["tsdbs"]] == jobs["digests"]
+    assert {db: tsdb_digest(db) for db in jobs["digests"]} == jobs["digests"]
 
 
 def test_twin_rule_catches_a_missing_dry_run(tmp_path):

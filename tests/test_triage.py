@@ -500,6 +500,7 @@ def real_jobs(tmp_path_factory, venv):
                 p.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_real_completed_job(real_jobs):
     r = real_jobs["ok"]
     assert r["status"] == "completed" and r["failure_class"] is None, r["summary"]
@@ -507,6 +508,7 @@ def test_real_completed_job(real_jobs):
     assert r["progress"]["eta_seconds"] == 0 and r["tgs"]["steady"] > 0
 
 
+@pytest.mark.slow
 def test_real_config_error(real_jobs):
     r = real_jobs["config"]
     assert r["status"] == "failed" and r["failure_class"] == "config_error", r["summary"]
@@ -516,6 +518,7 @@ def test_real_config_error(real_jobs):
     assert any("MAXTEXT CONFIG ERROR" in e["text"] for e in r["evidence"])
 
 
+@pytest.mark.slow
 def test_real_job_while_running(real_jobs):
     r = real_jobs["running"]
     assert r["status"] == "running" and r["failure_class"] is None, r["summary"]
@@ -523,6 +526,7 @@ def test_real_job_while_running(real_jobs):
     assert r["progress"]["steps_per_sec"] and r["progress"]["eta_seconds"] > 0
 
 
+@pytest.mark.slow
 def test_real_sigkilled_trainer(real_jobs):
     r = real_jobs["killed"]
     assert r["status"] == "failed" and r["failure_class"] == "oom_host", r["summary"]

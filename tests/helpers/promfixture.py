@@ -24,6 +24,8 @@ in one go (block_hours=None). Pass block_hours=2 for the layout of a real Promet
 
 running_prometheus() starts a real Prometheus that scrapes itself into a TSDB dir: kill it
 with SIGKILL and the dir is WAL-only, like a job killed before its first 2h block was cut.
+started_prometheus() starts one without waiting, so that several wait for their first scrapes
+(~6 s) at the same time.
 tsdb_digest() hashes every file under a dir (to prove something left it unaltered).
 Both binaries come from PROMETHEUS_BIN / PROMTOOL_BIN, else PATH (apt-get install prometheus).
 """
@@ -155,22 +157,36 @@ class LivePrometheus:
     url: str
     tsdb: Path
     proc: subprocess.Popen
+    log: Path
 
     def scrapes(self) -> int:
         """Number of `up` samples stored so far (1 per scrape)."""
         res = prom_get(self.url, "/api/v1/query", query="count_over_time(up[1h])")["data"]["result"]
         return int(res[0]["value"][1]) if res else 0
 
+    def wait_for(self, min_scrapes: int, timeout: float = 30) -> None:
+        """Return once min_scrapes are stored (the first lands ~5.5 s after start: targets are
+        applied on a 5 s tick); RuntimeError with the log's tail if not within timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self.scrapes() >= min_scrapes:
+                    return
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                tail = self.log.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"prometheus did not store {min_scrapes} scrapes in {timeout}s:\n{tail}")
+            time.sleep(0.25)
+
 
 @contextmanager
-def running_prometheus(
-    tsdb: Path | str, *, min_scrapes: int = 2, timeout: float = 30, stop: signal.Signals = signal.SIGKILL
-) -> Iterator[LivePrometheus]:
-    """A real Prometheus scraping itself every second into tsdb until min_scrapes are stored.
+def started_prometheus(tsdb: Path | str, *, stop: signal.Signals = signal.SIGKILL) -> Iterator[LivePrometheus]:
+    """A real Prometheus scraping itself every second into tsdb, yielded as soon as it is started
+    (several can then wait for their first scrapes at the same time: LivePrometheus.wait_for).
 
-    Yields while it still runs (a live TSDB); on exit stops it with `stop` (default SIGKILL:
-    a killed job, which leaves only wal/ and chunks_head/, no blocks). The first scrape lands
-    ~5.5 s after start (targets are applied on a 5 s tick).
+    On exit stops it with `stop` unless it has ended (default SIGKILL: a killed job, which leaves
+    only wal/ and chunks_head/, no blocks).
     """
     tsdb = Path(tsdb)
     tsdb.mkdir(parents=True, exist_ok=True)
@@ -185,24 +201,22 @@ def running_prometheus(
         cmd += [f"--web.listen-address=127.0.0.1:{port}"]
         with open(Path(tmp) / "log", "wb") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        live = LivePrometheus(f"http://127.0.0.1:{port}", tsdb, proc)
         try:
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    if live.scrapes() >= min_scrapes:
-                        break
-                except OSError:
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    tail = (Path(tmp) / "log").read_text(errors="replace")[-2000:]
-                    raise RuntimeError(f"prometheus did not store {min_scrapes} scrapes in {timeout}s:\n{tail}")
-                time.sleep(0.1)
-            yield live
+            yield LivePrometheus(f"http://127.0.0.1:{port}", tsdb, proc, Path(tmp) / "log")
         finally:
             if proc.poll() is None:
                 proc.send_signal(stop)
             proc.wait(timeout=30)
+
+
+@contextmanager
+def running_prometheus(
+    tsdb: Path | str, *, min_scrapes: int = 2, timeout: float = 30, stop: signal.Signals = signal.SIGKILL
+) -> Iterator[LivePrometheus]:
+    """started_prometheus(), yielded once min_scrapes are stored (a live TSDB, ~6.5 s for 2)."""
+    with started_prometheus(tsdb, stop=stop) as live:
+        live.wait_for(min_scrapes, timeout)
+        yield live
 
 
 def sample_series(
