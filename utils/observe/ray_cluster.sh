@@ -37,13 +37,14 @@ token_dir="$JOB_DIR/ray/auth"
 token_file="$token_dir/token"
 single=0; (( ${JOB_NUM_NODES:-1} > 1 )) || single=1
 
+# One grep over every process's environment: a fork or two per process took seconds on a busy
+# node, and a cancel's SIGKILL (KillWait) then ended the cleanup before it reached the trainers.
 owned_pids() {
   local envf pid
-  for envf in /proc/[0-9]*/environ; do
+  while IFS= read -r envf; do
     pid=${envf#/proc/}; pid=${pid%/environ}
-    [[ -O "$envf" && "$pid" != "$$" ]] || continue
-    tr '\0' '\n' 2>/dev/null < "$envf" | grep -qxF "MST_RAY_OWNER=$MST_RAY_OWNER" && echo "$pid"
-  done
+    [[ -O "$envf" && "$pid" != "$$" ]] && echo "$pid"
+  done < <(grep -lsxzF -- "MST_RAY_OWNER=$MST_RAY_OWNER" /proc/[0-9]*/environ)
   return 0
 }
 
