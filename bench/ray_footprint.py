@@ -55,7 +55,7 @@ COMPONENTS: list[tuple[str, re.Pattern[str]]] = [
     ("Ray workers (actors)", re.compile(r"ray::|default_worker\.py")),
     ("Prometheus", re.compile(r"(^|/)prometheus\0|job_services\.sh")),
     ("TensorBoard", re.compile(r"tensorboard\.main|tensorboard_data_server|(^|/)tensorboard\0")),
-    ("exporter (+plugins)", re.compile(r"metrics_exporter\.py|tb_bridge\.py|_metrics_plugin\.sh")),
+    ("exporter (+plugins)", re.compile(r"metrics_exporter\.py|_metrics_plugin\.sh")),
 ]
 LAUNCHER = "launcher (bash, srun, ...)"
 ORDER = [c for c, _ in COMPONENTS[1:]] + ["trainer", LAUNCHER]
