@@ -3,13 +3,17 @@
 #
 # Container tier: runs COMMAND (e.g. _train.sh, or bash for a shell) inside the training
 # image, or natively when no runtime is used.
-#   CONTAINER_RUNTIME=auto|podman|docker|none (default auto: podman, then docker, each only
-#   if it has CONTAINER_IMAGE locally, then native). CONTAINER_IMAGE defaults to
-#   localhost/maxtext-slurm:latest (built from the Dockerfile). CONTAINER_ARGS adds
-#   runtime flags (split on spaces).
+#   In a job, the image stage (utils/launch/image.sh) has chosen: the node's record
+#   $JOB_DIR/.images/<host> names the runtime and the exact image (by ID), and that is what runs.
+#   Without a record (run by hand): CONTAINER_RUNTIME=auto|podman|docker|none (default auto:
+#   podman, then docker, each only if it has CONTAINER_IMAGE locally, then native).
+#   CONTAINER_IMAGE defaults to localhost/maxtext-slurm:latest (built from the Dockerfile).
+#   CONTAINER_MOUNTS adds mounts ("SRC:DST[:ro] ...", absolute paths, SRC must exist);
+#   CONTAINER_ARGS adds runtime flags (split on spaces).
 # In a container: exactly the variables of docs/env-contract.md are passed in (by name, so
 # values never appear in argv), the job workspace and the code are mounted at the same
-# paths, and AMD (/dev/kfd, /dev/dri) or NVIDIA GPUs are added when the node has them.
+# paths, and AMD (/dev/kfd, /dev/dri) or NVIDIA GPUs are added when the node has them. Every
+# container carries the labels mst.job=JOB_ID mst.workspace=JOB_WORKSPACE mst.scheduler=JOB_SCHEDULER.
 # Sets MST_CONTAINER (the runtime used) and MST_PYTHON (the trainer's interpreter).
 set -euo pipefail
 [[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/utils/launch/lib.sh"; usage; exit; }
@@ -32,7 +36,23 @@ CONTRACT_VARS=(
 
 image=${CONTAINER_IMAGE:-localhost/maxtext-slurm:latest}
 runtime=${CONTAINER_RUNTIME:-auto}
+shown_image=$image
 has_image() { command -v "$1" >/dev/null 2>&1 && "$1" image inspect "$image" >/dev/null 2>&1; }
+record="${JOB_DIR:-/nonexistent}/.images/${JOB_HOSTNAME:-$(hostname)}"
+if [[ -n "${JOB_DIR:-}" && -f "$record" ]]; then
+  # the image stage's choice for this node (utils/launch/image.sh), not resolved again
+  read -r -a fields < "$record"
+  declare -A rec=()
+  for kv in "${fields[@]}"; do rec[${kv%%=*}]=${kv#*=}; done
+  runtime=${rec[runtime]:-}
+  case "$runtime" in
+    none) [[ -n "${rec[python]:-}" ]] && export MST_PYTHON=${rec[python]} ;;
+    podman|docker)
+      [[ "${rec[digest]:-}" == sha256:* ]] || die "the image record $record has no digest=sha256:...; rerun the job"
+      image=${rec[digest]} shown_image="${rec[image]:-?} (${rec[digest]})" ;;
+    *) die "the image record $record names no runtime (podman, docker or none); rerun the job" ;;
+  esac
+fi
 case "$runtime" in
   auto)
     if has_image podman; then runtime=podman
@@ -55,8 +75,11 @@ if [[ "$runtime" == none ]]; then
 fi
 
 export MST_PYTHON=python3   # the image's interpreter, which has MaxText installed
-args=(run --rm --network=host --ipc=host --shm-size=16g -w "$repo" -v "$repo:$repo:ro")
+args=(run --rm --network=host --ipc=host -w "$repo" -v "$repo:$repo:ro")
 [[ -n "${JOB_WORKSPACE:-}" ]] && args+=(-v "$JOB_WORKSPACE:$JOB_WORKSPACE")
+container_mounts "$repo" "${JOB_WORKSPACE:-}"
+args+=("${MOUNT_ARGS[@]}")
+args+=(--label "mst.job=${JOB_ID:-}" --label "mst.workspace=${JOB_WORKSPACE:-}" --label "mst.scheduler=${JOB_SCHEDULER:-}")
 for v in "${CONTRACT_VARS[@]}"; do [[ -v "$v" ]] && args+=(-e "$v"); done
 if [[ -e /dev/kfd ]]; then
   args+=(--device /dev/kfd --device /dev/dri --group-add video --security-opt seccomp=unconfined)
@@ -67,5 +90,5 @@ fi
 [[ -t 0 ]] && args+=(-it)
 read -r -a extra <<< "${CONTAINER_ARGS:-}"
 [[ "$1" != /* && -f "$repo/$1" ]] && set -- "$repo/$1" "${@:2}"
-echo "_container.sh: $runtime image $image" >&2
+echo "_container.sh: $runtime image $shown_image" >&2
 exec "$runtime" "${args[@]}" "${extra[@]}" "$image" "$@"

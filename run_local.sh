@@ -74,16 +74,20 @@ job() {
   }
   trap on_signal INT TERM HUP
   "$MST_REPO/utils/launch/job_header.sh"
-  for stage in preflight train; do
-    if [[ "$stage" == preflight ]]; then
-      "$MST_REPO/utils/launch/run_stage.sh" preflight "${limit[preflight]}" "$MST_REPO/utils/launch/preflight.sh" &
-    else
-      trainer=_train.sh; [[ "${RAY:-0}" == 1 ]] && trainer=_train_with_ray.sh
-      "$MST_REPO/utils/launch/run_stage.sh" train "${limit[train]}" "$MST_REPO/_container.sh" "$trainer" &
-    fi
+  for stage in image preflight train; do
+    case "$stage" in
+      image) "$MST_REPO/utils/launch/run_stage.sh" image "${limit[image]}" "$MST_REPO/utils/launch/image.sh" & ;;
+      preflight)
+        "$MST_REPO/utils/launch/run_stage.sh" preflight "${limit[preflight]}" "$MST_REPO/utils/launch/preflight.sh" & ;;
+      train)
+        trainer=_train.sh; [[ "${RAY:-0}" == 1 ]] && trainer=_train_with_ray.sh
+        "$MST_REPO/utils/launch/run_stage.sh" train "${limit[train]}" "$MST_REPO/_container.sh" "$trainer" & ;;
+    esac
     pid=$!
     wait "$pid" || rc=$?
     pid=""
+    # the same check as a Slurm job's (one node here: its record must be there)
+    if [[ "$stage" == image ]] && (( rc == 0 )); then "$MST_REPO/utils/launch/image.sh" --agree || rc=$?; fi
     if (( rc != 0 )); then
       "$MST_REPO/utils/launch/job_summary.sh" failed "$stage"
       return "$rc"

@@ -42,14 +42,14 @@ def assert_one_line(res: subprocess.CompletedProcess, prog: str, *needles: str, 
 def test_check_finds_every_package_of_every_group():
     res = run([INSTALLER, "--check"])
     assert (res.returncode, res.stdout, res.stderr) == (0, "", "")
-    res = run([INSTALLER, "--check", "cluster", "observe", "tests"])
+    res = run([INSTALLER, "--check", "cluster", "observe", "tests", "containers"])
     assert (res.returncode, res.stdout, res.stderr) == (0, "", "")
 
 
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["frob"], "unknown group 'frob': expected cluster observe tests"),
+        (["frob"], "unknown group 'frob': expected cluster observe tests containers"),
         (["cluster", "--force"], "unknown option '--force'"),
     ],
 )
@@ -68,8 +68,9 @@ def test_a_user_without_the_packages_is_told_what_to_install():
 def test_check_as_root_names_what_is_missing_and_installs_nothing():
     before = APT_HISTORY.stat().st_size if APT_HISTORY.exists() else None
     res = run(without_sbin([INSTALLER, "--check"]), env={"PATH": "/usr/bin:/bin"})
-    line = assert_one_line(res, "setup_system.sh", "for cluster observe tests: munge slurmctld slurmd;")
-    assert line.endswith("install them: apt-get install --no-install-recommends munge slurmctld slurmd")
+    # runc lives in /usr/sbin too
+    line = assert_one_line(res, "setup_system.sh", "for cluster observe tests containers: munge runc slurmctld slurmd;")
+    assert line.endswith("install them: apt-get install --no-install-recommends munge runc slurmctld slurmd")
     assert (APT_HISTORY.stat().st_size if APT_HISTORY.exists() else None) == before
 
 

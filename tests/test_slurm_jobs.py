@@ -25,7 +25,7 @@ def test_two_node_job_trains_on_both_nodes(cluster, workspace, venv):
         assert log_has(log, STEP.format(host=host, step=4)), f"{host} did not train"
     s = summary(log)
     assert s["status"] == "completed" and s["nodes"] == "2 (n1 n2)" and s["failed_nodes"] == "none"
-    assert log_has(log, r"^stage_timeouts: preflight:600,train:86400 \(defaults")
+    assert log_has(log, r"^stage_timeouts: image:1800,preflight:600,train:86400 \(defaults")
 
     job_dir = workspace / f"{job_id}-JAX-tiny-e2e"
     assert (job_dir / "log").resolve() == log.resolve()
@@ -94,7 +94,7 @@ def test_stage_timeout(cluster, workspace, venv):
     s = summary(log)
     assert s["status"] == "stage_timeout", s
     assert s["failed_nodes"].startswith(("n1 (timeout, exit", "n2 (timeout, exit")), s
-    assert log_has(log, r"^stage_timeouts: preflight:600,train:25 ")
+    assert log_has(log, r"^stage_timeouts: image:1800,preflight:600,train:25 ")
     assert log_has(log, r"stage 'train' exceeded its 25 s limit")
     r = triage(log, cluster)
     assert r["status"] == "failed" and r["failure_class"] == "stage_timeout", r["summary"]

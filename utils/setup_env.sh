@@ -8,7 +8,13 @@
 #   with utils/ and tests/ on its import path (maxtext_slurm.pth).
 # A stamp file records the hash of the requirement files; later calls return at once
 # while it matches. First run: ~2-3 min and ~2 GB (network-bound).
-#   --check   exit 0 if the environment is ready, 1 otherwise; installs nothing.
+#   MST_ACCELERATOR=cpu|cuda|rocm  what the environment's JAX runs on: cpu (a new environment's
+#             default), or the JAX GPU plugin pinned in requirements/accelerators/ added (cuda: NVIDIA,
+#             with CUDA from PyPI, several GB; rocm: AMD, using the node's ROCm). Recorded in
+#             $venv/.mst-accelerator, which the image stage reads before it runs natively on a GPU node
+#             (CONTAINER_RUNTIME=none). Unset: the environment keeps what it has.
+#   --check   exit 0 if the environment is ready (and has MST_ACCELERATOR, when set), 1 otherwise;
+#             installs nothing.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -32,9 +38,28 @@ import_roots() {
   printf '%s\n' "$repo/utils" "$repo/tests" > "$site/maxtext_slurm.pth"
 }
 
+# The accelerator: requirements/accelerators/<name>.txt (none for cpu). The record holds the name and
+# the hash of that file, so a change of its pins installs them again.
+acc_file="$venv/.mst-accelerator"
+have_acc=cpu have_acc_hash=""
+[[ -f "$acc_file" ]] && { read -r have_acc have_acc_hash < "$acc_file" || true; }
+[[ "$have_acc" =~ ^(cpu|cuda|rocm)$ ]] || have_acc=cpu   # an unreadable record: the plugin goes in again
+acc=${MST_ACCELERATOR:-$have_acc}
+case "$acc" in
+  cpu) acc_reqs="" ;;
+  cuda|rocm) acc_reqs="$repo/requirements/accelerators/$acc.txt" ;;
+  *) echo "setup_env.sh: MST_ACCELERATOR='$acc' is not one of cpu, cuda (NVIDIA), rocm (AMD)" >&2; exit 2 ;;
+esac
+acc_hash=cpu
+[[ -n "$acc_reqs" ]] && acc_hash=$(sha256sum < "$acc_reqs" | cut -c1-16)
+
 want=$(cat "$repo"/requirements/*.txt | sha256sum | cut -c1-16)
 stamp="$venv/.maxtext-slurm-stamp"
-if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+base_ready=0
+[[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]] && base_ready=1
+acc_ready=0
+[[ "$acc" == "$have_acc" && ( "$acc" == cpu || "$acc_hash" == "$have_acc_hash" ) ]] && acc_ready=1
+if (( base_ready && acc_ready )); then
   (( check )) || import_roots
   exit 0
 fi
@@ -51,23 +76,36 @@ for cand in "${cands[@]}"; do
     py=$cand; break
   fi
 done
-if [[ -z "$py" ]]; then
+if (( ! base_ready )) && [[ -z "$py" ]]; then
   echo "setup_env.sh: no Python >= 3.12 found (MaxText 0.2.5 needs it); install python3.12 or set MAXTEXT_SLURM_PYTHON=/path/to/python3.12" >&2
   exit 1
 fi
 
-echo "setup_env.sh: creating $venv with $($py --version) (first run takes ~2-3 min)" >&2
 start=$SECONDS
-trap '(($? == 0)) || echo "setup_env.sh: creating $venv failed (see above); rerun it once that is fixed" >&2' EXIT
+trap '(($? == 0)) || echo "setup_env.sh: setting up $venv failed (see above); rerun it once that is fixed" >&2' EXIT
 pip_install() {  # pip install, without the noise of index locations a machine's pip.conf may name
   "$venv/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1 |
     { grep -v 'is ignored: it is neither a file nor a directory' || true; } >&2
   return "${PIPESTATUS[0]}"
 }
-"$py" -m venv "$venv"
-pip_install --upgrade pip
-pip_install --no-deps -r "$repo/requirements/maxtext.txt"
-pip_install -r "$repo/requirements/tools.txt" -c "$repo/requirements/constraints.txt"
+if (( ! base_ready )); then
+  echo "setup_env.sh: creating $venv with $($py --version) (first run takes ~2-3 min)" >&2
+  "$py" -m venv "$venv"
+  pip_install --upgrade pip
+  pip_install --no-deps -r "$repo/requirements/maxtext.txt"
+  pip_install -r "$repo/requirements/tools.txt" -c "$repo/requirements/constraints.txt"
+fi
+if [[ "$have_acc" != cpu && "$have_acc" != "$acc" && -f "$repo/requirements/accelerators/$have_acc.txt" ]]; then
+  # the other accelerator's plugin out (its CUDA/ROCm libraries are inert without it)
+  echo "setup_env.sh: removing the $have_acc plugin from $venv" >&2
+  mapfile -t old_pkgs < <(sed -n 's/^\([A-Za-z0-9_.-]*\).*==.*/\1/p' "$repo/requirements/accelerators/$have_acc.txt")
+  "$venv/bin/python" -m pip uninstall -q -y "${old_pkgs[@]}" >&2
+fi
+if [[ -n "$acc_reqs" ]]; then
+  echo "setup_env.sh: adding JAX's $acc plugin to $venv (${acc_reqs#"$repo"/})" >&2
+  pip_install -r "$acc_reqs" -c "$repo/requirements/constraints.txt"
+fi
+printf '%s %s\n' "$acc" "$acc_hash" > "$acc_file"
 import_roots
 echo "$want" > "$stamp"
-echo "setup_env.sh: environment ready in $((SECONDS - start)) s" >&2
+echo "setup_env.sh: environment ready ($acc) in $((SECONDS - start)) s" >&2

@@ -5,6 +5,8 @@
 #   cluster   slurmctld slurmd slurm-client munge   utils/local_cluster.sh (Slurm on this machine)
 #   observe   prometheus curl                       utils/prometheus.sh, utils/diagnose.py, RAY=1 TSDB
 #   tests     shellcheck jq curl iproute2 procps    the suite (tests/run.sh) and the skills' commands
+#   containers podman runc mmdebstrap               the image stage's tests: an image made offline
+#                                                   (mmdebstrap), run with podman (runc; see tests/test_image_stage.py)
 # A package counts as present when its commands are on PATH or in /usr/sbin, /sbin.
 # As root the missing ones are installed with apt-get (quiet, no recommends; the package lists are
 # updated only when apt-get cannot find a package). As another user it installs nothing: one line
@@ -24,8 +26,9 @@ declare -A GROUPS_OF=(
              squeue:slurm-client scancel:slurm-client scontrol:slurm-client munged:munge"
   [observe]="prometheus:prometheus promtool:prometheus curl:curl"
   [tests]="shellcheck:shellcheck jq:jq curl:curl ip:iproute2 pgrep:procps"
+  [containers]="podman:podman runc:runc mmdebstrap:mmdebstrap"
 )
-ALL=(cluster observe tests)
+ALL=(cluster observe tests containers)
 
 bad_args() {
   printf '%s: %s\n' "$PROG" "$*" >&2

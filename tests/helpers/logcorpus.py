@@ -139,7 +139,7 @@ def header(job: Job, workspace: Path) -> list[str]:
         f"model: {job.model}" + (f" (tag {job.tag})" if job.tag else ""),
         f"nodes: {len(job.hosts)} ({' '.join(job.hosts)})",
         "coordinator: 10.0.0.1:61442",
-        "stage_timeouts: preflight:600,train:86400 (defaults preflight:600,train:86400; set STAGE_TIMEOUTS)",
+        "stage_timeouts: image:1800,preflight:600,train:86400 (defaults image:1800,preflight:600,train:86400; set STAGE_TIMEOUTS)",
         "container: auto localhost/maxtext-slurm:latest",
         "ray: 0",
         f"code: {workspace}/.snapshots/20261122T043000Z-AbC123",

@@ -38,6 +38,7 @@ NOT_HOSTS = {
     "_train.sh",
     "_container.sh",
     "preflight",
+    "image",
     "Traceback",
     "status",
     "job",
@@ -82,6 +83,10 @@ SIGNATURES: list[tuple[str, str]] = [
     ("cancel", r"received a stop signal \(job state ([A-Z_]*)\)|\*\*\* (?:JOB|STEP) [\d.]+ ON (\S+) CANCELLED AT"),
     ("stage_timeout", r"run_stage\.sh: stage '([\w-]+)' exceeded its (\d+) s limit on (\S+)"),
     ("preflight", r"^preflight: FAILED: (.*)"),
+    # utils/launch/image.sh: a node's image stage failed, or (unprefixed) the nodes' images differ; then
+    # the per-node table's rows mark the nodes that differ or left no record
+    ("image", r"^image: FAILED: (.*)"),
+    ("image_odd", r"^image:   (\S+)  .*  <- (differs|no record)$"),
     (
         "config_error",
         r"MAXTEXT CONFIG ERROR|ValidationError: \d+ validation errors? for"
@@ -148,6 +153,9 @@ _NEEDLES = (
     b" Killed",
     b"==== JOB",
     b"preflight: FAILED",
+    b"image: FAILED",
+    b"  <- differs",
+    b"  <- no record",
 )
 _F_LINE = re.compile(rb"\n(?:[^:\n]{1,64}+: )?F\d{4} \d\d:")
 _EXC_LINE = re.compile(
@@ -336,7 +344,7 @@ def parse_record(text: str) -> dict | None:
 def read_records(job_dir: Path) -> dict[str, dict[str, dict]]:
     """{stage: {host: {rc, end, reason, file}}} from JOB_DIR/.stages (stages in run order)."""
     out: dict[str, dict[str, dict]] = {}
-    order = {"preflight": 0, "train": 1}
+    order = {"image": 0, "preflight": 1, "train": 2}
     try:
         stages = sorted((job_dir / ".stages").iterdir(), key=lambda p: (order.get(p.name, 2), p.name))
     except OSError:
@@ -679,6 +687,9 @@ class _Scanner:
                 data = {"exit": int(em.group(1)) if em else None, "what": m.group(2)}
                 if m.group(2).startswith("Out Of Memory"):
                     self._add("oom_host", host, line_no, rest, ts, raw=text)
+            elif kind == "image_odd":
+                host = m.group(1) if (not self.known or m.group(1) in self.known) else host
+                data = {"why": m.group(2)}
             elif kind == "stage_timeout":
                 host = host or m.group(3)
                 data = {"stage": m.group(1), "limit": int(m.group(2))}

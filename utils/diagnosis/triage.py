@@ -346,6 +346,12 @@ class Triage:
         if h.record:
             self.cite(1, f"rc={h.exit} end={h.end:.3f} reason={h.reason}", why, h.name, h.record)
 
+    def cite_image_record(self, h: Host) -> None:
+        """The node's image record ($JOB_DIR/.images/<host>, written by utils/launch/image.sh)."""
+        f = self.job_dir / ".images" / h.name if self.job_dir else None
+        if f and f.is_file():
+            self.cite(1, f.read_text(errors="replace").strip()[:400], "image record", h.name, str(f))
+
     def cite_summary(self, key: str, why: str) -> None:
         line = self.scan.summary_lines.get(key)
         if line:
@@ -399,8 +405,28 @@ class Triage:
         return self.unclassified(status)
 
     def unclassified(self, status: str) -> tuple[str | None, list[str], str, str | None]:
-        """Failures outside the classes: a preflight check, or an exit code with no known text."""
+        """Failures outside the classes: the image stage or the nodes' images, a preflight check, or an exit
+        code with no known text."""
         hosts = list(self.hosts.values())
+        img = [h for h in hosts if h.first("image")]
+        if img:  # a node's image stage (utils/launch/image.sh) failed
+            for h in img:
+                self.cite_event(h.first("image"), "image stage failed")
+            e = img[0].first("image")
+            return (
+                None,
+                [h.name for h in img],
+                f"image stage failed on {', '.join(h.name for h in img)}: {message(e)}",
+                "high",
+            )
+        agree = next((e for e in self.scan.events if e.kind == "image" and e.host is None), None)
+        if agree:  # image.sh --agree: the nodes do not all have one runtime and image
+            odd = [h for h in hosts if h.first("image_odd")]
+            self.cite_event(agree, "the nodes' images differ")
+            for h in odd:
+                self.cite_event(h.first("image_odd"), "this node's image")
+                self.cite_image_record(h)
+            return None, [h.name for h in odd], f"the image check stopped the job: {message(agree)}", "high"
         pre = [h for h in hosts if h.first("preflight")]
         if pre:
             for h in pre:

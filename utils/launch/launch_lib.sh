@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Launch-time checks shared by submit.sh and run_local.sh (source after lib.sh).
 #   stage_timeouts [SPEC]     print "STAGE SECONDS" per stage, defaults overlaid with SPEC
-#                             (STAGE_TIMEOUTS syntax "preflight:600,train:86400"); dies on bad input
+#                             (STAGE_TIMEOUTS syntax "image:1800,preflight:600,train:86400"); dies on bad input
 #   check_settings            every launcher setting read from the environment, checked; dies
 #                             with a one-line reason on the first bad one
 #   check_sbatch_flags FLAG...  dies on a flag that contradicts what submit.sh sets itself
@@ -13,7 +13,7 @@
 #   move_aside PATH WHAT      an existing PATH (an earlier job's log or dir) is renamed
 #                             PATH.earlier-<UTC time>, never overwritten; says so on stderr
 
-STAGE_TIMEOUT_DEFAULTS="preflight:600,train:86400"
+STAGE_TIMEOUT_DEFAULTS="image:1800,preflight:600,train:86400"
 STAGE_TIMEOUT_MAX=31536000   # one year
 # shellcheck disable=SC2034  # used by submit.sh
 MAX_NODES=10000

@@ -7,6 +7,7 @@ shopt -s extglob
 #   free_port START [N]   print the first port >= START that nobody listens on (tries N, default 100)
 #   private_dir PARENT    create a new directory only this user can enter, print its path
 #   job_scratch           this job's private scratch on this node (labelled for preflight's cleanup)
+#   container_mounts DST...  CONTAINER_MOUNTS checked, as runtime flags in MOUNT_ARGS
 
 # The one help mechanism of every shell entry point (-h/--help): a script's usage header is its
 # comment block from the line "# Usage: ..." to the first line that is not a comment; it is printed
@@ -113,7 +114,8 @@ resolve_model() {
 # values nobody validated). Prefixes MST_ JOB_ SLURM_ SLURMD_ SRUN_, and these names:
 RESERVED_ENV="MODEL MODEL_TAG TRAIN_OVERRIDES TRAIN_ENV_OVERRIDES STAGE_TIMEOUTS RAY ENABLE_COREDUMPS
 DASHBOARD_BIND METRICS_INTERVAL RAY_JOIN_TIMEOUT PROMETHEUS_BIN RAY_NUM_CPUS RAY_OBJECT_STORE_BYTES
-CONTAINER_RUNTIME CONTAINER_IMAGE CONTAINER_ARGS PREFLIGHT_MIN_FREE_GB
+CONTAINER_RUNTIME CONTAINER_IMAGE CONTAINER_ARGS CONTAINER_IMAGE_TAR CONTAINER_AUTH_FILE CONTAINER_MOUNTS
+PREFLIGHT_MIN_FREE_GB
 JAX_COORDINATOR_IP JAX_COORDINATOR_PORT JAX_COORDINATOR_BIND_ADDRESS NNODES NODE_RANK PATH"
 OVERRIDES_MAX_BYTES=100000   # each list travels as one environment variable (Linux: 128 KiB at most)
 
@@ -219,4 +221,29 @@ shown_cmd() {
   local s
   s=$(shown_args "$@")
   printf '%s\n' "${s# }"
+}
+
+# container_mounts DST...: CONTAINER_MOUNTS ("SRC:DST[:ro] ...", split on spaces) checked, as
+# runtime flags in the array MOUNT_ARGS (-v SRC:DST[:ro] each). SRC and DST are absolute paths, SRC
+# exists on this node, no DST is given twice or is one of DST... (the paths the container tier mounts
+# itself). Dies with one line naming the bad entry and what would be right.
+container_mounts() {
+  local entry src dst opt rest d
+  local -a entries=()
+  local -A taken=()
+  for d in "$@"; do [[ -n "$d" ]] && taken[$d]="the launcher"; done
+  MOUNT_ARGS=()
+  read -r -a entries <<< "${CONTAINER_MOUNTS:-}"
+  for entry in "${entries[@]}"; do
+    IFS=: read -r src dst opt rest <<< "$entry"
+    if [[ -n "$rest" || "$src" != /* || "$dst" != /* || ( -n "$opt" && "$opt" != ro ) || "$entry" == *: ]]; then
+      die "CONTAINER_MOUNTS entry '$entry' is not SRC:DST or SRC:DST:ro with absolute paths (e.g. /data:/data:ro)"
+    fi
+    [[ -e "$src" ]] || die "CONTAINER_MOUNTS entry '$entry': '$src' does not exist on $(hostname)"
+    dst=${dst%/}; dst=${dst:-/}
+    [[ -z "${taken[$dst]:-}" ]] ||
+      die "CONTAINER_MOUNTS entry '$entry' mounts over '$dst', which ${taken[$dst]} mounts already; pick another DST"
+    taken[$dst]="'${entry}'"
+    MOUNT_ARGS+=(-v "$src:$dst${opt:+:$opt}")
+  done
 }

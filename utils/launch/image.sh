@@ -1,0 +1,217 @@
+#!/usr/bin/env bash
+# Usage: utils/launch/image.sh            the image stage, on every node (before preflight)
+#        utils/launch/image.sh --agree    once per job, after the image stage ran on every node
+#
+# The image stage decides this node's container runtime once and makes the training image present:
+#   CONTAINER_RUNTIME  auto (default: podman, then docker, each only where it works), podman, docker,
+#                      or none (natively, with the pinned environment MST_VENV)
+#   CONTAINER_IMAGE    default localhost/maxtext-slurm:latest. Taken from the runtime's local store;
+#                      else loaded from CONTAINER_IMAGE_TAR (a `podman save`/`docker save` .tar on
+#                      shared storage); else pulled from its registry, with the credentials in
+#                      CONTAINER_AUTH_FILE (auth.json format, readable by you only; the runtime gets
+#                      the file's path, never its contents). Names under localhost/ are never pulled.
+# A node with GPUs (MST_DEV_ROOT/kfd: AMD, MST_DEV_ROOT/nvidiactl: NVIDIA; MST_DEV_ROOT defaults to
+# /dev) never falls back to running natively: where no image can be had, the stage fails and says
+# what was tried. Under auto a CPU-only node without the image runs natively (the local cluster, CI).
+# CONTAINER_RUNTIME=none on a GPU node needs an environment made for that GPU
+# (MST_ACCELERATOR=cuda|rocm utils/setup_env.sh); a CPU one is refused.
+# Records $JOB_DIR/.images/<host>, which _container.sh then runs exactly:
+#   runtime=podman|docker image=NAME digest=sha256:ID source=local|tar|pull   (ID: `image inspect`)
+#   runtime=none python=PATH accelerator=cpu|cuda|rocm
+# --agree compares the records of every node of JOB_NODELIST: a missing record, or another runtime,
+# image ID or accelerator than the other nodes', prints a per-node table and exits 1.
+set -euo pipefail
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"; usage; exit; }
+repo=${MST_REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
+source "$repo/utils/launch/lib.sh"
+PROG="image: FAILED"   # how die (lib.sh: CONTAINER_MOUNTS, private_dir) starts its one line
+: "${JOB_DIR:?image.sh: JOB_DIR is not set}"
+rec_dir="$JOB_DIR/.images"
+
+# GPU device file (under MST_DEV_ROOT) -> the accelerator a native environment needs for it
+GPU_DEVICES=(kfd:rocm nvidiactl:cuda)
+
+fail() { echo "image: FAILED: $*" >&2; exit 1; }
+# what a failed runtime command said, in one line: its "Error: ..." line, else its last line
+said() { { grep -m1 '^Error' <<< "$1" || tail -n 1 <<< "$1"; } | cut -c1-300; }
+
+# record FIELDS...: this node's record, written whole (a reader never sees half of it)
+record() {
+  mkdir -p "$rec_dir"
+  local tmp
+  tmp=$(mktemp "$rec_dir/.$host.XXXXXX")
+  printf '%s\n' "$*" > "$tmp"
+  mv -f -- "$tmp" "$rec_dir/$host"
+  echo "image: this node: $*"
+}
+
+# field NAME RECORD: the value of NAME=... in a record line
+field() {
+  local kv
+  for kv in $2; do [[ "$kv" == "$1="* ]] && { printf '%s\n' "${kv#*=}"; return 0; }; done
+  return 0
+}
+
+if [[ "${1:-}" == --agree ]]; then
+  read -r -a nodes <<< "${JOB_NODELIST:?image.sh: JOB_NODELIST is not set}"
+  declare -A key=() rec=() count=()
+  for n in "${nodes[@]}"; do
+    [[ -f "$rec_dir/$n" ]] || continue
+    rec[$n]=$(head -n 1 "$rec_dir/$n")
+    r=$(field runtime "${rec[$n]}")
+    if [[ "$r" == none ]]; then key[$n]="none accelerator=$(field accelerator "${rec[$n]}")"
+    else key[$n]="$r $(field digest "${rec[$n]}")"; fi
+    k=${key[$n]}
+    count[$k]=$(( ${count[$k]:-0} + 1 ))
+  done
+  # the reference: what most nodes have (ties: the first such node in JOB_NODELIST order)
+  ref="" ref_node="" best=0
+  for n in "${nodes[@]}"; do
+    [[ -v "key[$n]" ]] || continue
+    k=${key[$n]}
+    if (( ${count[$k]} > best )); then ref=$k ref_node=$n best=${count[$k]}; fi
+  done
+  odd=() missing=()
+  for n in "${nodes[@]}"; do
+    if [[ ! -v "key[$n]" ]]; then missing+=("$n")
+    elif [[ "${key[$n]}" != "$ref" ]]; then odd+=("$n")
+    fi
+  done
+  if (( ${#odd[@]} == 0 && ${#missing[@]} == 0 )); then
+    echo "image: all ${#nodes[@]} node(s) agree: ${rec[$ref_node]}"
+    exit 0
+  fi
+  w=4
+  for n in "${nodes[@]}"; do (( ${#n} > w )) && w=${#n}; done
+  echo "image: the nodes' images (records in $rec_dir):"
+  printf 'image:   %-*s  %s\n' "$w" node record
+  for n in "${nodes[@]}"; do
+    if [[ ! -v "key[$n]" ]]; then mark="  <- no record"
+    elif [[ "${key[$n]}" != "$ref" ]]; then mark="  <- differs"
+    else mark=""; fi
+    printf 'image:   %-*s  %s%s\n' "$w" "$n" "${rec[$n]:-(none: its image stage left no record)}" "$mark"
+  done
+  why=()
+  (( ${#odd[@]} )) && why+=("${odd[*]} differ(s) from $ref_node and the nodes like it ($ref)")
+  (( ${#missing[@]} )) && why+=("no image record from ${missing[*]}")
+  why_text=$(IFS=';'; echo "${why[*]}")
+  fail "the nodes do not all run the same runtime and image: ${why_text//;/; }; make CONTAINER_IMAGE the same image ID on every node (e.g. load one CONTAINER_IMAGE_TAR everywhere) and resubmit"
+fi
+(( $# == 0 )) || { echo "image.sh: unexpected argument '$1' (expected --agree or nothing; see --help)" >&2; exit 2; }
+
+host=${JOB_HOSTNAME:-$(hostname)}
+image=${CONTAINER_IMAGE:-localhost/maxtext-slurm:latest}
+want=${CONTAINER_RUNTIME:-auto}
+case "$want" in
+  auto|podman|docker|none) ;;
+  *) fail "CONTAINER_RUNTIME='$want' is not one of auto, podman, docker, none" ;;
+esac
+gpu="" gpu_dev=""
+for e in "${GPU_DEVICES[@]}"; do
+  if [[ -e "${MST_DEV_ROOT:-/dev}/${e%%:*}" ]]; then gpu=${e#*:} gpu_dev="${MST_DEV_ROOT:-/dev}/${e%%:*}"; break; fi
+done
+
+# native: record this node's native run, after checking its environment fits the node
+native() {
+  local venv=${MST_VENV:-} acc=cpu py
+  py=${venv:+$venv/bin/python}
+  [[ -n "$venv" && -f "$venv/.mst-accelerator" ]] && read -r acc _ < "$venv/.mst-accelerator"
+  if [[ -n "$gpu" && "$acc" != "$gpu" ]]; then
+    fail "$host has GPUs ($gpu_dev) but CONTAINER_RUNTIME=none would run the $acc environment ${venv:-(MST_VENV unset)}; make a $gpu one with MST_ACCELERATOR=$gpu utils/setup_env.sh, or run in the image (CONTAINER_RUNTIME=auto with CONTAINER_IMAGE or CONTAINER_IMAGE_TAR)"
+  fi
+  if [[ -n "$py" && ! -x "$py" ]]; then
+    fail "MST_VENV=$venv has no $py on $host; the environment must be on storage every node sees (MAXTEXT_SLURM_VENV)"
+  fi
+  record "runtime=none python=${py:-python3} accelerator=$acc"
+  exit 0
+}
+[[ "$want" == none ]] && native
+
+# the runtimes to try, and why the others were left out
+tried=()
+runtimes=()
+candidates=("$want"); [[ "$want" == auto ]] && candidates=(podman docker)
+for r in "${candidates[@]}"; do
+  if ! command -v "$r" >/dev/null 2>&1; then tried+=("$r: not installed")
+  elif [[ "$r" == docker ]] && ! docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then
+    tried+=("docker: no daemon answers")
+  else runtimes+=("$r")
+  fi
+done
+if [[ "$want" != auto && ${#runtimes[@]} == 0 ]]; then
+  fail "CONTAINER_RUNTIME=$want but ${tried[0]#*: } on $host; install it, or use CONTAINER_RUNTIME=auto"
+fi
+if (( ${#runtimes[@]} )); then
+  container_mounts "$repo" "${JOB_WORKSPACE:-}"   # a bad CONTAINER_MOUNTS fails here, before training
+fi
+
+image_id() { "$1" image inspect --format '{{.Id}}' "$image" 2>/dev/null | head -n 1; }
+found() {  # RUNTIME SOURCE: record the image RUNTIME now has
+  local id
+  id=$(image_id "$1") || true
+  [[ -n "$id" ]] || fail "$1 reports no image '$image' on $host after $2"
+  record "runtime=$1 image=$image digest=sha256:${id#sha256:} source=$2"
+  exit 0
+}
+
+# 1. already in a runtime's local store
+for r in "${runtimes[@]}"; do
+  [[ -n "$(image_id "$r" || true)" ]] && found "$r" local
+done
+(( ${#runtimes[@]} )) && tried+=("not in the local store of ${runtimes[*]}")
+r=${runtimes[0]:-}
+
+# 2. a saved image on shared storage
+if [[ -n "${CONTAINER_IMAGE_TAR:-}" ]]; then
+  tar=$CONTAINER_IMAGE_TAR
+  [[ -f "$tar" && -r "$tar" ]] ||
+    fail "CONTAINER_IMAGE_TAR='$tar' is not a readable file on $host; point it at a saved image (podman save -o FILE.tar $image) on storage every node sees"
+  if [[ -n "$r" ]]; then
+    echo "image: loading $tar with $r"
+    if ! out=$("$r" load -i "$tar" 2>&1); then
+      fail "$r load -i $tar failed on $host: $(said "$out")"
+    fi
+    [[ -n "$(image_id "$r" || true)" ]] ||
+      fail "CONTAINER_IMAGE_TAR=$tar holds no image named '$image' ($r: $(grep -m1 -i 'loaded' <<< "$out" | cut -c1-200)); set CONTAINER_IMAGE to the name it holds"
+    found "$r" tar
+  fi
+  tried+=("CONTAINER_IMAGE_TAR: no runtime to load it")
+elif [[ "$image" == localhost/* ]]; then
+  tried+=("no CONTAINER_IMAGE_TAR, and a localhost/ name is never pulled")
+elif [[ -n "$r" ]]; then
+  # 3. the registry
+  auth=${CONTAINER_AUTH_FILE:-}
+  auth_args=()
+  if [[ -n "$auth" ]]; then
+    [[ -f "$auth" && -r "$auth" ]] || fail "CONTAINER_AUTH_FILE='$auth' is not a readable file on $host"
+    mode=$(stat -L -c %a "$auth")
+    (( (8#$mode & 8#077) == 0 )) ||
+      fail "CONTAINER_AUTH_FILE='$auth' has mode $mode: others can read your registry credentials; chmod 600 it"
+    if [[ "$r" == podman ]]; then
+      auth_args=(--authfile "$auth")
+    else  # docker reads DIR/config.json
+      cfg=$(private_dir "${TMPDIR:-/tmp}")
+      trap 'rm -rf -- "$cfg"' EXIT
+      ln -s -- "$(realpath -- "$auth")" "$cfg/config.json"
+      auth_args=(--config "$cfg")
+    fi
+  fi
+  echo "image: pulling $image with $r${auth:+ (credentials from $auth)}"
+  if [[ "$r" == podman ]]; then pull=(podman pull -q "${auth_args[@]}" "$image")
+  else pull=(docker "${auth_args[@]}" pull -q "$image"); fi
+  if out=$("${pull[@]}" 2>&1); then found "$r" pull; fi
+  tried+=("pull with $r: $(said "$out")")
+fi
+
+# 4. no image
+tried_text=$(IFS=';'; echo "${tried[*]}")
+tried_text=${tried_text//;/; }
+if [[ -z "$gpu" && "$want" == auto ]]; then
+  echo "image: no image '$image' on $host ($tried_text): this CPU-only node runs natively"
+  native
+fi
+provide="provide it (build or load it on every node, or set CONTAINER_IMAGE_TAR to a saved .tar on shared storage)"
+if [[ -n "$gpu" ]]; then
+  fail "$host has GPUs ($gpu_dev) but no image '$image' could be had ($tried_text); $provide, or run natively on purpose: CONTAINER_RUNTIME=none with a GPU environment (MST_ACCELERATOR=$gpu utils/setup_env.sh)"
+fi
+fail "no image '$image' could be had on $host ($tried_text); $provide, or run natively: CONTAINER_RUNTIME=none"
