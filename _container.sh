@@ -87,8 +87,18 @@ fi
 if [[ -e /dev/nvidiactl ]]; then
   if [[ "$runtime" == podman ]]; then args+=(--device nvidia.com/gpu=all); else args+=(--gpus all); fi
 fi
-[[ -t 0 ]] && args+=(-it)
 read -r -a extra <<< "${CONTAINER_ARGS:-}"
 [[ "$1" != /* && -f "$repo/$1" ]] && set -- "$repo/$1" "${@:2}"
+if [[ -t 0 ]]; then
+  args+=(-it)
+else
+  # COMMAND is not the container's process 1, which ignores SIGTERM that it has no handler for: a small
+  # sh passes the stop signals that the runtime forwards (a stage's timeout, a cancel) on to COMMAND,
+  # and the container ends with it (measured: without it, `podman run` killed after its TERM left the
+  # trainer running)
+  # shellcheck disable=SC2016  # the script is for the container's sh
+  set -- sh -c 'trap "kill -TERM \$c 2>/dev/null" TERM INT HUP; "$@" & c=$!
+    while :; do wait "$c"; r=$?; kill -0 "$c" 2>/dev/null || exit "$r"; done' mst-init "$@"
+fi
 echo "_container.sh: $runtime image $shown_image" >&2
 exec "$runtime" "${args[@]}" "${extra[@]}" "$image" "$@"

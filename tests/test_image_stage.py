@@ -137,11 +137,7 @@ def venv_mounts() -> str:
 
 def container_env(image: dict, ws: Path, **extra: str) -> dict[str, str]:
     return launcher_env(
-        ws,
-        **image["env"],
-        CONTAINER_IMAGE=image["name"],
-        CONTAINER_MOUNTS=venv_mounts(),
-        **extra,
+        ws, **{**image["env"], "CONTAINER_IMAGE": image["name"], "CONTAINER_MOUNTS": venv_mounts(), **extra}
     )
 
 
@@ -445,6 +441,24 @@ def test_gpu_node_without_the_image_fails_before_training(podman_root, workspace
     assert r["status"] == "failed" and r["failure_class"] is None and r["culprit_hosts"] == [HOST], r
     assert r["summary"].startswith(f"image stage failed on {HOST}: image: FAILED: {HOST} has GPUs"), r["summary"]
     assert any(e["text"] == line[:400] for e in r["evidence"]), r["evidence"]  # evidence lines are cut at 400
+
+
+@pytest.mark.slow
+def test_a_stage_timeout_ends_the_container(image, tmp_path):
+    """A train stage past its limit: run_stage.sh stops _container.sh, and the container goes with it (its
+    process 1 would ignore the TERM the runtime forwards; a trainer left running would hold the GPUs)."""
+    job_dir = tmp_path / "job"
+    write_records(job_dir, {"n1": f"runtime=podman image={image['name']} digest={image['id']} source=local"})
+    env = {**image["env"], "JOB_DIR": str(job_dir), "JOB_HOSTNAME": "n1", "JOB_ID": f"stop-{tmp_path.name}",
+           "JOB_WORKSPACE": str(tmp_path), "JOB_SCHEDULER": "local", "STAGE_STOP_GRACE": "5"}  # fmt: skip
+    script = "echo started; exec sleep 300"
+    res = run([str(REPO / "utils/launch/run_stage.sh"), "train", "4", str(REPO / "_container.sh"), "sh", "-c", script],
+              env=env, timeout=60)  # fmt: skip
+    assert res.returncode == 124, res.stdout + res.stderr
+    assert "n1: started" in res.stdout and "stage 'train' exceeded its 4 s limit on n1" in res.stdout
+    left = podman(image["env"], "ps", "-a", "--filter", f"label=mst.job={env['JOB_ID']}", "--format", "{{.ID}}")
+    assert left.stdout.strip() == "", "the container outlived its stage"
+    assert [e["Status"] for e in events(image, env["JOB_ID"])][-2:] == ["died", "remove"]
 
 
 # --- the agreement on the local Slurm cluster -------------------------------------------------------
