@@ -495,9 +495,9 @@ def test_nodes_with_different_images_stop_before_training(cluster, image, worksp
     job_dir = log.with_suffix("")
     assert record_of(job_dir, "n1")["digest"] == image["id"] and record_of(job_dir, "n2")["digest"] == other["id"]
     text = log.read_text()
-    assert re.search(rf"^image:   n1  runtime=podman image=\S+ digest={image['id']} source=local$", text, re.M)
+    assert re.search(rf"^image:   n1 +runtime=podman image=\S+ digest={image['id']} source=local$", text, re.M)
     assert re.search(
-        rf"^image:   n2  runtime=podman image=\S+ digest={other['id']} source=local  <- differs$", text, re.M
+        rf"^image:   n2 +runtime=podman image=\S+ digest={other['id']} source=local  <- differs$", text, re.M
     )
     assert re.search(
         r"^image: FAILED: the nodes do not all run the same runtime and image: n2 differ\(s\) from n1", text, re.M

@@ -92,7 +92,8 @@ if [[ "${1:-}" == --agree ]]; then
     printf 'image:   %-*s  %s%s\n' "$w" "$n" "${rec[$n]:-(none: its image stage left no record)}" "$mark"
   done
   why=()
-  (( ${#odd[@]} )) && why+=("${odd[*]} differ(s) from $ref_node and the nodes like it ($ref)")
+  others=""; (( best > 1 )) && others=" and $((best - 1)) other node(s)"
+  (( ${#odd[@]} )) && why+=("${odd[*]} differ(s) from $ref_node$others ($ref)")
   (( ${#missing[@]} )) && why+=("no image record from ${missing[*]}")
   why_text=$(IFS=';'; echo "${why[*]}")
   fail "the nodes do not all run the same runtime and image: ${why_text//;/; }; make CONTAINER_IMAGE the same image ID on every node (e.g. load one CONTAINER_IMAGE_TAR everywhere) and resubmit"

@@ -54,7 +54,7 @@ if [[ -f "${JOB_LOG:-}" && "$status" =~ ^(failed|stage_timeout)$ ]]; then
   prefix="${culprit:+$culprit: }"
   first_error=$(this_run | grep -a -m1 -E "^${prefix:-[^ ]*: }${exc_re}" | cut -c1-400)
   [[ -n "$first_error" ]] ||
-    first_error=$(this_run | grep -a -E "^${prefix:-[^ ]*: }[^ ].*${error_re}" | grep -avE -m1 "Traceback|^[^ ]*: ${info_re}" | cut -c1-400)
+    first_error=$(this_run | grep -a -E "^${prefix:-[^ ]*: }([^ ].*)?${error_re}" | grep -avE -m1 "Traceback|^[^ ]*: ${info_re}" | cut -c1-400)
   if [[ -z "$first_error" && -n "$culprit" ]]; then
     rc=$(sed -n 's/.*rc=\([0-9]*\).*/\1/p' "$rec_dir/$culprit")
     (( rc > 128 )) && first_error="$culprit: killed by signal $((rc - 128)) ($(kill -l $((rc - 128)) 2>/dev/null || echo '?'))$([[ $rc == 137 ]] && echo ", e.g. the kernel OOM killer or kill -9")"
