@@ -620,8 +620,9 @@ JOB_RULES = tuple(dict.fromkeys(fc.on_job for fc in sorted(REGISTRY, key=lambda 
 # the row for a failed job outside the classes (skill table)
 UNCLASSIFIED = (
     "null, failed",
-    "a preflight check (`preflight: FAILED: ...`, hosts named) or a non-zero exit with "
-    "no known text (first such host, `low`)",
+    "the image stage (`image: FAILED: ...` on a node, hosts named; unprefixed: the nodes' images differ, "
+    "the table's `<- differs`/`<- no record` rows name them), a preflight check (`preflight: FAILED: ...`, "
+    "hosts named) or a non-zero exit with no known text (first such host, `low`)",
     "as named",
     "Read `summary` and the host's last lines.",
 )
