@@ -12,7 +12,8 @@
 #             configs/MODEL.env.sh; the launcher's own variables are reserved); _env_NAME alone
 #             passes NAME's value from your environment (for secrets: never on a command line)
 # Environment: JOB_WORKSPACE (default <repo>/outputs), STAGE_TIMEOUTS ("preflight:600,train:86400"),
-#   RAY=0|1, CONTAINER_RUNTIME=auto|podman|docker|none, CONTAINER_IMAGE, ENABLE_COREDUMPS=0|1.
+#   RAY=0|1, CONTAINER_RUNTIME=auto|podman|docker|none, CONTAINER_IMAGE, ENABLE_COREDUMPS=0|1,
+#   COREDUMP_DIR (docs/env-contract.md lists them all).
 # Makes a read-only snapshot of this repository (code, command, git state), submits
 # _job.sbatch from it and prints the job id, the log and the job directory:
 #   $JOB_WORKSPACE/<jobid>-JAX-<model>[-<tag>].log and $JOB_WORKSPACE/<jobid>-JAX-<model>[-<tag>]/

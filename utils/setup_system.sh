@@ -4,7 +4,7 @@
 # The system (Debian) packages the project's commands need, by group (no GROUP: all of them):
 #   cluster   slurmctld slurmd slurm-client munge   utils/local_cluster.sh (Slurm on this machine)
 #   observe   prometheus curl                       utils/prometheus.sh, utils/diagnose.py, RAY=1 TSDB
-#   tests     shellcheck jq curl iproute2 procps    the suite (tests/run.sh) and the skills' commands
+#   tests     shellcheck jq curl iproute2 procps gdb  the suite (tests/run.sh) and the skills' commands
 # A package counts as present when its commands are on PATH or in /usr/sbin, /sbin.
 # As root the missing ones are installed with apt-get (quiet, no recommends; the package lists are
 # updated only when apt-get cannot find a package). As another user it installs nothing: one line
@@ -23,7 +23,7 @@ declare -A GROUPS_OF=(
   [cluster]="slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client srun:slurm-client sinfo:slurm-client
              squeue:slurm-client scancel:slurm-client scontrol:slurm-client munged:munge"
   [observe]="prometheus:prometheus promtool:prometheus curl:curl"
-  [tests]="shellcheck:shellcheck jq:jq curl:curl ip:iproute2 pgrep:procps"
+  [tests]="shellcheck:shellcheck jq:jq curl:curl ip:iproute2 pgrep:procps gdb:gdb"
 )
 ALL=(cluster observe tests)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import shlex
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -277,10 +278,39 @@ def steps_oom_device(j: Job) -> list[str]:
 
 
 def steps_segfault(j: Job) -> list[str]:
-    out = []
-    if j.job_dir:
-        out.append(f"ls -la {shlex.quote(str(j.job_dir))}/cores/{j.first or '*'}   # core dumps (ENABLE_COREDUMPS=1)")
-    return out + ["rerun with ENABLE_COREDUMPS=1 and open the core: gdb -batch -ex bt <python> <core>"]
+    """The job's core files (ENABLE_COREDUMPS=1) opened the way skills/coredump-debug says, else how to get one."""
+    cores = core_files(j.job_dir, j.first) if j.job_dir else []
+    if not cores:
+        where = f"{shlex.quote(str(j.job_dir))}/cores/{j.first or '*'}" if j.job_dir else "<job dir>/cores/<host>"
+        return [
+            f"ls -la {where}   # core dumps (ENABLE_COREDUMPS=1)",
+            "no core: rerun with ENABLE_COREDUMPS=1 and follow skills/coredump-debug/SKILL.md",
+        ]
+    core = cores[0]
+    spy = Path(sys.prefix) / "bin" / "py-spy"
+    python = core_python(core.parent) or "<the python in context.txt>"
+    q = shlex.quote
+    return [
+        f"cat {q(str(core.parent / 'context.txt'))}   # the binaries and versions that read this core",
+        f"{q(str(spy))} dump --core {q(str(core))}   # the Python stack of every thread",
+        f"gdb -batch -ex 'thread apply all bt' {q(python)} {q(str(core))}   # the native stacks",
+        "follow skills/coredump-debug/SKILL.md for the rest (containers: gdb inside the same image)",
+    ]
+
+
+def core_files(job_dir: Path, host: str | None) -> list[Path]:
+    """Core files under JOB_DIR/cores/HOST (every host when None), newest first."""
+    found = [p for p in (job_dir / "cores").glob(f"{host or '*'}/core*") if p.is_file()]
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def core_python(core_dir: Path) -> str | None:
+    """The trainer's interpreter that utils/launch/coredump.sh recorded in context.txt."""
+    try:
+        lines = (core_dir / "context.txt").read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    return next((ln.split(": ", 1)[1] for ln in lines if ln.startswith("python: ") and ln[8:].strip()), None)
 
 
 def steps_python_exception(j: Job) -> list[str]:

@@ -7,6 +7,7 @@
 # come from $JOB_DIR/.stages/STAGE/<host> (written by run_stage.sh); the first error line is
 # the first error-looking line of the first failing node in $JOB_LOG, from this run's JOB header
 # on (a requeued job appends to the log of its earlier run).
+# With ENABLE_COREDUMPS=1 it lists the core files under $JOB_DIR/cores (newest first, at most 5).
 # Reads JOB_ID JOB_NAME JOB_DIR JOB_LOG JOB_NODELIST JOB_START_TIME (epoch seconds).
 set -uo pipefail
 [[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"; usage; exit; }
@@ -61,6 +62,12 @@ if [[ -f "${JOB_LOG:-}" && "$status" =~ ^(failed|stage_timeout)$ ]]; then
   fi
 fi
 
+cores=""
+if [[ "${ENABLE_COREDUMPS:-0}" == 1 ]]; then
+  source "$(dirname "${BASH_SOURCE[0]}")/coredump.sh"
+  cores=$(core_files "$JOB_DIR/cores" | head -n 5 | awk '{ printf "%s%s (%d bytes)", sep, $1, $2; sep = ", " }')
+fi
+
 now=$(date +%s); wall=$(( now - ${JOB_START_TIME:-$now} ))
 {
   echo "==================== JOB SUMMARY ===================="
@@ -74,6 +81,7 @@ now=$(date +%s); wall=$(( now - ${JOB_START_TIME:-$now} ))
   (( ${#stopped[@]} )) && echo "stopped_nodes: ${stopped[*]}"
   (( ${#missing[@]} )) && echo "no_exit_record: ${missing[*]}"
   [[ -n "$first_error" ]] && echo "first_error: $first_error"
+  [[ -n "$cores" ]] && echo "cores: $cores"
   echo "job_dir: $JOB_DIR"
   echo "log: ${JOB_LOG:-?}"
   echo "====================================================="

@@ -48,6 +48,9 @@ int_setting() {
 check_settings() {
   [[ "${RAY:-0}" =~ ^[01]$ ]] || die "RAY='${RAY}' must be 0 or 1"
   [[ "${ENABLE_COREDUMPS:-0}" =~ ^[01]$ ]] || die "ENABLE_COREDUMPS='${ENABLE_COREDUMPS}' must be 0 or 1"
+  [[ -z "${COREDUMP_DIR:-}" || "$COREDUMP_DIR" =~ ^/[A-Za-z0-9._/+@,=-]*$ ]] ||
+    die "COREDUMP_DIR='$COREDUMP_DIR' must be an absolute path of letters, digits and . _ / + @ , = - (a place with room that every node sees)"
+  int_setting COREDUMP_WAIT 0 3600
   case "${CONTAINER_RUNTIME:-auto}" in auto|podman|docker|none) ;;
     *) die "CONTAINER_RUNTIME='$CONTAINER_RUNTIME' is not one of auto, podman, docker, none" ;; esac
   stage_timeouts "${STAGE_TIMEOUTS:-}" >/dev/null || exit 1
