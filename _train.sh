@@ -77,6 +77,8 @@ config="$repo/configs/$MODEL.yml"
 : "${JOB_DIR:?_train.sh: JOB_DIR is not set}"
 args=("$config" "run_name=${JOB_NAME:-maxtext}" "base_output_directory=$JOB_DIR"
       "jax_cache_dir=${JOB_WORKSPACE:-$JOB_DIR}/.jax_cache")
+# a run (--run): checkpoints on; their directory is a link to the run's (utils/launch/run_alias.sh)
+[[ -z "${MST_RUN:-}" ]] || args+=("enable_checkpointing=true")
 cmd=("${MST_PYTHON:-python3}" -m maxtext.trainers.pre_train.train "${args[@]}" "${overrides[@]}")
 
 if [[ "$mode" == cmd ]]; then

@@ -650,10 +650,12 @@ JOB_RULES = tuple(dict.fromkeys(fc.on_job for fc in sorted(REGISTRY, key=lambda 
 # the row for a failed job outside the classes (skill table)
 UNCLASSIFIED = (
     "null, failed",
-    "a preflight check (`preflight: FAILED: ...`, hosts named) or a non-zero exit with "
-    "no known text (first such host, `low`)",
+    "a preflight check (`preflight: FAILED: ...`, hosts named), a job refused before its first stage "
+    "because another job holds its run (`run 'ALIAS' is in use by job ID ...`, no host, `high`) or a "
+    "non-zero exit with no known text (first such host, `low`)",
     "as named",
-    "Read `summary` and the host's last lines.",
+    "Read `summary` and the host's last lines; a refused run: wait for the holder, or resubmit with "
+    "`--dependency=afterany:ID`.",
 )
 
 

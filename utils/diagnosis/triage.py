@@ -401,6 +401,10 @@ class Triage:
     def unclassified(self, status: str) -> tuple[str | None, list[str], str, str | None]:
         """Failures outside the classes: a preflight check, or an exit code with no known text."""
         hosts = list(self.hosts.values())
+        busy = next((e for e in self.scan.events if e.kind == "run_busy"), None)
+        if busy:  # refused before its first stage: another job holds the run (--run)
+            self.cite_event(busy, "another job holds the run: this one did not start")
+            return None, [], f"not started: {message(busy)}", "high"
         pre = [h for h in hosts if h.first("preflight")]
         if pre:
             for h in pre:
@@ -602,8 +606,14 @@ class Triage:
                     stop="cancel" if ended == "cancelled" else "time limit",
                     behind=f"; {', '.join(culprits)} is behind the others" if culprits else "",
                 )
+        run = joblog.run_of(s)
         if status == "completed" and not summary:
             summary = f"completed {prog['last_step'] + 1 if prog['last_step'] is not None else 0} steps"
+            if run and run["restored_from_step"] is not None and prog["last_step"] is not None:
+                first = run["restored_from_step"] + 1
+                summary += (
+                    f" (this job restored the checkpoint of step {first - 1} and ran steps {first}-{prog['last_step']})"
+                )
             if s.summary_lines.get("status"):
                 self.cite_summary("status", "job summary")
         if status == "running" and not summary:
@@ -635,6 +645,7 @@ class Triage:
             "summary": summary,
             "evidence": self.evidence,
             "progress": prog,
+            "run": run,
             "tgs": {k: v for k, v in tgs.items() if k != "host"},
             "hang": hang,
             "hosts": hosts,
@@ -682,6 +693,15 @@ def render(r: dict) -> str:
         if p["last_step_age_seconds"] is not None and r["status"] in ("running", "hung"):
             prog += f", last step {p['last_step_age_seconds']:.0f} s ago"
         lines.append(prog)
+    run = r.get("run")
+    if run:
+        where = f"{run['alias']} ({run['dir']})" if run["alias"] else "(no run: line in the header)"
+        if run["restored_from_step"] is not None:
+            lines.append(
+                f"run: {where}: restored_from_step {run['restored_from_step']} (log line {run['restore_line']})"
+            )
+        else:
+            lines.append(f"run: {where}: no checkpoint restored, started from step 0")
     if t["steady"] is not None:
         ph = "; ".join(f"steps {x['start_step']}-{x['end_step']}: {x['mean']:.6g}" for x in t["phases"])
         lines.append(

@@ -3,7 +3,8 @@
 #
 # Prints the JOB SUMMARY block that ends every job log and saves it as $JOB_DIR/summary.txt.
 # STATUS is what the caller saw (completed|failed|cancelled|timeout); a stage that hit its
-# time limit turns it into stage_timeout. STAGE is the last stage that ran. Per-node outcomes
+# time limit turns it into stage_timeout. STAGE is the last stage that ran (none: the job ended
+# before its first stage, e.g. refused because another job holds its run). Per-node outcomes
 # come from $JOB_DIR/.stages/STAGE/<host> (written by run_stage.sh); the first error line is
 # the first error-looking line of the first failing node in $JOB_LOG, from this run's JOB header
 # on (a requeued job appends to the log of its earlier run).
@@ -17,6 +18,7 @@ read -r -a nodes <<< "${JOB_NODELIST:-}"
 
 failed=() stopped=() missing=() culprit="" culprit_end=""
 for n in "${nodes[@]}"; do
+  [[ "$stage" != none ]] || break   # no stage ran: no node has a record
   f="$rec_dir/$n"
   if [[ ! -f "$f" ]]; then missing+=("$n"); continue; fi
   rc=$(sed -n 's/.*rc=\([0-9]*\).*/\1/p' "$f"); end=$(sed -n 's/.*end=\([0-9.]*\).*/\1/p' "$f")
