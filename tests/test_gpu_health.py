@@ -455,7 +455,27 @@ def test_summary_names_the_command_without_the_bad_nodes(tmp_path):
     assert "resubmit:" not in res.stdout
 
 
-# --- a real job -----------------------------------------------------------------------------------------
+# --- real jobs ------------------------------------------------------------------------------------------
+def test_local_job_with_a_foreign_process_on_a_gpu(workspace, venv):
+    """run_local.sh on a node where another user holds a GPU: the job stops in preflight, and triage
+    reads its real log as gpu_health with this node as the culprit."""
+    env = {**launcher_env(workspace), **hooks(FIX / "nvidia-foreign-proc")}
+    env.pop("JOB_HOSTNAME")
+    res = run([str(REPO / "run_local.sh"), "tiny", "--", "steps=1"], env=env)
+    assert res.returncode == 1, res.stdout[-3000:]
+    log = next(workspace.glob("local-*-JAX-tiny.log"))
+    host = summary(log)["first_failure"]
+    assert summary(log)["stage"] == "preflight" and "resubmit" not in summary(log)  # no --exclude without Slurm
+    assert log_has(
+        log, rf"^{host}: gpu_health: gpu 1 \(nvidia 00000000:2A:00\.0\): FAILED: pid 51234 of uid 1001 holds"
+    )
+    assert not log_has(log, "completed step")
+    r = triage(log)
+    assert r["failure_class"] == "gpu_health" and r["culprit_hosts"] == [host], r
+    assert r["confidence"] == "high" and "pid 51234 of uid 1001 holds 20.0 GiB" in r["summary"]
+    assert r["evidence"][0]["text"].startswith(f"{host}: gpu_health: gpu 1 ")
+
+
 @pytest.mark.cluster
 def test_two_node_job_with_a_bad_gpu_node(cluster, workspace, tmp_path, venv):
     """n1 healthy, n2 with uncorrectable errors: both nodes report, training never starts, the log
