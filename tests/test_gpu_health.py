@@ -41,8 +41,11 @@ def hooks(fixture: Path) -> dict[str, str]:
     }
 
 
+VISIBILITY = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+
+
 def gpu_health(fixture: Path, **env: str) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if k not in ("JOB_GPUS_PER_NODE", "JOB_ID")}
+    clean = {k: v for k, v in os.environ.items() if k not in ("JOB_GPUS_PER_NODE", "JOB_ID", *VISIBILITY)}
     return subprocess.run(
         [str(GPU_HEALTH)], env={**clean, **hooks(fixture), **env}, capture_output=True, text=True, timeout=60
     )
@@ -134,6 +137,25 @@ def test_fewer_gpus_than_requested(fixture, count):
     assert gpu_health(FIX / fixture, JOB_GPUS_PER_NODE=str(count)).returncode == 0
 
 
+def test_only_the_gpus_the_scheduler_gave_are_checked():
+    """On a node shared with other jobs, another user's process on another job's GPU is no problem."""
+    uuid3 = "GPU-c83f1a57-4e92-4d06-a7b1-e2590d6c8f31"
+    res = gpu_health(FIX / "nvidia-foreign-proc", CUDA_VISIBLE_DEVICES=f"0,{uuid3}", JOB_GPUS_PER_NODE="2")
+    assert res.returncode == 0, res.stdout
+    out = lines(res)
+    assert (
+        out[1]
+        == f"gpu_health: gpu 1 (nvidia 00000000:2A:00.0): not checked: another job's (CUDA_VISIBLE_DEVICES=0,{uuid3})"
+    )
+    assert out[3].startswith("gpu_health: gpu 3 (nvidia 00000000:5D:00.0): ok: ")
+    assert out[-1] == "gpu_health: verdict n7: ok: 2 nvidia GPU(s), healthy"
+    assert gpu_health(FIX / "nvidia-foreign-proc", CUDA_VISIBLE_DEVICES="1").returncode == 1
+    res = gpu_health(FIX / "amd-ue", ROCR_VISIBLE_DEVICES="0", JOB_GPUS_PER_NODE="2")
+    assert res.returncode == 1  # the healthy GPU it was given is one, not the two the job expects
+    assert "gpu_health: n7: FAILED: 1 GPU(s) visible, JOB_GPUS_PER_NODE=2 expected" in lines(res)
+    assert not any("uncorrectable ECC" in ln for ln in lines(res))
+
+
 def test_node_without_gpus(tmp_path):
     res = gpu_health(tmp_path)
     assert res.returncode == 0 and lines(res) == [
@@ -216,7 +238,7 @@ def test_help():
 
 # --- preflight ------------------------------------------------------------------------------------------
 def preflight(job_dir: Path, fixture: Path, **env: str) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("JOB_", "PREFLIGHT_"))}
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("JOB_", "PREFLIGHT_")) and k not in VISIBILITY}
     full = {**clean, **hooks(fixture), "JOB_ID": "4242", "JOB_DIR": str(job_dir), **env}
     return subprocess.run([str(PREFLIGHT)], env=full, capture_output=True, text=True, timeout=120)
 

@@ -14,6 +14,9 @@
 #     1 GiB: memory not released by an earlier job, or held by another process of yours (named).
 #     The driver's own use of an idle GPU stays far below 1 GiB (MI300X ~0.3 GiB, H100 < 0.1 GiB).
 #     A process is this job's when its environment holds JOB_ID=$JOB_ID.
+# Only the GPUs the scheduler gave this job are checked and counted when it names them
+# (CUDA_VISIBLE_DEVICES, ROCR_VISIBLE_DEVICES: indices, NVIDIA also UUIDs): on a shared node the
+# others are other jobs' ("not checked" lines).
 # Then host checks (a GPU count below JOB_GPUS_PER_NODE, a vendor tool that fails) and one verdict:
 #   gpu_health: HOST: FAILED: PROBLEM        gpu_health: verdict HOST: ok|FAILED: N VENDOR GPU(s) ...
 # Vendors (table VENDORS below; the device file decides, as in _container.sh):
@@ -36,14 +39,15 @@ sys=$(node_root sys) proc=$(node_root proc) dev=$(node_root dev)
 HELD_MIB=1024   # GPU memory that nobody on the GPU explains, above which the GPU fails
 me=$(id -u)
 
-# vendor  device file (under MST_DEV_ROOT)  lister: how GPUs, errors, memory and processes are read
+# vendor, device file (under MST_DEV_ROOT), lister (how GPUs, errors, memory and processes are read),
+# the variable by which the scheduler gives a job some of the node's GPUs (indices; NVIDIA also UUIDs)
 VENDORS=(
-  "amd     kfd        amd_gpus"
-  "nvidia  nvidiactl  nvidia_gpus"
+  "amd     kfd        amd_gpus     ROCR_VISIBLE_DEVICES"
+  "nvidia  nvidiactl  nvidia_gpus  CUDA_VISIBLE_DEVICES"
 )
 
 # What every lister fills, one entry per GPU, in index order:
-gpu_bus=() gpu_ue=() gpu_ue_detail=() gpu_used=() gpu_total=() gpu_extra=()
+gpu_bus=() gpu_uuid=() gpu_ue=() gpu_ue_detail=() gpu_used=() gpu_total=() gpu_extra=()
 # and per process on a GPU: "GPU_INDEX PID MIB"
 procs=()
 host_problems=() notes=()
@@ -90,7 +94,7 @@ amd_gpus() {
     fi
     first_line used "$d/mem_info_vram_used" && [[ $used =~ ^[0-9]+$ ]] || used=""
     first_line total "$d/mem_info_vram_total" && [[ $total =~ ^[0-9]+$ ]] || total=""
-    gpu_bus+=("$addr") gpu_ue+=("$ue") gpu_ue_detail+=("$blocks") gpu_extra+=("")
+    gpu_bus+=("$addr") gpu_uuid+=("") gpu_ue+=("$ue") gpu_ue_detail+=("$blocks") gpu_extra+=("")
     gpu_used+=("${used:+$(mib_of_bytes "$used")}") gpu_total+=("${total:+$(mib_of_bytes "$total")}")
   done
   # amdkfd: gpu_id -> card (by the render node the topology names), then each process's vram_<gpu_id>
@@ -136,7 +140,7 @@ nvidia_gpus() {
     uuid=$(nv_val "$uuid") ecc=$(nv_val "$ecc")
     index_of_uuid[$uuid]=${#gpu_bus[@]}
     [[ $ecc =~ ^[0-9]+$ ]] || ecc=na
-    gpu_bus+=("$(nv_val "$bus")") gpu_ue+=("$ecc") gpu_ue_detail+=("") gpu_extra+=("")
+    gpu_bus+=("$(nv_val "$bus")") gpu_uuid+=("$uuid") gpu_ue+=("$ecc") gpu_ue_detail+=("") gpu_extra+=("")
     gpu_used+=("$(nv_val "$used")") gpu_total+=("$(nv_val "$total")")
   done <<< "$out"
   # pending retirement / remapping: fields older drivers do not know; then only a note
@@ -180,18 +184,33 @@ job_of() {  # job_of PID: the JOB_ID in its environment (readable for your own p
 }
 
 # ---- the checks -----------------------------------------------------------------------------------
-vendor="" lister=""
+vendor="" lister="" visvar=""
 for row in "${VENDORS[@]}"; do
-  read -r v file fn <<< "$row"
-  if [[ -e $dev/$file ]]; then vendor=$v lister=$fn; break; fi
+  read -r v file fn var <<< "$row"
+  if [[ -e $dev/$file ]]; then vendor=$v lister=$fn visvar=$var; break; fi
 done
 [[ -n $lister ]] && "$lister"
-count=${#gpu_bus[@]}
-if [[ -n $vendor ]] && (( count == 0 )) && (( ${#host_problems[@]} == 0 )); then
+if [[ -n $vendor ]] && (( ${#gpu_bus[@]} == 0 )) && (( ${#host_problems[@]} == 0 )); then
   host_problems+=("$dev/$file exists but no $vendor GPU is visible")
 fi
-bad=()
-for (( i = 0; i < count; i++ )); do
+# On a node shared with other jobs, the scheduler names this job's GPUs: only those are checked
+# and counted (another job's GPU is busy by right).
+given=${visvar:+${!visvar-}}
+mine() {  # mine INDEX: the GPU is this job's (all are, when the scheduler named none)
+  [[ -z $given ]] && return 0
+  [[ ",$given," == *",$1,"* || ( -n ${gpu_uuid[$1]} && ",$given," == *",${gpu_uuid[$1]},"* ) ]]
+}
+if [[ -n $given && ! $given =~ ^[0-9A-Za-z,-]+$ ]]; then
+  notes+=("$visvar='$given' names no GPU list this check understands: every GPU checked")
+  given=""
+fi
+count=0 bad=()
+for (( i = 0; i < ${#gpu_bus[@]}; i++ )); do
+  if ! mine "$i"; then
+    echo "gpu_health: gpu $i ($vendor ${gpu_bus[i]}): not checked: another job's ($visvar=$given)"
+    continue
+  fi
+  count=$((count + 1))
   problems=() held_by_mine=() explained=0 users=() detail=""
   if [[ ${gpu_ue[i]} == na ]]; then ecc="ECC/RAS error counts not reported"
   else
