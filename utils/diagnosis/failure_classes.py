@@ -41,6 +41,11 @@ def on_host_config_error(h: Host) -> Found:
     return e is not None, e
 
 
+def on_host_gpu_health(h: Host) -> Found:
+    e = h.first("gpu_health")
+    return e is not None, e
+
+
 def on_host_oom_device(h: Host) -> Found:
     e = h.first("oom_device") or first_exception(h, "oom_device")
     return e is not None, e
@@ -240,6 +245,7 @@ class Job:
     status: str
     culprits: list[str]
     command: str | None  # the job's submit command (artifact/.submit/command.txt)
+    resubmit: str | None  # the JOB SUMMARY's resubmit: line (that command without the bad nodes)
     job_dir: Path | None
     coordinator: str  # node rank 0
 
@@ -370,6 +376,18 @@ def steps_cancelled(j: Job) -> list[str]:
     return [f"sacct -j {j.job_id} -o JobID,State,ExitCode,Start,End   # who/what ended it"] if j.slurm else []
 
 
+def steps_gpu_health(j: Job) -> list[str]:
+    hosts = ",".join(j.culprits) or "<host>"
+    out = [f"grep -a -E '^({hosts.replace(',', '|')}): gpu_health: ' {j.log}   # each GPU's line and the verdict"]
+    if j.resubmit:
+        out.append(f"resubmit without the bad nodes: {j.resubmit}")
+    elif j.slurm:
+        out.append(f"resubmit without the bad nodes: {j.command or 'submit.sh MODEL'} (add --exclude={hosts})")
+    if j.slurm:
+        out.append(f"scontrol show node {hosts}   # tell the admins: a GPU reset, a cleanup or a drain")
+    return out
+
+
 def steps_node_failure(j: Job) -> list[str]:
     if not j.slurm:
         return []
@@ -433,8 +451,29 @@ REGISTRY: tuple[FailureClass, ...] = (
         check_next="The key or value named in the error; [model-config-guide](../model-config-guide/SKILL.md).",
     ),
     FailureClass(
-        "oom_device",
+        "gpu_health",
         priority=2,
+        on_host=on_host_gpu_health,
+        summary={"": "the GPU health check before training failed on {hosts}: {detail}"},
+        next_steps=steps_gpu_health,
+        cites=(
+            "GPU health check failed on this node",
+            "exit record of the node's preflight",
+            "the command that leaves the bad nodes out",
+        ),
+        host_evidence="utils/launch/gpu_health.sh in preflight: `gpu_health: gpu N (VENDOR BUS): FAILED: ...` "
+        "(uncorrectable ECC/RAS errors, another user's process, GPU memory not released, rows pending "
+        "remapping), `gpu_health: HOST: FAILED: ...` (fewer GPUs than `JOB_GPUS_PER_NODE`, nvidia-smi failing) "
+        "or its verdict `gpu_health: verdict HOST: FAILED: ...`. Every host with it is a culprit.",
+        decided_by="`gpu_health: ... FAILED: ...` lines of the preflight GPU check: uncorrectable ECC/RAS errors, "
+        "another user's process, GPU memory not released, GPU count below `JOB_GPUS_PER_NODE`",
+        culprit="every host whose GPU check failed",
+        check_next="The JOB SUMMARY's `resubmit:` line (the command with `--exclude=` the bad nodes, in "
+        "`next_steps`); tell the admins (GPU reset, cleanup or drain).",
+    ),
+    FailureClass(
+        "oom_device",
+        priority=3,
         on_host=on_host_oom_device,
         summary={"": "device memory exhausted on {host}{detail}"},
         next_steps=steps_oom_device,
@@ -448,7 +487,7 @@ REGISTRY: tuple[FailureClass, ...] = (
     ),
     FailureClass(
         "oom_host",
-        priority=3,
+        priority=4,
         on_host=on_host_oom_host,
         summary={"": "{host} ran out of host memory (the kernel/cgroup OOM killer ended it){detail}"},
         next_steps=steps_oom_host,
@@ -463,7 +502,7 @@ REGISTRY: tuple[FailureClass, ...] = (
     ),
     FailureClass(
         "segfault",
-        priority=4,
+        priority=5,
         on_host=on_host_segfault,
         summary={"": "native crash on {host}{exit}{detail}"},
         next_steps=steps_segfault,
@@ -479,7 +518,7 @@ REGISTRY: tuple[FailureClass, ...] = (
     ),
     FailureClass(
         "python_exception",
-        priority=5,
+        priority=6,
         on_host=on_host_python_exception,
         summary={"": "Python exception on {host}{detail}"},
         next_steps=steps_python_exception,
@@ -493,7 +532,7 @@ REGISTRY: tuple[FailureClass, ...] = (
     ),
     FailureClass(
         "killed",
-        priority=6,
+        priority=7,
         on_host=on_host_killed,
         reported_as="oom_host",
         doc_label="killed (reported as `oom_host`, confidence low)",
@@ -512,7 +551,7 @@ REGISTRY: tuple[FailureClass, ...] = (
     ),
     FailureClass(
         "stage_timeout",
-        priority=7,
+        priority=8,
         on_host=on_host_stage_timeout,
         rule=5,
         on_job=on_job_time_limit,
@@ -650,9 +689,9 @@ JOB_RULES = tuple(dict.fromkeys(fc.on_job for fc in sorted(REGISTRY, key=lambda 
 # the row for a failed job outside the classes (skill table)
 UNCLASSIFIED = (
     "null, failed",
-    "a preflight check (`preflight: FAILED: ...`, hosts named), a job refused before its first stage "
-    "because another job holds its run (`run 'ALIAS' is in use by job ID ...`, no host, `high`) or a "
-    "non-zero exit with no known text (first such host, `low`)",
+    "a preflight check other than the GPUs (`preflight: FAILED: ...`, e.g. disk; hosts named), a job refused "
+    "before its first stage because another job holds its run (`run 'ALIAS' is in use by job ID ...`, no host, "
+    "`high`) or a non-zero exit with no known text (first such host, `low`)",
     "as named",
     "Read `summary` and the host's last lines; a refused run: wait for the holder, or resubmit with "
     "`--dependency=afterany:ID`.",

@@ -38,6 +38,7 @@ NOT_HOSTS = {
     "_train.sh",
     "_container.sh",
     "preflight",
+    "gpu_health",
     "Traceback",
     "status",
     "job",
@@ -87,6 +88,9 @@ SIGNATURES: list[tuple[str, str]] = [
     ("srun_exit", r"^srun: error: (\S+): tasks? [\d,-]+: (.*)$"),
     ("cancel", r"received a stop signal \(job state ([A-Z_]*)\)|\*\*\* (?:JOB|STEP) [\d.]+ ON (\S+) CANCELLED AT"),
     ("stage_timeout", r"run_stage\.sh: stage '([\w-]+)' exceeded its (\d+) s limit on (\S+)"),
+    # utils/launch/gpu_health.sh (in preflight): "gpu_health: gpu N (VENDOR BUS): FAILED: ...", a host check
+    # "gpu_health: HOST: FAILED: ..." and the verdict "gpu_health: verdict HOST: FAILED: ..."
+    ("gpu_health", r"^gpu_health: (?:verdict )?(.+?): FAILED: (.*)"),
     ("preflight", r"^preflight: FAILED: (.*)"),
     ("run_busy", r"\brun '[^']+' is in use\b"),  # utils/launch/run_alias.sh: another job holds the run
     (
@@ -156,6 +160,7 @@ _NEEDLES = (
     b"==== JOB",
     b"preflight: FAILED",
     b"' is in use",
+    b"gpu_health: ",
 )
 _F_LINE = re.compile(rb"\n(?:[^:\n]{1,64}+: )?F\d{4} \d\d:")
 _EXC_LINE = re.compile(

@@ -389,6 +389,8 @@ class Triage:
         hb = first_rule(self, status)
         if roots:
             h, kind, e = min(roots, key=lambda r: self.fail_time(r[0], r[2]))
+            if kind == "gpu_health":  # a node check: every node that failed it is a culprit
+                return self.explain_gpu_health([x for x, k, _ in roots if k == kind], e)
             return self.explain_root(h, kind, e)
         if hb:
             return hb
@@ -425,6 +427,15 @@ class Triage:
                 return None, [h.name], f"{h.name} exited with code {h.exit}; no known error signature in the log", "low"
             return None, [], "the job failed but the log names no cause", "low"
         return None, [], "", None
+
+    def explain_gpu_health(self, bad: list[Host], e: joblog.Event | None) -> tuple:
+        """The preflight GPU check failed on these hosts (in node order): each one's first bad line."""
+        for x in bad:
+            self.cite_event(x.first("gpu_health"), "GPU health check failed on this node")
+            self.cite_record(x, "exit record of the node's preflight")
+        self.cite_summary("resubmit", "the command that leaves the bad nodes out")
+        names = [x.name for x in bad]
+        return "gpu_health", names, fc.explain("gpu_health", hosts=", ".join(names), detail=message(e)), "high"
 
     def explain_root(self, h: Host, kind: str, e: joblog.Event | None) -> tuple:
         """The verdict for the host whose root cause came first: its evidence and the registry's summary."""
@@ -534,6 +545,7 @@ class Triage:
                 status=status,
                 culprits=culprits,
                 command=self.command(),
+                resubmit=self.scan.summary.get("resubmit"),
                 job_dir=self.job_dir,
                 coordinator=(self.scan.nodes() or ["the coordinator"])[0],
             )

@@ -9,14 +9,17 @@
 # the first error-looking line of the first failing node in $JOB_LOG, from this run's JOB header
 # on (a requeued job appends to the log of its earlier run).
 # With ENABLE_COREDUMPS=1 it lists the core files under $JOB_DIR/cores (newest first, at most 5).
-# Reads JOB_ID JOB_NAME JOB_DIR JOB_LOG JOB_NODELIST JOB_START_TIME (epoch seconds).
+# When a node check failed (stage preflight or image) in a Slurm job, `resubmit:` is the submit
+# command (MST_REPO/.submit/command.txt) with --exclude naming the failed nodes.
+# Reads JOB_ID JOB_NAME JOB_DIR JOB_LOG JOB_NODELIST JOB_START_TIME (epoch seconds), JOB_SCHEDULER, MST_REPO.
 set -uo pipefail
-[[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"; usage; exit; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { usage; exit; }
 status=${1:?usage: job_summary.sh STATUS STAGE} stage=${2:?usage: job_summary.sh STATUS STAGE}
 rec_dir="$JOB_DIR/.stages/$stage"
 read -r -a nodes <<< "${JOB_NODELIST:-}"
 
-failed=() stopped=() missing=() culprit="" culprit_end=""
+failed=() bad=() stopped=() missing=() culprit="" culprit_end=""
 for n in "${nodes[@]}"; do
   [[ "$stage" != none ]] || break   # no stage ran: no node has a record
   f="$rec_dir/$n"
@@ -29,6 +32,7 @@ for n in "${nodes[@]}"; do
       [[ "$rc" == 0 ]] && continue
       [[ "$reason" == timeout ]] && status=stage_timeout
       if [[ "$reason" == timeout ]]; then failed+=("$n (timeout, exit $rc)"); else failed+=("$n (exit $rc)"); fi
+      bad+=("$n")
       if [[ -z "$culprit" ]] || awk -v a="$end" -v b="$culprit_end" 'BEGIN { exit !(a < b) }'; then
         culprit=$n culprit_end=$end
       fi ;;
@@ -70,6 +74,14 @@ if [[ "${ENABLE_COREDUMPS:-0}" == 1 ]]; then
   cores=$(core_files "$JOB_DIR/cores" | head -n 5 | awk '{ printf "%s%s (%d bytes)", sep, $1, $2; sep = ", " }')
 fi
 
+# the nodes that failed a node check (or never finished it) left out of the next submission
+resubmit=""
+command_file="${MST_REPO:-/nonexistent}/.submit/command.txt"
+if [[ "$stage" =~ ^(preflight|image)$ && "$status" =~ ^(failed|stage_timeout)$ && "${JOB_SCHEDULER:-}" == slurm ]] &&
+   (( ${#bad[@]} + ${#missing[@]} )) && [[ -f "$command_file" ]]; then
+  resubmit=$(resubmit_excluding "$(head -n 1 "$command_file")" "${bad[@]}" "${missing[@]}")
+fi
+
 now=$(date +%s); wall=$(( now - ${JOB_START_TIME:-$now} ))
 {
   echo "==================== JOB SUMMARY ===================="
@@ -84,6 +96,7 @@ now=$(date +%s); wall=$(( now - ${JOB_START_TIME:-$now} ))
   (( ${#missing[@]} )) && echo "no_exit_record: ${missing[*]}"
   [[ -n "$first_error" ]] && echo "first_error: $first_error"
   [[ -n "$cores" ]] && echo "cores: $cores"
+  [[ -n "$resubmit" ]] && echo "resubmit: $resubmit"
   echo "job_dir: $JOB_DIR"
   echo "log: ${JOB_LOG:-?}"
   echo "====================================================="

@@ -59,6 +59,11 @@ check_settings() {
   int_setting RAY_NUM_CPUS 1 100000
   int_setting RAY_OBJECT_STORE_BYTES 78643200 1099511627776   # Ray's minimum is 75 MiB
   int_setting PREFLIGHT_MIN_FREE_GB 0 1000000000
+  int_setting JOB_GPUS_PER_NODE 0 4096
+  local bad
+  if [[ -n "${PREFLIGHT_HOST_SETTINGS:-}" ]] && ! bad=$(host_settings "$PREFLIGHT_HOST_SETTINGS" 2>&1 >/dev/null); then
+    die "$bad"
+  fi
   # Prometheus and TensorBoard have no authentication: they listen on loopback only (SSH tunnel).
   [[ -z "${DASHBOARD_BIND+x}" || "$DASHBOARD_BIND" =~ ^(127\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}|::1|localhost)$ ]] ||
     die "DASHBOARD_BIND='$DASHBOARD_BIND' must be a loopback address (e.g. 127.0.0.1): the dashboards have no login; reach them through an SSH tunnel"
