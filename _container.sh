@@ -25,8 +25,8 @@ PROG=_container.sh
 # The variables that cross into the container: keep in sync with docs/env-contract.md
 # (tests/test_env_contract.py checks both ways).
 CONTRACT_VARS=(
-  MST_REPO MST_VENV MODEL MODEL_TAG JOB_WORKSPACE TRAIN_OVERRIDES TRAIN_ENV_OVERRIDES
-  STAGE_TIMEOUTS RAY ENABLE_COREDUMPS DASHBOARD_BIND METRICS_INTERVAL RAY_JOIN_TIMEOUT PROMETHEUS_BIN
+  MST_REPO MST_VENV MODEL MODEL_TAG MST_RUN JOB_WORKSPACE TRAIN_OVERRIDES TRAIN_ENV_OVERRIDES
+  STAGE_TIMEOUTS RAY ENABLE_COREDUMPS COREDUMP_DIR DASHBOARD_BIND METRICS_INTERVAL RAY_JOIN_TIMEOUT PROMETHEUS_BIN
   RAY_NUM_CPUS RAY_OBJECT_STORE_BYTES
   JOB_SCHEDULER JOB_ID JOB_NAME JOB_DIR JOB_LOG JOB_NUM_NODES JOB_NODELIST JOB_NODE_RANK JOB_HOSTNAME
   JOB_NODE_ADDRS JOB_COORDINATOR_ADDR JOB_COORDINATOR_PORT JOB_START_TIME
@@ -77,7 +77,11 @@ fi
 export MST_PYTHON=python3   # the image's interpreter, which has MaxText installed
 args=(run --rm --network=host --ipc=host -w "$repo" -v "$repo:$repo:ro")
 [[ -n "${JOB_WORKSPACE:-}" ]] && args+=(-v "$JOB_WORKSPACE:$JOB_WORKSPACE")
-container_mounts "$repo" "${JOB_WORKSPACE:-}"
+if [[ "${ENABLE_COREDUMPS:-0}" == 1 ]]; then   # cores in $JOB_DIR/cores or COREDUMP_DIR (utils/launch/coredump.sh)
+  args+=(--ulimit core=-1)
+  [[ -n "${COREDUMP_DIR:-}" && "$COREDUMP_DIR/" != "${JOB_WORKSPACE:-}/"* ]] && mkdir -p "$COREDUMP_DIR" && args+=(-v "$COREDUMP_DIR:$COREDUMP_DIR")
+fi
+container_mounts "$repo" "${JOB_WORKSPACE:-}" "${COREDUMP_DIR:-}"
 args+=("${MOUNT_ARGS[@]}")
 args+=(--label "mst.job=${JOB_ID:-}" --label "mst.workspace=${JOB_WORKSPACE:-}" --label "mst.scheduler=${JOB_SCHEDULER:-}")
 for v in "${CONTRACT_VARS[@]}"; do [[ -v "$v" ]] && args+=(-e "$v"); done

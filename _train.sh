@@ -77,6 +77,8 @@ config="$repo/configs/$MODEL.yml"
 : "${JOB_DIR:?_train.sh: JOB_DIR is not set}"
 args=("$config" "run_name=${JOB_NAME:-maxtext}" "base_output_directory=$JOB_DIR"
       "jax_cache_dir=${JOB_WORKSPACE:-$JOB_DIR}/.jax_cache")
+# a run (--run): checkpoints on; their directory is a link to the run's (utils/launch/run_alias.sh)
+[[ -z "${MST_RUN:-}" ]] || args+=("enable_checkpointing=true")
 cmd=("${MST_PYTHON:-python3}" -m maxtext.trainers.pre_train.train "${args[@]}" "${overrides[@]}")
 
 if [[ "$mode" == cmd ]]; then
@@ -85,14 +87,8 @@ if [[ "$mode" == cmd ]]; then
 fi
 
 if [[ "${ENABLE_COREDUMPS:-0}" == 1 ]]; then
-  core_dir="$JOB_DIR/cores/${JOB_HOSTNAME:-$(hostname)}"
-  mkdir -p "$core_dir" && cd "$core_dir"
-  ulimit -c unlimited
-  pattern=$(cat /proc/sys/kernel/core_pattern 2>/dev/null || echo "?")
-  case "$pattern" in
-    /*|\|*) echo "_train.sh: core dumps enabled but kernel.core_pattern='$pattern' sends them elsewhere, not to $core_dir" >&2 ;;
-    *) echo "_train.sh: core dumps enabled: $core_dir" >&2 ;;
-  esac
+  source "$repo/utils/launch/coredump.sh"
+  core_setup "${MST_PYTHON:-python3}"   # cd into the core directory, ulimit -c unlimited, context.txt
 fi
 stray=$(compgen -v | grep -E '^M_[A-Z0-9_]+$' | grep -vxF -f <(printf '%s\n' "${set_vars[@]}") | paste -sd' ' || true)
 [[ -z "$stray" ]] || echo "_train.sh: warning: MaxText reads M_<KEY> variables as config overrides; set in this environment: $stray" >&2

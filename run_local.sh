@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Usage: run_local.sh MODEL[:TAG] [-- KEY=VALUE ... _env_NAME=VALUE ...]
+# Usage: run_local.sh MODEL[:TAG] [--run ALIAS] [-- KEY=VALUE ... _env_NAME=VALUE ...]
 #        run_local.sh            (no model: an interactive shell in the job's environment)
 #
 # Runs the same training as submit.sh on this one machine, without Slurm: same tiers
 # (_container.sh -> _train.sh), same snapshot, log, job directory and JOB SUMMARY.
+# --run ALIAS: a resumable run, as with submit.sh: checkpoints in $JOB_WORKSPACE/runs/ALIAS/, restored
+# by the next job of the run; refused (one line, nothing written) while another job holds the run.
 # Output goes to the terminal and to $JOB_WORKSPACE/<id>-JAX-<model>[-<tag>].log.
 # Environment: as submit.sh (JOB_WORKSPACE, STAGE_TIMEOUTS, CONTAINER_RUNTIME, ...).
 # The first run creates the Python environment (~2-3 min); later runs reuse it.
@@ -11,6 +13,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$repo/utils/launch/lib.sh"
 source "$repo/utils/launch/launch_lib.sh"
+source "$repo/utils/launch/run_alias.sh"
 PROG=run_local.sh
 
 export JOB_SCHEDULER=local JOB_NUM_NODES=1 JOB_NODE_RANK=0
@@ -32,10 +35,15 @@ if [[ "${MST_OVERRIDES_IN_ENV:-}" == 1 && $# == 0 ]]; then
   unset MST_OVERRIDES_IN_ENV MST_COMMAND_TEXT
 else
   command_text="run_local.sh $(printf '%q' "$model_arg")$(shown_args "$@")"
-  if (( $# )); then
-    [[ "$1" == -- ]] || die "unexpected '$1': overrides go after --, e.g. run_local.sh $model_arg -- steps=10"
-    shift
-  fi
+  unset MST_RUN   # set by --run only
+  while (( $# )) && [[ "$1" != -- ]]; do
+    case "$1" in
+      --run) (( $# >= 2 )) || die "--run needs a run alias, e.g. --run exp1"; check_run_alias "$2"; export MST_RUN=$2; shift 2 ;;
+      --run=*) check_run_alias "${1#--run=}"; export MST_RUN=${1#--run=}; shift ;;
+      *) die "unexpected '$1': overrides go after --, e.g. run_local.sh $model_arg -- steps=10" ;;
+    esac
+  done
+  (( $# )) && shift
   split_overrides "$@"
   if (( $# )); then
     # Everyone on the machine can read a process's argv (ps): run on without the overrides in it.
@@ -43,6 +51,7 @@ else
     exec "$repo/run_local.sh" "$model_arg"
   fi
 fi
+[[ -z "${MST_RUN:-}" ]] || { check_run_alias "$MST_RUN"; check_run_overrides; }
 prepare_launch "$model_arg" "$repo"
 make_workspace
 
@@ -55,6 +64,10 @@ for try in 0 1 2 3 4 5 6 7 8 9; do
   [[ ! -e "$JOB_LOG" ]] && mkdir "$JOB_DIR" 2>/dev/null && break
   (( try < 9 )) || die "could not create a new job directory in $JOB_WORKSPACE (every name tried exists)"
 done
+if [[ -n "${MST_RUN:-}" ]]; then
+  run_claim || { rmdir "$JOB_DIR"; exit 1; }   # refused: nothing of this job is left
+  trap run_release EXIT
+fi
 export JOB_COORDINATOR_PORT; JOB_COORDINATOR_PORT=$(free_port $((61440 + $$ % 4096)))
 export JOB_START_TIME; JOB_START_TIME=$(date +%s)
 export MST_REPO; MST_REPO=$("$repo/utils/launch/snapshot.sh" "$repo" "$JOB_WORKSPACE/.snapshots" "$command_text")

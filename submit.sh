@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# Usage: submit.sh MODEL[:TAG] [-N NODES] [--dry-run] [SBATCH_FLAG ...] [-- KEY=VALUE ... _env_NAME=VALUE ...]
+# Usage: submit.sh MODEL[:TAG] [-N NODES] [--run ALIAS] [--dry-run] [SBATCH_FLAG ...] [-- KEY=VALUE ... _env_NAME=VALUE ...]
 #
 # Submits MaxText training of configs/MODEL.yml to Slurm from a login node.
 #   MODEL     a config name: exact, else a unique prefix, else a unique substring
 #   TAG       added to the job name, so parallel experiments of one model stay apart
 #   -N NODES  number of nodes (default 1); other flags go to sbatch unchanged, except those
 #             that contradict the launcher (-J/--job-name, -o/--output, -e/--error, --nodes ...)
+#   --run ALIAS  a resumable run: checkpoints on, kept in $JOB_WORKSPACE/runs/ALIAS/ (outside the
+#             job dir); each job of the run restores the latest one. One job of a run at a time: a
+#             job that starts while another holds the run fails at once (chain with --dependency)
 #   --dry-run check everything and print what would be submitted; submit and write nothing
 #   after --  KEY=VALUE is a MaxText override (checked against MaxText's schema); _env_NAME=VALUE
 #             sets NAME in the trainer's environment (wins over the launcher defaults and
 #             configs/MODEL.env.sh; the launcher's own variables are reserved); _env_NAME alone
 #             passes NAME's value from your environment (for secrets: never on a command line)
 # Environment: JOB_WORKSPACE (default <repo>/outputs), STAGE_TIMEOUTS ("image:1800,preflight:600,train:86400"),
-#   RAY=0|1, CONTAINER_RUNTIME=auto|podman|docker|none, CONTAINER_IMAGE, ENABLE_COREDUMPS=0|1.
+#   RAY=0|1, CONTAINER_RUNTIME=auto|podman|docker|none, CONTAINER_IMAGE, ENABLE_COREDUMPS=0|1,
+#   COREDUMP_DIR (docs/env-contract.md lists them all).
 # Makes a read-only snapshot of this repository (code, command, git state), submits
 # _job.sbatch from it and prints the job id, the log and the job directory:
 #   $JOB_WORKSPACE/<jobid>-JAX-<model>[-<tag>].log and $JOB_WORKSPACE/<jobid>-JAX-<model>[-<tag>]/
@@ -21,7 +25,9 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$repo/utils/launch/lib.sh"
 source "$repo/utils/launch/launch_lib.sh"
+source "$repo/utils/launch/run_alias.sh"
 PROG=submit.sh
+unset MST_RUN   # set by --run only
 
 case "${1:-}" in
   -h|--help) usage; exit ;;
@@ -35,6 +41,8 @@ while (( $# )); do
   case "$1" in
     --) shift; break ;;
     --dry-run) dry_run=1; shift ;;
+    --run) (( $# >= 2 )) || die "--run needs a run alias, e.g. --run exp1"; check_run_alias "$2"; export MST_RUN=$2; shift 2 ;;
+    --run=*) check_run_alias "${1#--run=}"; export MST_RUN=${1#--run=}; shift ;;
     -N|--nodes) (( $# >= 2 )) || die "$1 needs a node count"; nodes=$2; shift 2 ;;
     -N*) nodes=${1#-N}; shift ;;
     --nodes=*) nodes=${1#--nodes=}; shift ;;
@@ -50,6 +58,7 @@ check_sbatch_flags "${sbatch_flags[@]}"
 (( dry_run )) || command -v sbatch >/dev/null 2>&1 ||
   die "sbatch not found: run on a Slurm login node, or try Slurm on this machine: utils/local_cluster.sh up 2 (installs Slurm as root), then eval \"\$(utils/local_cluster.sh env)\""
 split_overrides "$@"
+[[ -z "${MST_RUN:-}" ]] || check_run_overrides
 prepare_launch "$model_arg" "$repo"
 if (( dry_run )); then
   echo "dry run: nothing submitted"
@@ -57,6 +66,7 @@ if (( dry_run )); then
   echo "sbatch: sbatch --parsable --job-name=$MODEL_NAME --nodes=$nodes --output=$JOB_WORKSPACE/%j-$MODEL_NAME.log$(shown_args "${sbatch_flags[@]}") <snapshot>/_job.sbatch"
   echo "overrides: $(shown_list maxtext <<< "$TRAIN_OVERRIDES")"
   echo "env_overrides: $(shown_list env <<< "$TRAIN_ENV_OVERRIDES")"
+  [[ -z "${MST_RUN:-}" ]] || echo "run: $(run_describe)"
   exit 0
 fi
 
@@ -88,3 +98,4 @@ Submitted job $job_id ($MODEL_NAME) on $nodes node(s)$( (( user_hold )) && echo 
   job dir: $JOB_WORKSPACE/$name
   follow:  tail -F $(printf '%q' "$JOB_WORKSPACE/$name.log")
 EOM
+[[ -z "${MST_RUN:-}" ]] || echo "  run:     $(run_describe)"

@@ -17,6 +17,9 @@ thread_leak pair when a block first needs it):
                  job with a recorded submit command (regress needs one, and MODEL must be its model).
                  Blocks of the job-log-triage skill run a second time with JOB = a failed
                  multi-node job without metrics (tests/logcorpus.py): triage exits 0 for it too.
+                 Blocks of the coredump-debug skill get a segfault job (tests/logcorpus.py) whose
+                 crashed host holds a real core: the venv's Python, crashed by SIGSEGV in the
+                 core directory utils/launch/coredump.sh prepared (with its context.txt).
   OTHER_JOB      the `thread_leak` incident's clean twin (`Incident.vs`)
   MODEL          tiny
   JOB_WORKSPACE  the corpus workspace, so job ids resolve; TMPDIR a scratch directory
@@ -45,6 +48,7 @@ half of it the model-config-guide skill's own pytest block.
 import os
 import re
 import shutil
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -239,6 +243,27 @@ def leak(jobs) -> dict[str, str]:
     return {"JOB": str(inc.job_dir), "OTHER_JOB": str(inc.vs)}
 
 
+@pytest.fixture(scope="module")
+def crashed(jobs) -> str:
+    """A failed job whose culprit left a core: the job log from the corpus writer, the core made
+    for real (the project's Python, SIGSEGV in a nested call, in the directory and with the
+    context.txt that _train.sh's core set-up makes)."""
+    job = logcorpus.Job(job_id="4302", failure="segfault", hosts=["n1", "n2"], steps=20)
+    job_dir = jobs["ws"] / job.name
+    logcorpus.write_job(job, jobs["ws"])
+    crash = "import ctypes\ndef load_batch():\n    ctypes.string_at(0)\n"
+    crash += "def train_step():\n    load_batch()\ntrain_step()\n"
+    script = (
+        f'source {REPO}/utils/launch/lib.sh; source {REPO}/utils/launch/coredump.sh; core_setup "$PY"; '
+        'exec "$PY" -c "$CRASH"'
+    )
+    env = {**os.environ, "JOB_DIR": str(job_dir), "JOB_NAME": job.name, "JOB_HOSTNAME": "n2"}
+    res = run(["bash", "-c", script], env={**env, "PY": str(VENV / "bin" / "python"), "CRASH": crash}, timeout=60)
+    assert res.returncode == -signal.SIGSEGV, res.stderr
+    assert list((job_dir / "cores" / "n2").glob("core*")), "no core was written (kernel.core_pattern?)"
+    return str(job_dir)
+
+
 def block_envs(block: Block, jobs: dict, request: pytest.FixtureRequest) -> list[dict[str, str]]:
     """The environments a block runs in: one, and for the triage skill also a failed job without
     metrics (triage exits 0 for it too; the "no TSDB" branch runs)."""
@@ -252,6 +277,8 @@ def block_envs(block: Block, jobs: dict, request: pytest.FixtureRequest) -> list
         env["JOB"] = str(jobs["baseline"])
     if block.file.parent.name == "job-log-triage":
         return [env, {**env, "JOB": str(jobs["failed"])}]
+    if block.file.parent.name == "coredump-debug":
+        return [{**env, "JOB": request.getfixturevalue("crashed")}]
     return [env]
 
 

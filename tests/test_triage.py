@@ -85,6 +85,7 @@ def test_failure_class(failure, fmt, tmp_path):
         "heartbeat_false_positive",
         "node_failure",
         "killed_gloo",
+        "gpu_health",
     ):
         assert r["culprit_hosts"] == [culprit], r
     if failure == "hang" and len(kw["hosts"]) > 1:
@@ -93,6 +94,9 @@ def test_failure_class(failure, fmt, tmp_path):
         assert r["culprit_hosts"] == []
     if failure == "preflight":  # outside the failure classes: no class, but the culprit and the reason
         assert r["culprit_hosts"] == [culprit] and "need PREFLIGHT_MIN_FREE_GB" in r["summary"]
+    if failure == "gpu_health":  # the bad GPU in the summary; a Slurm job's next steps leave the node out
+        assert "gpu 1 (amd 0000:26:00.0): FAILED: 2 uncorrectable ECC/RAS errors" in r["summary"], r["summary"]
+        assert any(f"--exclude={culprit} -- steps=40" in s for s in r["next_steps"]), r["next_steps"]
     if failure is not None:
         assert_evidence_lines_match(r, log)
         assert r["next_steps"]

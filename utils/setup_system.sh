@@ -4,8 +4,8 @@
 # The system (Debian) packages the project's commands need, by group (no GROUP: all of them):
 #   cluster   slurmctld slurmd slurm-client munge   utils/local_cluster.sh (Slurm on this machine)
 #   observe   prometheus curl                       utils/prometheus.sh, utils/diagnose.py, RAY=1 TSDB
-#   tests     shellcheck jq curl iproute2 procps    the suite (tests/run.sh) and the skills' commands
-#   containers podman runc mmdebstrap               the image stage's tests: an image made offline
+#   tests     shellcheck jq curl iproute2 procps gdb  the suite (tests/run.sh) and the skills' commands
+#   containers podman runc mmdebstrap                the image stage's tests: an image made offline
 #                                                   (mmdebstrap), run with podman (runc; see tests/test_image_stage.py)
 # A package counts as present when its commands are on PATH or in /usr/sbin, /sbin.
 # As root the missing ones are installed with apt-get (quiet, no recommends; the package lists are
@@ -25,7 +25,7 @@ declare -A GROUPS_OF=(
   [cluster]="slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client srun:slurm-client sinfo:slurm-client
              squeue:slurm-client scancel:slurm-client scontrol:slurm-client munged:munge"
   [observe]="prometheus:prometheus promtool:prometheus curl:curl"
-  [tests]="shellcheck:shellcheck jq:jq curl:curl ip:iproute2 pgrep:procps"
+  [tests]="shellcheck:shellcheck jq:jq curl:curl ip:iproute2 pgrep:procps gdb:gdb"
   [containers]="podman:podman runc:runc mmdebstrap:mmdebstrap"
 )
 ALL=(cluster observe tests containers)

@@ -34,6 +34,7 @@ FAILURES = (
     "killed_gloo",
     "preflight",
     "time_limit",
+    "gpu_health",
 )
 MULTI_NODE = ("collective_error", "heartbeat_timeout", "heartbeat_false_positive", "node_failure")
 PY = "/opt/venv/lib/python3.12/site-packages"
@@ -139,7 +140,8 @@ def header(job: Job, workspace: Path) -> list[str]:
         f"model: {job.model}" + (f" (tag {job.tag})" if job.tag else ""),
         f"nodes: {len(job.hosts)} ({' '.join(job.hosts)})",
         "coordinator: 10.0.0.1:61442",
-        "stage_timeouts: image:1800,preflight:600,train:86400 (defaults image:1800,preflight:600,train:86400; set STAGE_TIMEOUTS)",
+        "stage_timeouts: image:1800,preflight:600,train:86400"
+        " (defaults image:1800,preflight:600,train:86400; set STAGE_TIMEOUTS)",
         "container: auto localhost/maxtext-slurm:latest",
         "ray: 0",
         f"code: {workspace}/.snapshots/20261122T043000Z-AbC123",
@@ -286,6 +288,7 @@ class _Outcome:
     status: str
     summary_first_error: str = ""
     stage: str = "train"
+    resubmit: str = ""
 
 
 def _default_fail_step(job: Job) -> int:
@@ -318,6 +321,48 @@ def body(job: Job, w: _Writer) -> tuple[list[str], _Outcome, float]:
         records = {h: (1, "exit") if h == bad else (143, "stopped") for h in hosts}
         first = w.node(bad, "preflight: FAILED: only 3 GiB free on /tmp (need PREFLIGHT_MIN_FREE_GB=5)")
         return out, _Outcome(records, "failed", first, stage="preflight"), t0 + 1
+
+    if fail == "gpu_health":
+        # utils/launch/gpu_health.sh in preflight (one GPU with uncorrectable errors on the culprit); the
+        # node checks run to the end on every node (srun --kill-on-bad-exit=0) and train never starts
+        out = []
+        for host in hosts:
+            out.append(w.node(host, f"preflight: host {host}, 2 CPUs, 22.6 GiB memory available, kernel 6.1.0"))
+            for i, bus in enumerate(("0000:05:00.0", "0000:26:00.0")):
+                if host == culprit and i == 1:
+                    out.append(
+                        w.node(host, f"gpu_health: gpu 1 (amd {bus}): FAILED: 2 uncorrectable ECC/RAS errors (umc 2)")
+                    )
+                else:
+                    out.append(
+                        w.node(
+                            host,
+                            f"gpu_health: gpu {i} (amd {bus}): ok: 0 uncorrectable errors, "
+                            "0.2 of 191.9 GiB in use, no process",
+                        )
+                    )
+            if host == culprit:
+                out.append(w.node(host, f"gpu_health: verdict {host}: FAILED: 2 amd GPU(s), 1 unhealthy (gpu 1)"))
+                out.append(
+                    w.node(host, "preflight: FAILED: gpu 1 (amd 0000:26:00.0): 2 uncorrectable ECC/RAS errors (umc 2)")
+                )
+            else:
+                out.append(w.node(host, f"gpu_health: verdict {host}: ok: 2 amd GPU(s), healthy"))
+                out.append(w.node(host, "preflight: ok"))
+        out.append(f"srun: error: {culprit}: task {hosts.index(culprit)}: Exited with exit code 1")
+        out.append("_job.sbatch: preflight failed; per node:")
+        for host in hosts:
+            why = (
+                "FAILED: gpu 1 (amd 0000:26:00.0): 2 uncorrectable ECC/RAS errors (umc 2)" if host == culprit else "ok"
+            )
+            out.append(f"_job.sbatch:   {host}: {why}")
+        command = f"submit.sh {job.model} -N {len(hosts)} -- steps={job.total_steps or job.steps}"
+        resubmit = command.replace(" -- ", f" --exclude={culprit} -- ") if job.scheduler == "slurm" else ""
+        if resubmit:
+            out.append(f"_job.sbatch: resubmit without the bad nodes: {resubmit}")
+        records = {h: (1, "exit") if h == culprit else (0, "exit") for h in hosts}
+        first = w.node(culprit, "gpu_health: gpu 1 (amd 0000:26:00.0): FAILED: 2 uncorrectable ECC/RAS errors (umc 2)")
+        return out, _Outcome(records, "failed", first, stage="preflight", resubmit=resubmit), t0 + 1
 
     if fail == "config_error":
         for host in hosts:
@@ -561,6 +606,8 @@ def summary_block(job: Job, workspace: Path, o: _Outcome, wall: int) -> list[str
         lines.append(f"no_exit_record: {' '.join(missing)}")
     if o.summary_first_error:
         lines.append(f"first_error: {o.summary_first_error}")
+    if o.resubmit:
+        lines.append(f"resubmit: {o.resubmit}")
     lines += [
         f"job_dir: {workspace}/{job.name}",
         f"log: {workspace}/{job.name}.log",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import shlex
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,11 @@ Found = tuple[bool, "joblog.Event | None"]
 
 def on_host_config_error(h: Host) -> Found:
     e = h.first("config_error") or first_exception(h, "config_error")
+    return e is not None, e
+
+
+def on_host_gpu_health(h: Host) -> Found:
+    e = h.first("gpu_health")
     return e is not None, e
 
 
@@ -239,6 +245,7 @@ class Job:
     status: str
     culprits: list[str]
     command: str | None  # the job's submit command (artifact/.submit/command.txt)
+    resubmit: str | None  # the JOB SUMMARY's resubmit: line (that command without the bad nodes)
     job_dir: Path | None
     coordinator: str  # node rank 0
 
@@ -277,10 +284,39 @@ def steps_oom_device(j: Job) -> list[str]:
 
 
 def steps_segfault(j: Job) -> list[str]:
-    out = []
-    if j.job_dir:
-        out.append(f"ls -la {shlex.quote(str(j.job_dir))}/cores/{j.first or '*'}   # core dumps (ENABLE_COREDUMPS=1)")
-    return out + ["rerun with ENABLE_COREDUMPS=1 and open the core: gdb -batch -ex bt <python> <core>"]
+    """The job's core files (ENABLE_COREDUMPS=1) opened the way skills/coredump-debug says, else how to get one."""
+    cores = core_files(j.job_dir, j.first) if j.job_dir else []
+    if not cores:
+        where = f"{shlex.quote(str(j.job_dir))}/cores/{j.first or '*'}" if j.job_dir else "<job dir>/cores/<host>"
+        return [
+            f"ls -la {where}   # core dumps (ENABLE_COREDUMPS=1)",
+            "no core: rerun with ENABLE_COREDUMPS=1 and follow skills/coredump-debug/SKILL.md",
+        ]
+    core = cores[0]
+    spy = Path(sys.prefix) / "bin" / "py-spy"
+    python = core_python(core.parent) or "<the python in context.txt>"
+    q = shlex.quote
+    return [
+        f"cat {q(str(core.parent / 'context.txt'))}   # the binaries and versions that read this core",
+        f"{q(str(spy))} dump --core {q(str(core))}   # the Python stack of every thread",
+        f"gdb -batch -ex 'thread apply all bt' {q(python)} {q(str(core))}   # the native stacks",
+        "follow skills/coredump-debug/SKILL.md for the rest (containers: gdb inside the same image)",
+    ]
+
+
+def core_files(job_dir: Path, host: str | None) -> list[Path]:
+    """Core files under JOB_DIR/cores/HOST (every host when None), newest first."""
+    found = [p for p in (job_dir / "cores").glob(f"{host or '*'}/core*") if p.is_file()]
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def core_python(core_dir: Path) -> str | None:
+    """The trainer's interpreter that utils/launch/coredump.sh recorded in context.txt."""
+    try:
+        lines = (core_dir / "context.txt").read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    return next((ln.split(": ", 1)[1] for ln in lines if ln.startswith("python: ") and ln[8:].strip()), None)
 
 
 def steps_python_exception(j: Job) -> list[str]:
@@ -338,6 +374,18 @@ def steps_stage_timeout(j: Job) -> list[str]:
 
 def steps_cancelled(j: Job) -> list[str]:
     return [f"sacct -j {j.job_id} -o JobID,State,ExitCode,Start,End   # who/what ended it"] if j.slurm else []
+
+
+def steps_gpu_health(j: Job) -> list[str]:
+    hosts = ",".join(j.culprits) or "<host>"
+    out = [f"grep -a -E '^({hosts.replace(',', '|')}): gpu_health: ' {j.log}   # each GPU's line and the verdict"]
+    if j.resubmit:
+        out.append(f"resubmit without the bad nodes: {j.resubmit}")
+    elif j.slurm:
+        out.append(f"resubmit without the bad nodes: {j.command or 'submit.sh MODEL'} (add --exclude={hosts})")
+    if j.slurm:
+        out.append(f"scontrol show node {hosts}   # tell the admins: a GPU reset, a cleanup or a drain")
+    return out
 
 
 def steps_node_failure(j: Job) -> list[str]:
@@ -403,8 +451,29 @@ REGISTRY: tuple[FailureClass, ...] = (
         check_next="The key or value named in the error; [model-config-guide](../model-config-guide/SKILL.md).",
     ),
     FailureClass(
-        "oom_device",
+        "gpu_health",
         priority=2,
+        on_host=on_host_gpu_health,
+        summary={"": "the GPU health check before training failed on {hosts}: {detail}"},
+        next_steps=steps_gpu_health,
+        cites=(
+            "GPU health check failed on this node",
+            "exit record of the node's preflight",
+            "the command that leaves the bad nodes out",
+        ),
+        host_evidence="utils/launch/gpu_health.sh in preflight: `gpu_health: gpu N (VENDOR BUS): FAILED: ...` "
+        "(uncorrectable ECC/RAS errors, another user's process, GPU memory not released, rows pending "
+        "remapping), `gpu_health: HOST: FAILED: ...` (fewer GPUs than `JOB_GPUS_PER_NODE`, nvidia-smi failing) "
+        "or its verdict `gpu_health: verdict HOST: FAILED: ...`. Every host with it is a culprit.",
+        decided_by="`gpu_health: ... FAILED: ...` lines of the preflight GPU check: uncorrectable ECC/RAS errors, "
+        "another user's process, GPU memory not released, GPU count below `JOB_GPUS_PER_NODE`",
+        culprit="every host whose GPU check failed",
+        check_next="The JOB SUMMARY's `resubmit:` line (the command with `--exclude=` the bad nodes, in "
+        "`next_steps`); tell the admins (GPU reset, cleanup or drain).",
+    ),
+    FailureClass(
+        "oom_device",
+        priority=3,
         on_host=on_host_oom_device,
         summary={"": "device memory exhausted on {host}{detail}"},
         next_steps=steps_oom_device,
@@ -418,7 +487,7 @@ REGISTRY: tuple[FailureClass, ...] = (
     ),
     FailureClass(
         "oom_host",
-        priority=3,
+        priority=4,
         on_host=on_host_oom_host,
         summary={"": "{host} ran out of host memory (the kernel/cgroup OOM killer ended it){detail}"},
         next_steps=steps_oom_host,
@@ -433,7 +502,7 @@ REGISTRY: tuple[FailureClass, ...] = (
     ),
     FailureClass(
         "segfault",
-        priority=4,
+        priority=5,
         on_host=on_host_segfault,
         summary={"": "native crash on {host}{exit}{detail}"},
         next_steps=steps_segfault,
@@ -449,7 +518,7 @@ REGISTRY: tuple[FailureClass, ...] = (
     ),
     FailureClass(
         "python_exception",
-        priority=5,
+        priority=6,
         on_host=on_host_python_exception,
         summary={"": "Python exception on {host}{detail}"},
         next_steps=steps_python_exception,
@@ -463,7 +532,7 @@ REGISTRY: tuple[FailureClass, ...] = (
     ),
     FailureClass(
         "killed",
-        priority=6,
+        priority=7,
         on_host=on_host_killed,
         reported_as="oom_host",
         doc_label="killed (reported as `oom_host`, confidence low)",
@@ -482,7 +551,7 @@ REGISTRY: tuple[FailureClass, ...] = (
     ),
     FailureClass(
         "stage_timeout",
-        priority=7,
+        priority=8,
         on_host=on_host_stage_timeout,
         rule=5,
         on_job=on_job_time_limit,
@@ -621,10 +690,13 @@ JOB_RULES = tuple(dict.fromkeys(fc.on_job for fc in sorted(REGISTRY, key=lambda 
 UNCLASSIFIED = (
     "null, failed",
     "the image stage (`image: FAILED: ...` on a node, hosts named; unprefixed: the nodes' images differ, "
-    "the table's `<- differs`/`<- no record` rows name them), a preflight check (`preflight: FAILED: ...`, "
-    "hosts named) or a non-zero exit with no known text (first such host, `low`)",
+    "the table's `<- differs`/`<- no record` rows name them), a preflight check other than the GPUs "
+    "(`preflight: FAILED: ...`, e.g. disk; hosts named), a job refused "
+    "before its first stage because another job holds its run (`run 'ALIAS' is in use by job ID ...`, no host, "
+    "`high`) or a non-zero exit with no known text (first such host, `low`)",
     "as named",
-    "Read `summary` and the host's last lines.",
+    "Read `summary` and the host's last lines; a refused run: wait for the holder, or resubmit with "
+    "`--dependency=afterany:ID`.",
 )
 
 

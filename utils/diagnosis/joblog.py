@@ -39,6 +39,7 @@ NOT_HOSTS = {
     "_container.sh",
     "preflight",
     "image",
+    "gpu_health",
     "Traceback",
     "status",
     "job",
@@ -66,6 +67,12 @@ STEP = re.compile(
 _STEP_TEXT = rb"(?:" + _RAMPUP + rb")?completed step: "
 _NOT_BORING = re.compile(rb"\n(?![^:\n]{1,64}+: (?:I\d{4} |" + _STEP_TEXT + rb")|I\d{4} |" + _STEP_TEXT + rb")")
 _RECORD = re.compile(r"rc=(\d+)\s+end=([\d.]+)\s+reason=(\w+)")
+# MaxText 0.2.5's line when it restores the latest checkpoint of its checkpoint directory (a run's,
+# --run), an absl INFO line (maxtext/common/checkpointing.py, load_state_if_possible):
+#   checkpointing.py:705] restoring from this run's directory step 5
+# Training then goes on at the next step (the checkpoint of step N holds the state after step N).
+_RESTORE_TEXT = b"restoring from this run's directory step "
+RESTORE = re.compile(re.escape(_RESTORE_TEXT) + rb"(\d+)")
 
 # --- signatures: (kind, pattern) searched in candidate lines (after the host prefix) -----------
 # Texts are the ones the programs print: JAX/XLA 0.12 (jaxlib strings and measured runs),
@@ -82,11 +89,15 @@ SIGNATURES: list[tuple[str, str]] = [
     ("srun_exit", r"^srun: error: (\S+): tasks? [\d,-]+: (.*)$"),
     ("cancel", r"received a stop signal \(job state ([A-Z_]*)\)|\*\*\* (?:JOB|STEP) [\d.]+ ON (\S+) CANCELLED AT"),
     ("stage_timeout", r"run_stage\.sh: stage '([\w-]+)' exceeded its (\d+) s limit on (\S+)"),
+    # utils/launch/gpu_health.sh (in preflight): "gpu_health: gpu N (VENDOR BUS): FAILED: ...", a host check
+    # "gpu_health: HOST: FAILED: ..." and the verdict "gpu_health: verdict HOST: FAILED: ..."
+    ("gpu_health", r"^gpu_health: (?:verdict )?(.+?): FAILED: (.*)"),
     ("preflight", r"^preflight: FAILED: (.*)"),
     # utils/launch/image.sh: a node's image stage failed, or (unprefixed) the nodes' images differ; then
     # the per-node table's rows mark the nodes that differ or left no record
     ("image", r"^image: FAILED: (.*)"),
     ("image_odd", r"^image:   (\S+)  .*  <- (differs|no record)$"),
+    ("run_busy", r"\brun '[^']+' is in use\b"),  # utils/launch/run_alias.sh: another job holds the run
     (
         "config_error",
         r"MAXTEXT CONFIG ERROR|ValidationError: \d+ validation errors? for"
@@ -156,6 +167,8 @@ _NEEDLES = (
     b"image: FAILED",
     b"  <- differs",
     b"  <- no record",
+    b"' is in use",
+    b"gpu_health: ",
 )
 _F_LINE = re.compile(rb"\n(?:[^:\n]{1,64}+: )?F\d{4} \d\d:")
 _EXC_LINE = re.compile(
@@ -284,6 +297,7 @@ class Scan:
     events: list[Event] = dataclasses.field(default_factory=list)
     counts: Counter = dataclasses.field(default_factory=Counter)
     seconds: float = 0.0
+    restored: Event | None = None  # MaxText's first restore line (kind "restore", data: step)
 
     def nodes(self) -> list[str]:
         """Node names in node-rank order, from the header (JAX task i runs on nodes()[i])."""
@@ -453,7 +467,7 @@ class _Scanner:
         if s.runs:  # a second run appended to the same log: start over, keep counting lines
             s.summary, s.summary_lines, s.events, s.hosts = {}, {}, [], {}
             s.steps, s.counts, self.kept = Steps(), Counter(), Counter()
-            s.step_lines_seen, self.ref_re = False, None
+            s.step_lines_seen, self.ref_re, s.restored = False, None, None
         s.runs += 1
         s.header, s.header_line = header, line
         self.known = set(s.nodes())
@@ -725,6 +739,24 @@ class _Scanner:
                 break
         return ": ".join(parts)[:300]
 
+    def _restore(self, buf: bytearray, cut: int, base: int) -> None:
+        """MaxText's restore line, if this block holds the run's first (after the run's header)."""
+        i = buf.find(_RESTORE_TEXT, 0, cut)
+        while i >= 0:
+            line = base + buf.count(b"\n", 0, i)
+            a = buf.rfind(b"\n", 0, i) + 1
+            e = buf.find(b"\n", i, self.n)
+            if self.s.header_line is None or line > self.s.header_line:
+                text = buf[a : e if e >= 0 else self.n].decode(errors="replace")
+                host, rest = split_host(text, self.known or None)
+                m, am = RESTORE.search(rest.encode()), _ABSL_S.match(rest)
+                if m:
+                    ts = self.clock.epoch(am.group(2).encode()) if (am and self.clock) else None
+                    step = {"step": int(m.group(1))}
+                    self.s.restored = Event("restore", host, line, rest[:600], ts, step, text[:600])
+                    return
+            i = buf.find(_RESTORE_TEXT, e if e >= 0 else cut, cut)
+
     def run(self) -> Scan:
         s = self.s
         t0 = time.perf_counter()
@@ -755,6 +787,8 @@ class _Scanner:
                     continue
                 nl_total = buf.count(b"\n", 0, cut)
                 self._examine(buf, self._candidates(buf, cut), base)
+                if s.restored is None:
+                    self._restore(buf, cut, base)
                 rows = self._steps(buf, cut)
                 if s.step_lines_seen or self.host_keys:
                     steps_here = rows > 0 or buf.find(b"completed step: ", max(0, cut - (256 << 10)), cut) >= 0
@@ -778,6 +812,22 @@ class _Scanner:
 def scan(path: str | Path) -> Scan:
     """Stream the job log once and return what it holds (see the module docstring)."""
     return _Scanner(Path(path)).run()
+
+
+def run_of(s: Scan) -> dict | None:
+    """The run (--run) of the log's last run: `alias` and `dir` from the header's `run:` line
+    ("ALIAS RUN_DIR (latest checkpoint: ...)", utils/launch/job_header.sh), `restored_from_step` and
+    `restore_line` from MaxText's restore line (None: it started from step 0). None when the log has
+    neither."""
+    words = s.header.get("run", "").split()
+    if not words and s.restored is None:
+        return None
+    return {
+        "alias": words[0] if words else None,
+        "dir": words[1] if len(words) > 1 else None,
+        "restored_from_step": s.restored.data["step"] if s.restored else None,
+        "restore_line": s.restored.line if s.restored else None,
+    }
 
 
 def looks_like_job_log(s: Scan) -> bool:

@@ -395,6 +395,8 @@ class Triage:
         hb = first_rule(self, status)
         if roots:
             h, kind, e = min(roots, key=lambda r: self.fail_time(r[0], r[2]))
+            if kind == "gpu_health":  # a node check: every node that failed it is a culprit
+                return self.explain_gpu_health([x for x, k, _ in roots if k == kind], e)
             return self.explain_root(h, kind, e)
         if hb:
             return hb
@@ -408,6 +410,10 @@ class Triage:
         """Failures outside the classes: the image stage or the nodes' images, a preflight check, or an exit
         code with no known text."""
         hosts = list(self.hosts.values())
+        busy = next((e for e in self.scan.events if e.kind == "run_busy"), None)
+        if busy:  # refused before its first stage: another job holds the run (--run)
+            self.cite_event(busy, "another job holds the run: this one did not start")
+            return None, [], f"not started: {message(busy)}", "high"
         img = [h for h in hosts if h.first("image")]
         if img:  # a node's image stage (utils/launch/image.sh) failed
             for h in img:
@@ -447,6 +453,15 @@ class Triage:
                 return None, [h.name], f"{h.name} exited with code {h.exit}; no known error signature in the log", "low"
             return None, [], "the job failed but the log names no cause", "low"
         return None, [], "", None
+
+    def explain_gpu_health(self, bad: list[Host], e: joblog.Event | None) -> tuple:
+        """The preflight GPU check failed on these hosts (in node order): each one's first bad line."""
+        for x in bad:
+            self.cite_event(x.first("gpu_health"), "GPU health check failed on this node")
+            self.cite_record(x, "exit record of the node's preflight")
+        self.cite_summary("resubmit", "the command that leaves the bad nodes out")
+        names = [x.name for x in bad]
+        return "gpu_health", names, fc.explain("gpu_health", hosts=", ".join(names), detail=message(e)), "high"
 
     def explain_root(self, h: Host, kind: str, e: joblog.Event | None) -> tuple:
         """The verdict for the host whose root cause came first: its evidence and the registry's summary."""
@@ -556,6 +571,7 @@ class Triage:
                 status=status,
                 culprits=culprits,
                 command=self.command(),
+                resubmit=self.scan.summary.get("resubmit"),
                 job_dir=self.job_dir,
                 coordinator=(self.scan.nodes() or ["the coordinator"])[0],
             )
@@ -628,8 +644,14 @@ class Triage:
                     stop="cancel" if ended == "cancelled" else "time limit",
                     behind=f"; {', '.join(culprits)} is behind the others" if culprits else "",
                 )
+        run = joblog.run_of(s)
         if status == "completed" and not summary:
             summary = f"completed {prog['last_step'] + 1 if prog['last_step'] is not None else 0} steps"
+            if run and run["restored_from_step"] is not None and prog["last_step"] is not None:
+                first = run["restored_from_step"] + 1
+                summary += (
+                    f" (this job restored the checkpoint of step {first - 1} and ran steps {first}-{prog['last_step']})"
+                )
             if s.summary_lines.get("status"):
                 self.cite_summary("status", "job summary")
         if status == "running" and not summary:
@@ -661,6 +683,7 @@ class Triage:
             "summary": summary,
             "evidence": self.evidence,
             "progress": prog,
+            "run": run,
             "tgs": {k: v for k, v in tgs.items() if k != "host"},
             "hang": hang,
             "hosts": hosts,
@@ -708,6 +731,15 @@ def render(r: dict) -> str:
         if p["last_step_age_seconds"] is not None and r["status"] in ("running", "hung"):
             prog += f", last step {p['last_step_age_seconds']:.0f} s ago"
         lines.append(prog)
+    run = r.get("run")
+    if run:
+        where = f"{run['alias']} ({run['dir']})" if run["alias"] else "(no run: line in the header)"
+        if run["restored_from_step"] is not None:
+            lines.append(
+                f"run: {where}: restored_from_step {run['restored_from_step']} (log line {run['restore_line']})"
+            )
+        else:
+            lines.append(f"run: {where}: no checkpoint restored, started from step 0")
     if t["steady"] is not None:
         ph = "; ".join(f"steps {x['start_step']}-{x['end_step']}: {x['mean']:.6g}" for x in t["phases"])
         lines.append(

@@ -2,14 +2,18 @@
 # Usage: utils/launch/job_header.sh
 #
 # Prints the block that opens every job log: job, model, nodes, coordinator, stage time
-# limits (with the defaults), container, code snapshot, overrides (secrets redacted), paths.
+# limits (with the defaults), container, code snapshot, overrides (secrets redacted), paths; for
+# a run (--run, MST_RUN) its alias, run directory and the checkpoint step it resumes from.
 # Reads the generic JOB_* variables and the launch variables of docs/env-contract.md.
 set -euo pipefail
 [[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"; usage; exit; }
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/lib.sh"
 source "$here/launch_lib.sh"
+source "$here/run_alias.sh"
 timeouts=$(stage_timeouts "${STAGE_TIMEOUTS:-}" | awk '{ printf "%s%s:%s", sep, $1, $2; sep = "," }')
+run_line=""
+[[ -z "${MST_RUN:-}" ]] || run_line="run: $(run_describe)"$'\n'
 cat <<HEADER
 ==================== JOB ====================
 job: ${JOB_ID:-?} ${JOB_NAME:-?}
@@ -23,7 +27,7 @@ ray: ${RAY:-0}
 code: ${MST_REPO:-?}
 overrides: $(shown_list maxtext <<< "${TRAIN_OVERRIDES:-}")
 env_overrides: $(shown_list env <<< "${TRAIN_ENV_OVERRIDES:-}")
-job_dir: ${JOB_DIR:-?}
+${run_line}job_dir: ${JOB_DIR:-?}
 log: ${JOB_LOG:-?}
 started: $(date -u +%Y-%m-%dT%H:%M:%SZ)
 =============================================

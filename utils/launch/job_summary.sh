@@ -3,19 +3,25 @@
 #
 # Prints the JOB SUMMARY block that ends every job log and saves it as $JOB_DIR/summary.txt.
 # STATUS is what the caller saw (completed|failed|cancelled|timeout); a stage that hit its
-# time limit turns it into stage_timeout. STAGE is the last stage that ran. Per-node outcomes
+# time limit turns it into stage_timeout. STAGE is the last stage that ran (none: the job ended
+# before its first stage, e.g. refused because another job holds its run). Per-node outcomes
 # come from $JOB_DIR/.stages/STAGE/<host> (written by run_stage.sh); the first error line is
 # the first error-looking line of the first failing node in $JOB_LOG, from this run's JOB header
 # on (a requeued job appends to the log of its earlier run).
-# Reads JOB_ID JOB_NAME JOB_DIR JOB_LOG JOB_NODELIST JOB_START_TIME (epoch seconds).
+# With ENABLE_COREDUMPS=1 it lists the core files under $JOB_DIR/cores (newest first, at most 5).
+# When a node check failed (stage preflight or image) in a Slurm job, `resubmit:` is the submit
+# command (MST_REPO/.submit/command.txt) with --exclude naming the failed nodes.
+# Reads JOB_ID JOB_NAME JOB_DIR JOB_LOG JOB_NODELIST JOB_START_TIME (epoch seconds), JOB_SCHEDULER, MST_REPO.
 set -uo pipefail
-[[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"; usage; exit; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+[[ "${1:-}" == -h || "${1:-}" == --help ]] && { usage; exit; }
 status=${1:?usage: job_summary.sh STATUS STAGE} stage=${2:?usage: job_summary.sh STATUS STAGE}
 rec_dir="$JOB_DIR/.stages/$stage"
 read -r -a nodes <<< "${JOB_NODELIST:-}"
 
-failed=() stopped=() missing=() culprit="" culprit_end=""
+failed=() bad=() stopped=() missing=() culprit="" culprit_end=""
 for n in "${nodes[@]}"; do
+  [[ "$stage" != none ]] || break   # no stage ran: no node has a record
   f="$rec_dir/$n"
   if [[ ! -f "$f" ]]; then missing+=("$n"); continue; fi
   rc=$(sed -n 's/.*rc=\([0-9]*\).*/\1/p' "$f"); end=$(sed -n 's/.*end=\([0-9.]*\).*/\1/p' "$f")
@@ -26,6 +32,7 @@ for n in "${nodes[@]}"; do
       [[ "$rc" == 0 ]] && continue
       [[ "$reason" == timeout ]] && status=stage_timeout
       if [[ "$reason" == timeout ]]; then failed+=("$n (timeout, exit $rc)"); else failed+=("$n (exit $rc)"); fi
+      bad+=("$n")
       if [[ -z "$culprit" ]] || awk -v a="$end" -v b="$culprit_end" 'BEGIN { exit !(a < b) }'; then
         culprit=$n culprit_end=$end
       fi ;;
@@ -61,6 +68,20 @@ if [[ -f "${JOB_LOG:-}" && "$status" =~ ^(failed|stage_timeout)$ ]]; then
   fi
 fi
 
+cores=""
+if [[ "${ENABLE_COREDUMPS:-0}" == 1 ]]; then
+  source "$(dirname "${BASH_SOURCE[0]}")/coredump.sh"
+  cores=$(core_files "$JOB_DIR/cores" | head -n 5 | awk '{ printf "%s%s (%d bytes)", sep, $1, $2; sep = ", " }')
+fi
+
+# the nodes that failed a node check (or never finished it) left out of the next submission
+resubmit=""
+command_file="${MST_REPO:-/nonexistent}/.submit/command.txt"
+if [[ "$stage" =~ ^(preflight|image)$ && "$status" =~ ^(failed|stage_timeout)$ && "${JOB_SCHEDULER:-}" == slurm ]] &&
+   (( ${#bad[@]} + ${#missing[@]} )) && [[ -f "$command_file" ]]; then
+  resubmit=$(resubmit_excluding "$(head -n 1 "$command_file")" "${bad[@]}" "${missing[@]}")
+fi
+
 now=$(date +%s); wall=$(( now - ${JOB_START_TIME:-$now} ))
 {
   echo "==================== JOB SUMMARY ===================="
@@ -74,6 +95,8 @@ now=$(date +%s); wall=$(( now - ${JOB_START_TIME:-$now} ))
   (( ${#stopped[@]} )) && echo "stopped_nodes: ${stopped[*]}"
   (( ${#missing[@]} )) && echo "no_exit_record: ${missing[*]}"
   [[ -n "$first_error" ]] && echo "first_error: $first_error"
+  [[ -n "$cores" ]] && echo "cores: $cores"
+  [[ -n "$resubmit" ]] && echo "resubmit: $resubmit"
   echo "job_dir: $JOB_DIR"
   echo "log: ${JOB_LOG:-?}"
   echo "====================================================="

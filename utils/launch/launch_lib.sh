@@ -48,6 +48,9 @@ int_setting() {
 check_settings() {
   [[ "${RAY:-0}" =~ ^[01]$ ]] || die "RAY='${RAY}' must be 0 or 1"
   [[ "${ENABLE_COREDUMPS:-0}" =~ ^[01]$ ]] || die "ENABLE_COREDUMPS='${ENABLE_COREDUMPS}' must be 0 or 1"
+  [[ -z "${COREDUMP_DIR:-}" || "$COREDUMP_DIR" =~ ^/[A-Za-z0-9._/+@,=-]*$ ]] ||
+    die "COREDUMP_DIR='$COREDUMP_DIR' must be an absolute path of letters, digits and . _ / + @ , = - (a place with room that every node sees)"
+  int_setting COREDUMP_WAIT 0 3600
   case "${CONTAINER_RUNTIME:-auto}" in auto|podman|docker|none) ;;
     *) die "CONTAINER_RUNTIME='$CONTAINER_RUNTIME' is not one of auto, podman, docker, none" ;; esac
   stage_timeouts "${STAGE_TIMEOUTS:-}" >/dev/null || exit 1
@@ -56,6 +59,11 @@ check_settings() {
   int_setting RAY_NUM_CPUS 1 100000
   int_setting RAY_OBJECT_STORE_BYTES 78643200 1099511627776   # Ray's minimum is 75 MiB
   int_setting PREFLIGHT_MIN_FREE_GB 0 1000000000
+  int_setting JOB_GPUS_PER_NODE 0 4096
+  local bad
+  if [[ -n "${PREFLIGHT_HOST_SETTINGS:-}" ]] && ! bad=$(host_settings "$PREFLIGHT_HOST_SETTINGS" 2>&1 >/dev/null); then
+    die "$bad"
+  fi
   # Prometheus and TensorBoard have no authentication: they listen on loopback only (SSH tunnel).
   [[ -z "${DASHBOARD_BIND+x}" || "$DASHBOARD_BIND" =~ ^(127\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}|::1|localhost)$ ]] ||
     die "DASHBOARD_BIND='$DASHBOARD_BIND' must be a loopback address (e.g. 127.0.0.1): the dashboards have no login; reach them through an SSH tunnel"

@@ -7,6 +7,9 @@ shopt -s extglob
 #   free_port START [N]   print the first port >= START that nobody listens on (tries N, default 100)
 #   private_dir PARENT    create a new directory only this user can enter, print its path
 #   job_scratch           this job's private scratch on this node (labelled for preflight's cleanup)
+#   node_root KIND        where this node's sys|proc|dev files are read (test hooks MST_*_ROOT)
+#   host_settings SPEC    PREFLIGHT_HOST_SETTINGS checked against the table HOST_SETTINGS
+#   resubmit_excluding CMD HOST...  the submit command CMD with --exclude naming HOSTs too
 #   container_mounts DST...  CONTAINER_MOUNTS checked, as runtime flags in MOUNT_ARGS
 
 # The one help mechanism of every shell entry point (-h/--help): a script's usage header is its
@@ -112,10 +115,10 @@ resolve_model() {
 
 # Variables the launcher sets and checks itself: _env_ cannot set them (the trainer would run with
 # values nobody validated). Prefixes MST_ JOB_ SLURM_ SLURMD_ SRUN_, and these names:
-RESERVED_ENV="MODEL MODEL_TAG TRAIN_OVERRIDES TRAIN_ENV_OVERRIDES STAGE_TIMEOUTS RAY ENABLE_COREDUMPS
+RESERVED_ENV="MODEL MODEL_TAG TRAIN_OVERRIDES TRAIN_ENV_OVERRIDES STAGE_TIMEOUTS RAY ENABLE_COREDUMPS COREDUMP_DIR COREDUMP_WAIT
 DASHBOARD_BIND METRICS_INTERVAL RAY_JOIN_TIMEOUT PROMETHEUS_BIN RAY_NUM_CPUS RAY_OBJECT_STORE_BYTES
 CONTAINER_RUNTIME CONTAINER_IMAGE CONTAINER_ARGS CONTAINER_IMAGE_TAR CONTAINER_AUTH_FILE CONTAINER_MOUNTS
-PREFLIGHT_MIN_FREE_GB
+PREFLIGHT_MIN_FREE_GB PREFLIGHT_HOST_SETTINGS
 JAX_COORDINATOR_IP JAX_COORDINATOR_PORT JAX_COORDINATOR_BIND_ADDRESS NNODES NODE_RANK PATH"
 OVERRIDES_MAX_BYTES=100000   # each list travels as one environment variable (Linux: 128 KiB at most)
 
@@ -221,6 +224,79 @@ shown_cmd() {
   local s
   s=$(shown_args "$@")
   printf '%s\n' "${s# }"
+}
+
+# node_root sys|proc|dev: the root this node's /sys, /proc or /dev files are read under. Test hooks
+# MST_SYSFS_ROOT, MST_PROC_ROOT, MST_DEV_ROOT (docs/env-contract.md) point the node-side checks at
+# fixture trees; "%h" in them stands for this node's name, so each node of a local cluster on one
+# machine can be given its own tree.
+node_root() {
+  local v
+  case "$1" in
+    sys) v=${MST_SYSFS_ROOT:-/sys} ;;
+    proc) v=${MST_PROC_ROOT:-/proc} ;;
+    dev) v=${MST_DEV_ROOT:-/dev} ;;
+    *) return 1 ;;
+  esac
+  printf '%s\n' "${v//%h/${JOB_HOSTNAME:-$(hostname)}}"
+}
+
+# Host settings preflight applies where the site asks for them (PREFLIGHT_HOST_SETTINGS, e.g.
+# "numa_balancing=0 thp=never"): name, file (read under node_root proc|sys), allowed values
+# ("|" between them, N-M a range). Files with a choice show it bracketed: "always [madvise] never".
+HOST_SETTINGS="
+numa_balancing       /proc/sys/kernel/numa_balancing               0|1
+thp                  /sys/kernel/mm/transparent_hugepage/enabled   always|madvise|never
+thp_defrag           /sys/kernel/mm/transparent_hugepage/defrag    always|defer|defer+madvise|madvise|never
+swappiness           /proc/sys/vm/swappiness                       0-200
+perf_event_paranoid  /proc/sys/kernel/perf_event_paranoid          -1|0|1|2|3
+"
+
+# host_settings SPEC: "NAME FILE VALUE" for each NAME=VALUE of SPEC; an unknown name or a value
+# the table does not allow: one line on stderr naming it and what would be right, status 1.
+host_settings() {
+  local item name value row file allowed a ok lo hi
+  local -a items alts
+  read -r -a items <<< "$1"
+  for item in "${items[@]}"; do
+    name=${item%%=*} value=${item#*=}
+    row=$(awk -v n="$name" '$1 == n { print $2, $3 }' <<< "$HOST_SETTINGS")
+    if [[ "$item" != *=* || -z "$row" ]]; then
+      echo "PREFLIGHT_HOST_SETTINGS: unknown setting '$item'; known:" \
+        "$(awk 'NF { printf "%s%s", s, $1; s = " " }' <<< "$HOST_SETTINGS") (NAME=VALUE, space-separated)" >&2
+      return 1
+    fi
+    read -r file allowed <<< "$row"
+    IFS='|' read -r -a alts <<< "$allowed"
+    ok=0
+    for a in "${alts[@]}"; do
+      if [[ "$a" =~ ^([0-9]+)-([0-9]+)$ ]]; then
+        lo=${BASH_REMATCH[1]} hi=${BASH_REMATCH[2]}
+        [[ "$value" =~ ^[0-9]{1,6}$ ]] && (( 10#$value >= lo && 10#$value <= hi )) && ok=1
+      elif [[ "$value" == "$a" ]]; then
+        ok=1
+      fi
+    done
+    (( ok )) || { echo "PREFLIGHT_HOST_SETTINGS: '$item' is not allowed; $name takes ${allowed//|/, }" >&2; return 1; }
+    printf '%s %s %s\n' "$name" "$file" "$value"
+  done
+}
+
+# resubmit_excluding CMD HOST...: the submit command CMD (as recorded in .submit/command.txt)
+# with --exclude=HOSTS before its "--", merged with the hosts it already excluded (--exclude=L,
+# --exclude L, -x L).
+resubmit_excluding() {
+  local cmd=" $1 " list="" re=' (--exclude=|--exclude |-x ?)([^ ]+) ' h
+  shift
+  while [[ "$cmd" =~ $re ]]; do
+    list+="${list:+,}${BASH_REMATCH[2]}"
+    cmd=${cmd/"${BASH_REMATCH[0]}"/ }
+  done
+  for h in "$@"; do [[ ",$list," == *",$h,"* ]] || list+="${list:+,}$h"; done
+  if [[ "$cmd" == *" -- "* ]]; then cmd="${cmd%% -- *} --exclude=$list -- ${cmd#* -- }"
+  else cmd="${cmd% } --exclude=$list "; fi
+  cmd=${cmd# }
+  printf '%s\n' "${cmd% }"
 }
 
 # container_mounts DST...: CONTAINER_MOUNTS ("SRC:DST[:ro] ...", split on spaces) checked, as

@@ -6,7 +6,10 @@
 # recorded in $JOB_DIR/.stages/STAGE/<host> as "rc=N end=EPOCH reason=exit|timeout|stopped".
 # SIGTERM/SIGINT/SIGHUP stop COMMAND's whole process group (TERM, then KILL after
 # STAGE_STOP_GRACE seconds, default 5) and record reason=stopped. A record that already exists
-# is kept (a more precise writer, e.g. the Ray actor, got there first).
+# is kept (a more precise writer, e.g. the Ray actor, got there first). With ENABLE_COREDUMPS=1
+# the KILL waits while a core is being written (utils/launch/coredump.sh core_writing), at most
+# COREDUMP_WAIT seconds (default 120; under Slurm also bounded by the cluster's KillWait), so a
+# node that crashes while another stops it still leaves a whole core.
 # Needs JOB_DIR; the host name is JOB_HOSTNAME or $(hostname). Exits with COMMAND's status.
 set -uo pipefail
 [[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"; usage; exit; }
@@ -14,6 +17,8 @@ set -uo pipefail
 [[ "$2" =~ ^[0-9]+$ && "$2" -gt 0 ]] || { echo "run_stage.sh: timeout '$2' must be a positive number of seconds" >&2; exit 2; }
 : "${JOB_DIR:?run_stage.sh: JOB_DIR is not set}"
 
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/coredump.sh"
 stage=$1 limit=$2
 shift 2
 host=${JOB_HOSTNAME:-$(hostname)}
@@ -23,10 +28,23 @@ mkdir -p "$rec_dir"
 record() { (set -C; printf 'rc=%s end=%s reason=%s\n' "$1" "$(date +%s.%N | cut -c1-14)" "$2" > "$rec_dir/$host") 2>/dev/null || true; }
 
 # Lines that already carry a node's prefix (the Ray driver relays other nodes' output) keep it.
-exec 3> >(awk -v h="$host" -v hosts="${JOB_NODELIST:-}" '
+# mawk (Debian's awk) reads a pipe in blocks unless told -W interactive: a hung trainer's last
+# lines would wait in its buffer instead of reaching the log.
+live_awk=(awk); awk -W version 2>&1 | grep -q '^mawk' && live_awk=(awk -W interactive)
+# shellcheck disable=SC2016  # the awk program
+exec 3> >("${live_awk[@]}" -v h="$host" -v hosts="${JOB_NODELIST:-}" '
   BEGIN { n = split(hosts, hs, " "); for (i = 1; i <= n; i++) known[hs[i]] = 1 }
   { p = index($0, ": "); if (p > 1 && (substr($0, 1, p - 1) in known)) print; else print h ": " $0; fflush() }')
 prefixer=$!
+
+# SIGKILL cuts a core short: let a core being written finish first.
+wait_for_cores() {
+  local dir end=$((SECONDS + ${COREDUMP_WAIT:-120}))
+  dir=$(core_dir 2>/dev/null) || return 0
+  core_writing "$dir" "$child" || return 0
+  echo "run_stage.sh: waiting (at most ${COREDUMP_WAIT:-120} s) for a core being written on $host before stopping stage '$stage'" >&3
+  while core_writing "$dir" "$child" && (( SECONDS < end )); do sleep 0.25; done
+}
 
 child=""
 stop() {
@@ -35,6 +53,7 @@ stop() {
     # timeout(1) leads its own process group: signal the group, so no trainer is orphaned
     kill -TERM -- "-$child" 2>/dev/null
     for _ in $(seq $(( ${STAGE_STOP_GRACE:-5} * 4 ))); do kill -0 -- "-$child" 2>/dev/null || break; sleep 0.25; done
+    [[ "${ENABLE_COREDUMPS:-0}" == 1 ]] && wait_for_cores
     kill -KILL -- "-$child" 2>/dev/null
   fi
   record 143 stopped

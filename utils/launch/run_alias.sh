@@ -1,0 +1,186 @@
+# shellcheck shell=bash
+# The run alias (submit.sh / run_local.sh --run ALIAS, exported as MST_RUN): a run directory
+# $JOB_WORKSPACE/runs/ALIAS that outlives every job and holds the run's MaxText checkpoints. Each job
+# of the run links MaxText's checkpoint directory (base_output_directory/run_name/checkpoints, which
+# MaxText derives and a key cannot set) to RUN_DIR/checkpoints, so a resubmission restores the
+# latest checkpoint while TensorBoard events and everything else stay in the job's own directory.
+# One job of a run at a time: the job that runs holds RUN_DIR/lock (an atomic mkdir, with an
+# `owner` line naming the job). Source after lib.sh.
+#   check_run_alias ALIAS     dies unless ALIAS is a plain name (letters, digits, . _ -)
+#   check_run_overrides       dies on a MaxText override (TRAIN_OVERRIDES) that contradicts --run
+#   run_dir                   print $JOB_WORKSPACE/runs/$MST_RUN
+#   run_latest_step DIR       print the highest step with a saved checkpoint in DIR/checkpoints
+#                             (nothing when there is none)
+#   run_describe              print "ALIAS RUN_DIR (latest checkpoint: ...)", the job header's run line
+#   run_claim                 take the run's lock for this job (JOB_ID) and link the job's checkpoint
+#                             directory to the run's; takes over the lock of a job that has ended
+#                             (saying so); returns 1 with one line on stderr when another job holds it
+#   run_release               give the lock back, if this job holds it
+
+# check_run_alias ALIAS
+check_run_alias() {
+  local a=$1
+  [[ -n "$a" && "$(safe_name "$a")" == "$a" ]] ||
+    die "bad run alias '$a': use letters, digits, . _ - only (at most 64, not starting with . or -), e.g. --run exp1"
+}
+
+# With --run, the launcher decides where checkpoints go and turns checkpointing on; an override that
+# moves MaxText's output or turns checkpointing off would leave nothing to resume from.
+check_run_overrides() {
+  local kv key value
+  while IFS= read -r kv; do
+    [[ -n "$kv" ]] || continue
+    key=${kv%%=*} value=${kv#*=}
+    case "$key" in
+      run_name|base_output_directory)
+        die "'$key=...' contradicts --run, which keeps the checkpoints in \$JOB_WORKSPACE/runs/$MST_RUN; drop the override" ;;
+      enable_checkpointing)
+        [[ "${value,,}" =~ ^[\'\"]?(false|no|off|n|f|0)[\'\"]?$ ]] &&
+          die "'$kv' contradicts --run, which saves checkpoints to resume from; drop one of them" ;;
+    esac
+  done <<< "${TRAIN_OVERRIDES:-}"
+  return 0
+}
+
+run_dir() {
+  printf '%s\n' "$JOB_WORKSPACE/runs/$MST_RUN"
+}
+
+# Orbax writes a step to "<step>.orbax-checkpoint-tmp..." and renames it to "<step>" when it is
+# complete, so only all-digit names are saved checkpoints.
+run_latest_step() {
+  local d best="" n
+  for d in "$1"/checkpoints/*/; do
+    n=${d%/}; n=${n##*/}
+    [[ "$n" =~ ^[0-9]{1,15}$ ]] || continue
+    if [[ -z "$best" ]] || (( 10#$n > 10#$best )); then best=$n; fi
+  done
+  [[ -z "$best" ]] || printf '%s\n' "$((10#$best))"
+}
+
+run_describe() {
+  local step
+  step=$(run_latest_step "$(run_dir)")
+  if [[ -n "$step" ]]; then
+    printf '%s %s (latest checkpoint: step %s, training goes on at step %s)\n' \
+      "$MST_RUN" "$(run_dir)" "$step" "$((step + 1))"
+  else
+    printf '%s %s (no checkpoint: starts from step 0)\n' "$MST_RUN" "$(run_dir)"
+  fi
+}
+
+# _run_field LINE KEY: the value of KEY=VALUE in an owner line
+_run_field() {
+  local kv kvs=()
+  read -r -a kvs <<< "$1"
+  for kv in "${kvs[@]}"; do [[ "$kv" == "$2="* ]] && { printf '%s\n' "${kv#*=}"; return 0; }; done
+  printf '?\n'
+}
+
+# _run_owner_state LINE: running, ended or unknown (this job cannot tell). A Slurm job runs while
+# squeue lists it (JOB_ACTIVE_IDS, the user's active jobs, from _job.sbatch); a local job runs while a
+# process on its machine has its JOB_ID in the environment (its stages, trainer and log writer do).
+_run_owner_state() {
+  local id sched user host
+  id=$(_run_field "$1" job) sched=$(_run_field "$1" scheduler) user=$(_run_field "$1" user) host=$(_run_field "$1" host)
+  if [[ "$id" == "${JOB_ID:-}" ]]; then echo ended; return; fi   # an earlier run of this job (requeued)
+  if [[ "$user" != "$(id -un)" ]]; then echo unknown; return; fi
+  case "$sched" in
+    slurm)
+      if [[ "${JOB_SCHEDULER:-}" == slurm && -v JOB_ACTIVE_IDS ]]; then
+        if [[ " $JOB_ACTIVE_IDS " == *" $id "* ]]; then echo running; else echo ended; fi
+      else
+        echo unknown
+      fi ;;
+    local)
+      if [[ "$host" != "$(hostname)" ]]; then echo unknown
+      elif grep -qsxzF -- "JOB_ID=$id" /proc/[0-9]*/environ; then echo running
+      else echo ended
+      fi ;;
+    *) echo unknown ;;
+  esac
+}
+
+_run_refuse() {
+  printf '%s: run %s is in use%s\n' "${PROG:-launch}" "'$MST_RUN'" "$*" >&2
+  return 1
+}
+
+run_claim() {
+  local run lock owner me id who age wait _
+  run=$(run_dir) lock="$(run_dir)/lock"
+  me="job=$JOB_ID scheduler=${JOB_SCHEDULER:-?} user=$(id -un) host=$(hostname) pid=$$"
+  me+=" since=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  mkdir -p "$run/checkpoints" 2>/dev/null || {
+    printf '%s: cannot create the run directory %s; check JOB_WORKSPACE\n' "${PROG:-launch}" "$run" >&2
+    return 1
+  }
+  for _ in 1 2 3; do
+    if mkdir "$lock" 2>/dev/null; then
+      printf '%s\n' "$me" > "$lock/owner.new" && mv -f "$lock/owner.new" "$lock/owner"
+      _run_link "$run"
+      return
+    fi
+    owner=$(cat "$lock/owner" 2>/dev/null) || owner=""
+    if [[ -e "$lock/takeover" ]]; then
+      _run_refuse ": another job is taking its lock over ($lock/takeover); if no other job of the run is starting," \
+        "remove $lock and resubmit"
+      return 1
+    fi
+    if [[ -z "$owner" ]]; then
+      age=$(( $(date +%s) - $(stat -c %Y "$lock" 2>/dev/null || date +%s) ))
+      if (( age < 60 )); then
+        _run_refuse ": another job is taking it right now ($lock)"
+        return 1
+      fi
+    else
+      id=$(_run_field "$owner" job)
+      who="job $id ($(_run_field "$owner" scheduler) job of $(_run_field "$owner" user) on $(_run_field "$owner" host)"
+      who+=" since $(_run_field "$owner" since))"
+      case $(_run_owner_state "$owner") in
+        running)
+          wait="wait for it to end"
+          [[ "$owner" != *" scheduler=slurm "* ]] || wait+=" (submit.sh ... --run $MST_RUN --dependency=afterany:$id)"
+          _run_refuse " by $who: two jobs of one run would overwrite each other's checkpoints; $wait or choose another --run"
+          return 1 ;;
+        unknown)
+          _run_refuse " by $who, which this job cannot check: if it has ended, remove $lock and resubmit;" \
+            "else wait for it or choose another --run"
+          return 1 ;;
+      esac
+    fi
+    # The holder has ended without giving the lock back (killed): take it over. Only the job that
+    # creates lock/takeover may rewrite the owner, and the lock cannot be released meanwhile (rmdir
+    # fails on a non-empty directory).
+    mkdir "$lock/takeover" 2>/dev/null || continue
+    if [[ "$(cat "$lock/owner" 2>/dev/null || true)" == "$owner" ]]; then
+      printf '%s\n' "$me" > "$lock/owner.new" && mv -f "$lock/owner.new" "$lock/owner"
+      rmdir "$lock/takeover"
+      printf '%s: run %s: took over the lock of job %s, which has ended without giving it back\n' \
+        "${PROG:-launch}" "'$MST_RUN'" "${id:-? (no owner recorded)}" >&2
+      _run_link "$run"
+      return
+    fi
+    rmdir "$lock/takeover"
+  done
+  _run_refuse ": its lock $lock changed hands while this job tried to take it; resubmit"
+}
+
+# MaxText writes checkpoints to base_output_directory/run_name/checkpoints, which _train.sh sets to
+# $JOB_DIR/$JOB_NAME/checkpoints: that path becomes a link to the run's checkpoints.
+_run_link() {
+  local out="$JOB_DIR/$JOB_NAME"
+  if ! { mkdir -p "$out" && ln -sfn "$1/checkpoints" "$out/checkpoints" && [[ -L "$out/checkpoints" ]]; }; then
+    printf '%s: cannot link %s to the run directory %s\n' "${PROG:-launch}" "$out/checkpoints" "$1" >&2
+    run_release
+    return 1
+  fi
+}
+
+run_release() {
+  local lock
+  lock="$(run_dir)/lock"
+  [[ "$(_run_field "$(cat "$lock/owner" 2>/dev/null)" job)" == "$JOB_ID" ]] || return 0
+  rm -f "$lock/owner" && rmdir "$lock" 2>/dev/null
+  return 0
+}
