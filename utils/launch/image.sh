@@ -107,9 +107,9 @@ case "$want" in
   auto|podman|docker|none) ;;
   *) fail "CONTAINER_RUNTIME='$want' is not one of auto, podman, docker, none" ;;
 esac
-gpu="" gpu_dev=""
+gpu="" gpu_dev="" dev=$(node_root dev)
 for e in "${GPU_DEVICES[@]}"; do
-  if [[ -e "${MST_DEV_ROOT:-/dev}/${e%%:*}" ]]; then gpu=${e#*:} gpu_dev="${MST_DEV_ROOT:-/dev}/${e%%:*}"; break; fi
+  if [[ -e "$dev/${e%%:*}" ]]; then gpu=${e#*:} gpu_dev="$dev/${e%%:*}"; break; fi
 done
 
 # native: record this node's native run, after checking its environment fits the node
