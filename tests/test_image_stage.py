@@ -365,6 +365,80 @@ def test_bad_argument_exits_2(tmp_path):
     assert "unexpected argument '--agreee'" in res.stderr
 
 
+# --- MST_ACCELERATOR: the environment for running natively on GPUs ------------------------------------
+
+SETUP_ENV = str(REPO / "utils" / "setup_env.sh")
+
+
+def test_setup_env_refuses_an_unknown_accelerator(tmp_path):
+    res = run([SETUP_ENV], env={"MAXTEXT_SLURM_VENV": str(tmp_path / "venv"), "MST_ACCELERATOR": "gpu"})
+    assert res.returncode == 2 and res.stdout == "", res.stderr
+    assert res.stderr.splitlines() == [
+        "setup_env.sh: MST_ACCELERATOR='gpu' is not one of cpu, cuda (NVIDIA), rocm (AMD)"
+    ]
+    assert not (tmp_path / "venv").exists()
+
+
+def recording_venv(tmp_path: Path) -> tuple[Path, Path]:
+    """A made environment whose python only records what it is asked to do (installing the CUDA plugin
+    for real takes GBs): the stamp of the current requirements, so only the accelerator step runs."""
+    venv, calls = tmp_path / "venv", tmp_path / "calls"
+    (venv / "bin").mkdir(parents=True)
+    py = venv / "bin" / "python"
+    py.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n[ "$1" = -c ] && echo {tmp_path}/site\nexit 0\n')
+    py.chmod(0o755)
+    (tmp_path / "site").mkdir()
+    reqs = b"".join(f.read_bytes() for f in sorted((REPO / "requirements").glob("*.txt")))
+    (venv / ".maxtext-slurm-stamp").write_text(hashlib.sha256(reqs).hexdigest()[:16] + "\n")
+    calls.write_text("")
+    return venv, calls
+
+
+def test_setup_env_adds_and_swaps_the_gpu_plugin(tmp_path):
+    """MST_ACCELERATOR installs the pinned plugin of requirements/accelerators/ into the environment and
+    records it; unset, the environment keeps what it has; a change removes the other plugin first."""
+    venv, calls = recording_venv(tmp_path)
+    reqs = REPO / "requirements"
+
+    def setup(acc: str | None, *args: str) -> tuple[int, list[str]]:
+        env = {"MAXTEXT_SLURM_VENV": str(venv), "MST_ACCELERATOR": acc or ""}  # "": as if unset
+        calls.write_text("")
+        res = run([SETUP_ENV, *args], env=env)
+        pip = [c for c in calls.read_text().splitlines() if c.startswith("-m pip")]
+        return res.returncode, pip
+
+    assert setup("cuda", "--check") == (1, [])  # a cpu environment has no CUDA plugin
+    rc, pip = setup("cuda")
+    assert rc == 0 and pip == [
+        f"-m pip install -q --disable-pip-version-check -r {reqs}/accelerators/cuda.txt -c {reqs}/constraints.txt"
+    ]
+    assert (venv / ".mst-accelerator").read_text().split()[0] == "cuda"
+    assert setup(None) == (0, []) and setup("cuda") == (0, []) and setup("cuda", "--check") == (0, [])
+    rc, pip = setup("rocm")
+    assert rc == 0 and pip == [
+        "-m pip uninstall -q -y jax-cuda12-plugin jax-cuda12-pjrt",
+        f"-m pip install -q --disable-pip-version-check -r {reqs}/accelerators/rocm.txt -c {reqs}/constraints.txt",
+    ]
+    rc, pip = setup("cpu")
+    assert rc == 0 and pip == ["-m pip uninstall -q -y jax-rocm7-plugin jax-rocm7-pjrt"]
+    assert (venv / ".mst-accelerator").read_text().split()[0] == "cpu"
+
+
+def test_accelerator_pins_fit_the_pinned_jaxlib():
+    """jaxlib uses a CUDA plugin only of its own version (jaxlib/plugin_support.py); ROCm plugins skip that
+    check, and AMD publishes them by jax release (0.12.0 for jaxlib 0.12.0.1)."""
+    pins = dict(re.findall(r"^(jaxlib)==(\S+)$", (REPO / "requirements/maxtext.txt").read_text(), re.M))
+
+    def versions(name: str) -> dict[str, str]:
+        text = (REPO / "requirements/accelerators" / f"{name}.txt").read_text()
+        return dict(re.findall(r"^([\w-]+)(?:\[[\w-]+\])?==(\S+)$", text, re.M))
+
+    assert versions("cuda") == {"jax-cuda12-plugin": pins["jaxlib"], "jax-cuda12-pjrt": pins["jaxlib"]}
+    rocm = versions("rocm")
+    assert set(rocm) == {"jax-rocm7-plugin", "jax-rocm7-pjrt"}
+    assert all(pins["jaxlib"].startswith(v) for v in rocm.values()), rocm
+
+
 # --- the stage in a job ------------------------------------------------------------------------------
 
 
