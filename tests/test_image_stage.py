@@ -16,10 +16,12 @@ AMD: /dev/kfd, the ROCm compute interface of amdgpu's amdkfd, drivers/gpu/drm/am
 which is all the stage looks at.
 """
 
+import base64
 import hashlib
 import json
 import os
 import re
+import secrets
 import shlex
 import shutil
 import socket
@@ -33,6 +35,7 @@ import pytest
 from conftest import REPO, VENV, launcher_env, run
 
 from helpers.jobs import log_has, submit, summary, triage, wait_job_end
+from helpers.registry import Registry
 
 IMAGE_SH = str(REPO / "utils" / "launch" / "image.sh")
 HOST = socket.gethostname()
@@ -179,7 +182,7 @@ def stage(tmp_path: Path, podman_root: Path, gpu: str = "", venv: str | None = N
     """utils/launch/image.sh on node `node1` (GPU device file `gpu` in a fixture /dev); returns the result
     and the node's record (None when it wrote none)."""
     dev = tmp_path / "dev"
-    dev.mkdir(exist_ok=True)
+    dev.mkdir(parents=True, exist_ok=True)
     if gpu:
         (dev / gpu).touch()
     job_dir = tmp_path / "job"
@@ -363,6 +366,40 @@ def test_bad_argument_exits_2(tmp_path):
     res = run([IMAGE_SH, "--agreee"], env={"JOB_DIR": str(tmp_path)})
     assert res.returncode == 2 and res.stdout == "" and len(res.stderr.splitlines()) == 1, res.stderr
     assert "unexpected argument '--agreee'" in res.stderr
+
+
+@pytest.mark.slow
+def test_pull_with_the_credentials_file(image, tmp_path, podman_root):
+    """A registry that wants a login (tests/helpers/registry.py, on 127.0.0.1): without CONTAINER_AUTH_FILE the
+    pull is refused and a GPU node says so; with it the image is pulled into a store that lacked it and its
+    ID recorded. The credentials appear nowhere in what the stage printed."""
+    layout = tmp_path / "oci"
+    podman(image["env"], "save", "-q", "--format", "oci-dir", "-o", str(layout), image["name"])
+    user, password = "mst", secrets.token_hex(12)
+    with Registry(layout, "team/maxtext", "1", user, password) as reg:
+        name = f"127.0.0.1:{reg.port}/team/maxtext:1"
+        registries = tmp_path / "registries.conf"  # plain HTTP to the test's registry
+        registries.write_text(f'[[registry]]\nlocation = "127.0.0.1:{reg.port}"\ninsecure = true\n')
+        fresh = podman_settings(image["root"], store=f"pull-{tmp_path.name}")
+        settings = {**fresh, "CONTAINERS_REGISTRIES_CONF": str(registries), "CONTAINER_IMAGE": name}
+        pulling = f"image: pulling {name} with podman"
+
+        res, rec = stage(tmp_path / "no-auth", podman_root, gpu="nvidiactl", **settings)
+        line = one_failure_line(res, f"no image '{name}' could be had", "pull with podman: ", progress=pulling + "\n")
+        assert re.search(r"unauthorized|authentication required", line, re.I) and reg.refused > 0, line
+        assert reg.served == 0 and rec is None
+
+        auth = tmp_path / "auth.json"
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        auth.write_text(json.dumps({"auths": {f"127.0.0.1:{reg.port}": {"auth": token}}}))
+        auth.chmod(0o600)
+        res, rec = stage(tmp_path / "auth", podman_root, gpu="nvidiactl", CONTAINER_AUTH_FILE=str(auth), **settings)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert res.stdout.splitlines()[0] == f"{pulling} (credentials from {auth})"
+        assert rec == f"runtime=podman image={name} digest={image['id']} source=pull"
+        assert reg.served > 0
+        out = res.stdout + res.stderr
+        assert password not in out and token not in out
 
 
 # --- MST_ACCELERATOR: the environment for running natively on GPUs ------------------------------------
