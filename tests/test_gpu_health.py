@@ -22,6 +22,7 @@ import pytest
 from conftest import REPO, launcher_env, run
 
 from helpers.jobs import log_has, submit, summary, triage, wait_job_end
+from helpers.venvs import labelled_venv
 
 GPU_HEALTH = REPO / "utils" / "launch" / "gpu_health.sh"
 PREFLIGHT = REPO / "utils" / "launch" / "preflight.sh"
@@ -39,6 +40,12 @@ def hooks(fixture: Path) -> dict[str, str]:
         "PATH": f"{FAKE_SMI_DIR}:{os.environ['PATH']}",
         "JOB_HOSTNAME": "n7",
     }
+
+
+def native_on_gpus(tmp_path: Path, accelerator: str) -> dict[str, str]:
+    """A job on fixture GPU nodes passes the image stage natively, as a user who asks for it does
+    (CONTAINER_RUNTIME=none with an environment for the GPUs: tests/helpers/venvs.py)."""
+    return {"CONTAINER_RUNTIME": "none", "MAXTEXT_SLURM_VENV": str(labelled_venv(tmp_path / "venv", accelerator))}
 
 
 VISIBILITY = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
@@ -478,10 +485,10 @@ def test_summary_names_the_command_without_the_bad_nodes(tmp_path):
 
 
 # --- real jobs ------------------------------------------------------------------------------------------
-def test_local_job_with_a_foreign_process_on_a_gpu(workspace, venv):
+def test_local_job_with_a_foreign_process_on_a_gpu(workspace, venv, tmp_path):
     """run_local.sh on a node where another user holds a GPU: the job stops in preflight, and triage
     reads its real log as gpu_health with this node as the culprit."""
-    env = {**launcher_env(workspace), **hooks(FIX / "nvidia-foreign-proc")}
+    env = {**launcher_env(workspace), **hooks(FIX / "nvidia-foreign-proc"), **native_on_gpus(tmp_path, "cuda")}
     env.pop("JOB_HOSTNAME")
     res = run([str(REPO / "run_local.sh"), "tiny", "--", "steps=1"], env=env)
     assert res.returncode == 1, res.stdout[-3000:]
@@ -506,6 +513,7 @@ def test_two_node_job_with_a_bad_gpu_node(cluster, workspace, tmp_path, venv):
     shutil.copytree(FIX / "amd-healthy", nodes / "n1", symlinks=True)
     shutil.copytree(FIX / "amd-ue", nodes / "n2", symlinks=True)
     env = {f"MST_{k}_ROOT": f"{nodes}/%h/{d}" for k, d in (("SYSFS", "sys"), ("PROC", "proc"), ("DEV", "dev"))}
+    env.update(native_on_gpus(tmp_path, "rocm"))
     job_id, log = submit(cluster, workspace, "tiny", "-N", "2", "--", "steps=5", JOB_GPUS_PER_NODE="2", **env)
     assert wait_job_end(cluster, job_id, 180) == "FAILED", log.read_text()[-3000:]
     assert log_has(log, r"^n1: gpu_health: verdict n1: ok: 2 amd GPU\(s\), healthy$")

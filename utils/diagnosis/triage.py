@@ -414,36 +414,27 @@ class Triage:
         if busy:  # refused before its first stage: another job holds the run (--run)
             self.cite_event(busy, "another job holds the run: this one did not start")
             return None, [], f"not started: {message(busy)}", "high"
-        img = [h for h in hosts if h.first("image")]
-        if img:  # a node's image stage (utils/launch/image.sh) failed
-            for h in img:
-                self.cite_event(h.first("image"), "image stage failed")
-            e = img[0].first("image")
-            return (
-                None,
-                [h.name for h in img],
-                f"image stage failed on {', '.join(h.name for h in img)}: {message(e)}",
-                "high",
-            )
+        # a node check that failed on some nodes: the image stage (utils/launch/image.sh), preflight
+        for kind, what in (("image", "image stage"), ("preflight", "preflight")):
+            failed = [h for h in hosts if h.first(kind)]
+            if failed:
+                for h in failed:
+                    self.cite_event(h.first(kind), f"{what} check failed")
+                names = ", ".join(h.name for h in failed)
+                return (
+                    None,
+                    [h.name for h in failed],
+                    f"{what} failed on {names}: {message(failed[0].first(kind))}",
+                    "high",
+                )
         agree = next((e for e in self.scan.events if e.kind == "image" and e.host is None), None)
-        if agree:  # image.sh --agree: the nodes do not all have one runtime and image
+        if agree:  # image.sh --agree after the image stage: the nodes do not all have one runtime and image
             odd = [h for h in hosts if h.first("image_odd")]
             self.cite_event(agree, "the nodes' images differ")
             for h in odd:
                 self.cite_event(h.first("image_odd"), "this node's image")
                 self.cite_image_record(h)
             return None, [h.name for h in odd], f"the image check stopped the job: {message(agree)}", "high"
-        pre = [h for h in hosts if h.first("preflight")]
-        if pre:
-            for h in pre:
-                self.cite_event(h.first("preflight"), "preflight check failed")
-            e = pre[0].first("preflight")
-            return (
-                None,
-                [h.name for h in pre],
-                f"preflight failed on {', '.join(h.name for h in pre)}: {message(e)}",
-                "high",
-            )
         if status == "failed":
             bad = [h for h in hosts if h.exit not in (None, 0) and h.reason != "stopped"]
             self.cite_summary("first_error", "the launcher's guess at the first error")
