@@ -99,6 +99,13 @@ def test_submit_rejects(args, message, fake_sbatch, workspace, venv):
         ({"COREDUMP_DIR": "cores"}, "COREDUMP_DIR='cores' must be an absolute path"),
         ({"COREDUMP_WAIT": "-1"}, "COREDUMP_WAIT='-1' must be a whole number from 0 to 3600"),
         ({"DASHBOARD_BIND": "0.0.0.0"}, "DASHBOARD_BIND='0.0.0.0' must be a loopback address"),
+        ({"CONTAINER_IMAGE_TAR": "images/m.tar"}, "CONTAINER_IMAGE_TAR='images/m.tar' must be an absolute path"),
+        ({"CONTAINER_AUTH_FILE": "auth.json"}, "CONTAINER_AUTH_FILE='auth.json' must be an absolute path"),
+        (
+            {"CONTAINER_AUTH_FILE": "/etc/passwd"},
+            "'/etc/passwd' has mode 644: others can read your registry credentials",
+        ),
+        ({"CONTAINER_MOUNTS": "/data:data"}, "CONTAINER_MOUNTS entry '/data:data' is not SRC:DST or SRC:DST:ro"),
         (
             {"PROMETHEUS_BIN": "/nonexistent/prometheus"},
             "PROMETHEUS_BIN='/nonexistent/prometheus' is not an executable",

@@ -54,6 +54,15 @@ check_settings() {
   case "${CONTAINER_RUNTIME:-auto}" in auto|podman|docker|none) ;;
     *) die "CONTAINER_RUNTIME='$CONTAINER_RUNTIME' is not one of auto, podman, docker, none" ;; esac
   stage_timeouts "${STAGE_TIMEOUTS:-}" >/dev/null || exit 1
+  # the image stage's settings, as far as this machine can tell (the nodes check the files themselves)
+  local f
+  for f in CONTAINER_IMAGE_TAR CONTAINER_AUTH_FILE; do
+    [[ -z "${!f:-}" || "${!f}" == /* ]] || die "$f='${!f}' must be an absolute path (a file every node sees)"
+  done
+  if [[ -f "${CONTAINER_AUTH_FILE:-}" ]] && (( (8#$(stat -L -c %a "$CONTAINER_AUTH_FILE") & 8#077) != 0 )); then
+    die "CONTAINER_AUTH_FILE='$CONTAINER_AUTH_FILE' has mode $(stat -L -c %a "$CONTAINER_AUTH_FILE"): others can read your registry credentials; chmod 600 it"
+  fi
+  container_mounts --shape
   int_setting METRICS_INTERVAL 1 3600
   int_setting RAY_JOIN_TIMEOUT 10 86400
   int_setting RAY_NUM_CPUS 1 100000

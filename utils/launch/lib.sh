@@ -299,14 +299,16 @@ resubmit_excluding() {
   printf '%s\n' "${cmd% }"
 }
 
-# container_mounts DST...: CONTAINER_MOUNTS ("SRC:DST[:ro] ...", split on spaces) checked, as
+# container_mounts [--shape] DST...: CONTAINER_MOUNTS ("SRC:DST[:ro] ...", split on spaces) checked, as
 # runtime flags in the array MOUNT_ARGS (-v SRC:DST[:ro] each). SRC and DST are absolute paths, SRC
-# exists on this node, no DST is given twice or is one of DST... (the paths the container tier mounts
-# itself). Dies with one line naming the bad entry and what would be right.
+# exists on this node (not checked with --shape: at submission, on another machine), no DST is given
+# twice or is one of DST... (the paths the container tier mounts itself). Dies with one line naming
+# the bad entry and what would be right.
 container_mounts() {
-  local entry src dst opt rest d
+  local entry src dst opt rest d shape=0
   local -a entries=()
   local -A taken=()
+  [[ "${1:-}" == --shape ]] && { shape=1; shift; }
   for d in "$@"; do [[ -n "$d" ]] && taken[$d]="the launcher"; done
   MOUNT_ARGS=()
   read -r -a entries <<< "${CONTAINER_MOUNTS:-}"
@@ -315,7 +317,7 @@ container_mounts() {
     if [[ -n "$rest" || "$src" != /* || "$dst" != /* || ( -n "$opt" && "$opt" != ro ) || "$entry" == *: ]]; then
       die "CONTAINER_MOUNTS entry '$entry' is not SRC:DST or SRC:DST:ro with absolute paths (e.g. /data:/data:ro)"
     fi
-    [[ -e "$src" ]] || die "CONTAINER_MOUNTS entry '$entry': '$src' does not exist on $(hostname)"
+    (( shape )) || [[ -e "$src" ]] || die "CONTAINER_MOUNTS entry '$entry': '$src' does not exist on $(hostname)"
     dst=${dst%/}; dst=${dst:-/}
     [[ -z "${taken[$dst]:-}" ]] ||
       die "CONTAINER_MOUNTS entry '$entry' mounts over '$dst', which ${taken[$dst]} mounts already; pick another DST"
