@@ -104,6 +104,9 @@ def test_your_environment_and_flags_win(fake, tmp_path, workspace, venv):
     res = run([str(REPO / "submit.sh"), "tiny", "-p", "debug"], env=env)
     assert res.returncode == 0, res.stderr
     assert "CONTAINER_IMAGE=mine:1\n" in Path(fake["SBATCH_CALLS"] + ".env").read_text()
+    # sbatch's own input variables are yours too (sbatch's command line would beat them)
+    out = dry_run({**env, "SBATCH_ACCOUNT": "mine", "SBATCH_TIMELIMIT": "5"})
+    assert out["site_sbatch_dropped"] == "--account=proj --time=01:00:00 (you gave these options)"
     # an empty SITE_SBATCH_FLAGS in your environment drops every site flag; --gpus is no
     # abbreviation of --gpus-per-node (sbatch takes the whole name first)
     out = dry_run({**env, "SITE_SBATCH_FLAGS": ""}, "--gpus=2")

@@ -12,7 +12,8 @@
 #                           flags, each one word --name[=value]); dies with FILE:LINE on bad input
 #   site_sbatch FLAG...     split SITE_SBATCH against the user's sbatch flags: SITE_SBATCH_KEPT
 #                           (go before the user's) and SITE_SBATCH_DROPPED (the user gave the
-#                           option); the kept ones are added to MST_SITE_APPLIED as sbatch=FLAG
+#                           option, or set sbatch's variable for it: SBATCH_PARTITION ...); the
+#                           kept ones are added to MST_SITE_APPLIED as sbatch=FLAG
 
 # The variables a site file may set; anything else is refused (the list is in the error).
 SITE_VARS="SITE_SBATCH_FLAGS CONTAINER_RUNTIME CONTAINER_IMAGE CONTAINER_IMAGE_TAR CONTAINER_AUTH_FILE
@@ -154,6 +155,10 @@ site_sbatch() {
   done
   for s in "${SITE_SBATCH[@]}"; do
     name=${s#--}; name=${name%%=*}
+    # sbatch's input variables (SBATCH_PARTITION, SBATCH_TIMELIMIT ...) are yours too, and its
+    # command line would beat them
+    g=SBATCH_${name^^}; g=${g//-/_}; [[ "$name" == time ]] && g=SBATCH_TIMELIMIT
+    [[ -v "$g" ]] && { SITE_SBATCH_DROPPED+=("$s"); continue; }
     for g in "${given[@]}"; do
       sbatch_same "$name" "$g" && { SITE_SBATCH_DROPPED+=("$s"); continue 2; }
     done
