@@ -130,6 +130,20 @@ def test_default_site_file_and_none(scratch_repo, fake, workspace):
     assert "\nsite: file=/dev/null\n" in res.stdout, res.stderr
 
 
+def test_user_and_home_expand(fake, tmp_path, venv):
+    """$USER and $HOME (plain or "..."; not in '...', as in a shell) are the launching user's."""
+    site = site_file(
+        tmp_path,
+        'export COREDUMP_DIR=/scratch/$USER/cores\nexport CONTAINER_MOUNTS="${HOME}/data:/data:ro"\n'
+        "export CONTAINER_IMAGE='$USER'\n",
+    )
+    out = dry_run({**fake, "MST_SITE_FILE": site, "USER": "alice", "HOME": "/home/alice"})
+    assert out["site"] == (
+        f"file={site} COREDUMP_DIR=/scratch/alice/cores CONTAINER_MOUNTS=/home/alice/data:/data:ro"
+        " CONTAINER_IMAGE='$USER'"
+    )
+
+
 def test_the_example_documents_every_site_setting(fake, tmp_path, venv):
     """configs/site.env.sh.example with every example line switched on is a valid site file, and it
     names every setting a site file may set (the table in utils/launch/site.sh)."""
@@ -148,6 +162,10 @@ BAD = [
     ("export CONTAINER_IMAGE=$(touch {probe})", ":2: not a comment or an 'export NAME=VALUE' line"),
     ('export CONTAINER_IMAGE="x`touch {probe}`"', ":2: not a comment or an 'export NAME=VALUE' line"),
     ("export CONTAINER_IMAGE=a b", ":2: not a comment"),
+    ("export COREDUMP_DIR=/x/$PWD", ":2: not a comment"),  # only $USER and $HOME expand
+    ("export COREDUMP_DIR=/x/$USERX", ":2: not a comment"),
+    ('export CONTAINER_IMAGE="${{USER:-{probe}}}"', ":2: not a comment"),
+    ("export COREDUMP_DIR=/x/{{a,b}}", ":2: not a comment"),  # brace expansion
     ("CONTAINER_IMAGE=x", ":2: not a comment"),
     ("source {probe}", ":2: not a comment"),
     ("export CONTAINER_IMAGE=x; touch {probe}", ":2: not a comment"),

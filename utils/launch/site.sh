@@ -54,9 +54,9 @@ site_load() {
   local file line n=0 name value re
   local -A val=() at=()
   local -a order=()
-  # VALUE: plain, '...', or "..." without $ ` \ (so nothing in it would expand if it were sourced)
+  # VALUE: plain, '...', or "..." without ` \ ; $ only in $USER, $HOME (site_expand)
   re='^[[:space:]]*export[[:space:]]+([A-Za-z_][A-Za-z0-9_]*)='
-  re+="([A-Za-z0-9_./:,=@%+^-]*|'[^']*'|\"[^\"\$\`\\\\]*\")([[:space:]]+#.*)?[[:space:]]*\$"
+  re+="([A-Za-z0-9_./:,=@%+^\${}-]*|'[^']*'|\"[^\"\`\\\\]*\")([[:space:]]+#.*)?[[:space:]]*\$"
   MST_SITE_APPLIED="" SITE_SBATCH=() SITE_SET=()
   file=$(site_file_of "$1") || exit 1
   SITE_FILE=$file
@@ -66,10 +66,11 @@ site_load() {
       [[ "$line" != *$'\r' ]] ||
         die "$file:$n: the line ends in a carriage return (Windows line ends); convert the file with dos2unix"
       [[ "$line" =~ ^[[:space:]]*(#.*)?$ ]] && continue
-      [[ "$line" =~ $re ]] ||
-        die "$file:$n: not a comment or an 'export NAME=VALUE' line (VALUE plain, '...' or \"...\"" \
-          "without \$ \` \\: the site file is read as data, not run)"
-      name=${BASH_REMATCH[1]} value=${BASH_REMATCH[2]}
+      if ! [[ "$line" =~ $re ]] || { name=${BASH_REMATCH[1]} value=${BASH_REMATCH[2]}
+           [[ "$value" != \'* ]] && ! value=$(site_expand "$value"); }; then
+        die "$file:$n: not a comment or an 'export NAME=VALUE' line (VALUE plain, '...' or \"...\"," \
+          "no \` or \\, no \$ but in \$USER and \$HOME: the site file is read as data, not run)"
+      fi
       [[ "$value" == [\"\']* ]] && value=${value:1:-1}
       [[ " ${SITE_VARS//$'\n'/ } " == *" $name "* ]] ||
         die "$file:$n: '$name' is not a site setting; a site file may set: ${SITE_VARS//$'\n'/ }"
@@ -92,6 +93,22 @@ site_load() {
     MST_SITE_APPLIED+=" $(site_shown "$(shown_kv env "$name=${val[$name]}")")"
   done
   site_sbatch_words "$sbatch_from"
+}
+
+# site_expand VALUE: VALUE (plain or "...") with $USER, ${USER}, $HOME and ${HOME} replaced by the
+# caller's; status 1 when any other $ is left, or a brace outside "..." (brace expansion).
+# shellcheck disable=SC2016  # '$USER' and '$HOME' are the text looked for, not expansions
+site_expand() {
+  local v=$1 rest user
+  rest=${v//'${USER}'/}; rest=${rest//'${HOME}'/}
+  while [[ "$rest" =~ ^(.*)\$(USER|HOME)([^A-Za-z0-9_].*)?$ ]]; do rest=${BASH_REMATCH[1]}${BASH_REMATCH[3]}; done
+  [[ "$rest" != *'$'* && ( "$v" == \"* || "$rest" != *[{}]* ) ]] || return 1
+  if [[ "$v" == *'$'* ]]; then
+    [[ -n "${HOME:-}" || ( "$v" != *'$HOME'* && "$v" != *'${HOME}'* ) ]] || return 1
+    user=${USER:-$(id -un)}
+    v=${v//'${USER}'/$user}; v=${v//'$USER'/$user}; v=${v//'${HOME}'/$HOME}; v=${v//'$HOME'/$HOME}
+  fi
+  printf '%s\n' "$v"
 }
 
 # site_sbatch_words FROM: SITE_SBATCH_FLAGS as one-word long options in SITE_SBATCH, checked like
