@@ -4,8 +4,8 @@
 # Site settings: the defaults a cluster's admin writes once (partition, account, GPU flags, image,
 # registry credentials file, mounts, network interfaces) in configs/site.env.sh or the file
 # MST_SITE_FILE names (docs/configs.md "Site settings"). The file is read as data, never sourced:
-# only comment lines and `export NAME=VALUE` lines (VALUE plain, '...' or "..." without $ ` \),
-# only the names in SITE_VARS. Every value applies only where the caller's environment has not
+# only comment lines and `export NAME=VALUE` lines (VALUE plain, '...' or "..." without ` \; only
+# $USER and $HOME expand), only the names in SITE_VARS. Every value applies only where the caller's environment has not
 # set the variable; command-line flags win over SITE_SBATCH_FLAGS.
 #   site_load REPO          read and check the site file, apply it, set MST_SITE_APPLIED (what it
 #                           contributed, secret values redacted) and SITE_SBATCH (its sbatch
