@@ -402,11 +402,11 @@ def test_pull_with_the_credentials_file(image, tmp_path, podman_root):
         auth.chmod(0o600)
         res, rec = stage(tmp_path / "auth", podman_root, gpu="nvidiactl", CONTAINER_AUTH_FILE=str(auth), **settings)
         assert res.returncode == 0, res.stdout + res.stderr
-        assert res.stdout.splitlines()[0] == f"{pulling} (credentials from {auth})"
+        assert res.stdout.splitlines()[0] == f"{pulling} (credentials from CONTAINER_AUTH_FILE)"
         assert rec == f"runtime=podman image={name} digest={image['id']} source=pull"
         assert reg.served > 0
         out = res.stdout + res.stderr
-        assert password not in out and token not in out
+        assert password not in out and token not in out and str(auth) not in out  # the path too: redacted elsewhere
 
 
 # --- MST_ACCELERATOR: the environment for running natively on GPUs ------------------------------------

@@ -184,10 +184,11 @@ elif [[ -n "$r" ]]; then
   auth=${CONTAINER_AUTH_FILE:-}
   auth_args=()
   if [[ -n "$auth" ]]; then
-    [[ -f "$auth" && -r "$auth" ]] || fail "CONTAINER_AUTH_FILE='$auth' is not a readable file on $host"
+    # its path is shown nowhere (a secret-looking name: the launcher redacts its value in the log)
+    [[ -f "$auth" && -r "$auth" ]] || fail "CONTAINER_AUTH_FILE is not a readable file on $host"
     mode=$(stat -L -c %a "$auth")
     (( (8#$mode & 8#077) == 0 )) ||
-      fail "CONTAINER_AUTH_FILE='$auth' has mode $mode: others can read your registry credentials; chmod 600 it"
+      fail "CONTAINER_AUTH_FILE has mode $mode: others can read your registry credentials; chmod 600 it"
     if [[ "$r" == podman ]]; then
       auth_args=(--authfile "$auth")
     else  # docker reads DIR/config.json
@@ -197,7 +198,7 @@ elif [[ -n "$r" ]]; then
       auth_args=(--config "$cfg")
     fi
   fi
-  echo "image: pulling $image with $r${auth:+ (credentials from $auth)}"
+  echo "image: pulling $image with $r${auth:+ (credentials from CONTAINER_AUTH_FILE)}"
   if [[ "$r" == podman ]]; then pull=(podman pull -q "${auth_args[@]}" "$image")
   else pull=(docker "${auth_args[@]}" pull -q "$image"); fi
   if out=$("${pull[@]}" 2>&1); then found "$r" pull; fi
