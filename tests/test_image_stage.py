@@ -84,7 +84,7 @@ def podman(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.
 def rootfs_tar() -> Path:
     """The image's root file system, built once per machine and kept (a cache keyed by what it holds)."""
     key = hashlib.sha256(f"bookworm essential {PACKAGES} {WRAPPER}".encode()).hexdigest()[:12]
-    cache = Path(tempfile.gettempdir()) / f"pytest-of-{os.getuid()}" / "mst-image-cache"
+    cache = Path(tempfile.gettempdir()) / f"mst-test-image-cache-{os.getuid()}"  # outlives pytest's numbered dirs
     tar = cache / f"rootfs-{key}.tar"
     if tar.exists():
         return tar
@@ -100,7 +100,9 @@ def rootfs_tar() -> Path:
          f"--customize-hook={hook}", "bookworm", str(part)],
         timeout=600,
     )  # fmt: skip
-    assert res.returncode == 0, f"mmdebstrap failed: {res.stderr[-2000:]}"
+    if res.returncode != 0:
+        part.unlink(missing_ok=True)
+        raise AssertionError(f"mmdebstrap failed: {res.stderr[-2000:]}")
     part.rename(tar)
     return tar
 
