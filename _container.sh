@@ -11,6 +11,8 @@
 # values never appear in argv), the job workspace and the code are mounted at the same
 # paths, and AMD (/dev/kfd, /dev/dri) or NVIDIA GPUs are added when the node has them.
 # Sets MST_CONTAINER (the runtime used) and MST_PYTHON (the trainer's interpreter).
+# RDMA NICs (utils/launch/netenv.sh --container-args): /dev/infiniband, locked memory (unlimited where allowed), the
+# host's verbs libraries (/etc/libibverbs.d, libibverbs, the providers of rdma_providers.tsv) read-only.
 set -euo pipefail
 [[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/utils/launch/lib.sh"; usage; exit; }
 (( $# >= 1 )) || { echo "_container.sh: expected COMMAND [ARG...] (see --help)" >&2; exit 2; }
@@ -27,6 +29,7 @@ CONTRACT_VARS=(
   JOB_SCHEDULER JOB_ID JOB_NAME JOB_DIR JOB_LOG JOB_NUM_NODES JOB_NODELIST JOB_NODE_RANK JOB_HOSTNAME
   JOB_NODE_ADDRS JOB_COORDINATOR_ADDR JOB_COORDINATOR_PORT JOB_START_TIME
   CUDA_VISIBLE_DEVICES ROCR_VISIBLE_DEVICES HIP_VISIBLE_DEVICES
+  NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME NCCL_IB_HCA NCCL_IB_GID_INDEX
   MST_CONTAINER MST_PYTHON
 )
 
@@ -55,7 +58,7 @@ if [[ "$runtime" == none ]]; then
 fi
 
 export MST_PYTHON=python3   # the image's interpreter, which has MaxText installed
-args=(run --rm --network=host --ipc=host --shm-size=16g -w "$repo" -v "$repo:$repo:ro")
+args=(run --rm --network=host --ipc=host -w "$repo" -v "$repo:$repo:ro")
 [[ -n "${JOB_WORKSPACE:-}" ]] && args+=(-v "$JOB_WORKSPACE:$JOB_WORKSPACE")
 if [[ "${ENABLE_COREDUMPS:-0}" == 1 ]]; then   # cores in $JOB_DIR/cores or COREDUMP_DIR (utils/launch/coredump.sh)
   args+=(--ulimit core=-1)
@@ -68,6 +71,8 @@ fi
 if [[ -e /dev/nvidiactl ]]; then
   if [[ "$runtime" == podman ]]; then args+=(--device nvidia.com/gpu=all); else args+=(--gpus all); fi
 fi
+mapfile -t rdma_args < <("$repo/utils/launch/netenv.sh" --container-args)
+args+=("${rdma_args[@]}")
 [[ -t 0 ]] && args+=(-it)
 read -r -a extra <<< "${CONTAINER_ARGS:-}"
 [[ "$1" != /* && -f "$repo/$1" ]] && set -- "$repo/$1" "${@:2}"

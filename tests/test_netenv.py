@@ -1,13 +1,14 @@
 """The network of the collectives (utils/launch/netenv.sh): NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME,
-NCCL_IB_HCA and NCCL_IB_GID_INDEX chosen per node where nobody set them, and the runtime flags that give a
-container the node's RDMA devices and the host's verbs libraries.
+NCCL_IB_HCA and NCCL_IB_GID_INDEX chosen per node where nobody set them, the RDMA devices and verbs
+libraries a container gets (_container.sh), and preflight's network check.
 
 This machine has no RDMA NIC: the real netenv.sh reads fixture nodes through its test hooks
 (MST_SYSFS_ROOT, MST_DEV_ROOT, MST_PROC_ROOT, MST_HOST_ROOT). The trees mirror the kernel's sysfs for mlx5
 (ConnectX, InfiniBand and RoCE), bnxt_re (Broadcom Thor 2) and ionic (AMD Pensando Pollara), a node with
 no ACTIVE port and one whose address sits on a link that is down; tests/fixtures/sysfs/README.md names the
 kernel and rdma-core sources of every file. `ip` is a stand-in that prints each node's recorded
-`ip -o addr show`.
+`ip -o addr show`. The container test runs the real _container.sh with the real podman (a private
+storage, a tiny image, device nodes made with mknod), so what the container sees is what podman did.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from __future__ import annotations
 import os
 import platform
 import resource
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -194,6 +197,40 @@ def test_help_and_bad_options():
     assert res.returncode == 2 and res.stderr == "netenv.sh: one option at a time, got: --print --report\n"
 
 
+# --- the training tier --------------------------------------------------------------------------------------
+def test_train_applies_the_choices_after_the_users_layers(scratch_repo: Path):
+    """_train.sh: configs/MODEL.env.sh and _env_ overrides win, a value in the environment (user, site) is
+    kept; the rest of the choices are set and listed in --print-env and in the log's `env set:` line."""
+    (scratch_repo / "configs" / "probe.yml").write_text('base_config: "base.yml"\n')
+    (scratch_repo / "configs" / "probe.env.sh").write_text("# probe\nexport NCCL_IB_GID_INDEX=5\n")
+    train = str(scratch_repo / "_train.sh")
+    env = node_env(
+        "mlx5-roce",
+        MST_REPO=str(scratch_repo),
+        MODEL="probe",
+        TRAIN_ENV_OVERRIDES="NCCL_IB_HCA==mlx5_1:1\n",
+        GLOO_SOCKET_IFNAME="ens2np0",  # the user's or the site's
+        JOB_DIR="/nonexistent/7-JAX-probe",
+        MST_PYTHON="true",
+    )
+    res = subprocess.run([train, "--print-env"], env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    got = dict(line.split("=", 1) for line in res.stdout.splitlines())
+    assert got["NCCL_IB_GID_INDEX"] == "5"  # configs/probe.env.sh
+    assert got["NCCL_IB_HCA"] == "=mlx5_1:1"  # _env_
+    assert got["NCCL_SOCKET_IFNAME"] == "=eno1"  # chosen
+    assert "GLOO_SOCKET_IFNAME" not in got  # not this tier's: kept as it was
+    # the trainer's log line names what was set on this node (the trainer is `true` here)
+    res = subprocess.run([train], env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    env_line = next(line for line in res.stderr.splitlines() if "env set:" in line)
+    assert " NCCL_IB_GID_INDEX=5 " in env_line and " NCCL_IB_HCA==mlx5_1:1 " in env_line
+    assert " NCCL_SOCKET_IFNAME==eno1" in env_line and "GLOO_SOCKET_IFNAME" not in env_line
+    assert "netenv: kept (set before): GLOO_SOCKET_IFNAME=ens2np0 NCCL_IB_HCA==mlx5_1:1 NCCL_IB_GID_INDEX=5" in (
+        res.stderr
+    )
+
+
 # --- the container tier -------------------------------------------------------------------------------------
 def memlock_limit() -> str:
     """What a container started by this test process can get: unlimited where the hard limit is, or where
@@ -242,3 +279,119 @@ def test_container_args_give_the_rdma_devices_and_the_hosts_verbs_libraries():
     # no /dev/infiniband: nothing at all
     none = netenv("no-netdev", "--container-args", MST_HOST_ROOT=str(HOST_LIBS))
     assert none.returncode == 0 and none.stdout == ""
+
+
+@pytest.fixture()
+def rdma_container(tmp_path: Path):
+    """The real podman (private storage) with a tiny image holding ls and cat with their libraries, a dev
+    root whose infiniband/ holds real character devices (1:3 and 1:5, the numbers of /dev/null and
+    /dev/zero: any will do), and the host-libs fixture as the host."""
+    if not shutil.which("podman"):
+        pytest.skip("podman is not installed")
+    if platform.machine() != "x86_64":
+        pytest.skip("the host-libs fixture has the x86_64 Debian layout")
+    dev = tmp_path / "dev" / "infiniband"
+    dev.mkdir(parents=True)
+    try:
+        os.mknod(dev / "uverbs0", 0o666 | 0o020000, os.makedev(1, 3))
+        os.mknod(dev / "rdma_cm", 0o666 | 0o020000, os.makedev(1, 5))
+    except PermissionError:
+        pytest.skip("making device nodes needs root")
+    conf = tmp_path / "podman"
+    conf.mkdir()
+    # conmon's sockets live under runroot: a short path (a Unix socket path has at most 107 bytes; under
+    # pytest's tmp_path podman waits 20 s for a container that exited and conmon could not report)
+    runroot = tempfile.mkdtemp(prefix="mst-", dir="/tmp")
+    (conf / "storage.conf").write_text(f'[storage]\ndriver = "vfs"\ngraphroot = "{conf}/root"\nrunroot = "{runroot}"\n')
+    (conf / "containers.conf").write_text(
+        '[engine]\nruntime = "runc"\n[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]\n'
+    )
+    env = {"CONTAINERS_STORAGE_CONF": str(conf / "storage.conf"), "CONTAINERS_CONF": str(conf / "containers.conf")}
+    rootfs = conf / "rootfs"
+    for prog in ("ls", "cat"):
+        path = Path(shutil.which(prog) or f"/bin/{prog}").resolve()
+        files = {path} | {
+            Path(p)
+            for p in subprocess.run(["ldd", str(path)], capture_output=True, text=True).stdout.split()
+            if p.startswith("/")
+        }
+        for f in files:
+            dest = rootfs / "bin" / prog if f == path else rootfs / str(f).lstrip("/")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(f, dest)
+    subprocess.run(["tar", "-C", str(rootfs), "-cf", str(conf / "x.tar"), "."], check=True)
+    res = run(["podman", "import", str(conf / "x.tar"), "localhost/mst-netenv:1"], env=env)
+    assert res.returncode == 0, res.stderr
+    yield {**env, "MST_DEV_ROOT": str(tmp_path / "dev"), "MST_HOST_ROOT": str(HOST_LIBS)}
+    run(["podman", "rm", "-a", "-f"], env=env)
+    run(["podman", "rmi", "-a", "-f"], env=env)
+    shutil.rmtree(runroot, ignore_errors=True)
+
+
+def test_container_gets_the_rdma_devices_libraries_and_memlock(rdma_container):
+    """_container.sh with the real podman: inside, /dev/infiniband has the devices, the host's verbs
+    libraries are there read-only at their own paths, and locked memory is unlimited."""
+    env = {
+        **node_env("mlx5-ib", nodes=1),
+        **rdma_container,
+        "CONTAINER_RUNTIME": "podman",
+        "CONTAINER_IMAGE": "localhost/mst-netenv:1",
+        # this machine's hard limits (podman's own defaults are above them once any --ulimit is given)
+        "CONTAINER_ARGS": "--ulimit nofile=1024:1024 --ulimit nproc=1024:1024",
+    }
+    lib = "/usr/lib/x86_64-linux-gnu"
+    cmd = [str(REPO / "_container.sh"), "ls", "/dev/infiniband", f"{lib}/libibverbs", "/etc/libibverbs.d"]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    listed = res.stdout.split()
+    assert {"uverbs0", "rdma_cm", "libmlx5-rdmav59.so", "libbnxt_re-rdmav59.so", "mlx5.driver", "ionic.driver"} <= set(
+        listed
+    ), listed
+    res = subprocess.run(
+        [str(REPO / "_container.sh"), "cat", f"{lib}/libibverbs/libmlx5-rdmav59.so", "/proc/self/limits"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    # the provider link resolves to the mounted libmlx5; locked memory is unlimited where this user may
+    # have it so, else the hard limit (asking more would fail the container), with a warning
+    assert res.stdout.startswith("stand-in for a shared library of rdma-core 61.0")
+    memlock = next(line for line in res.stdout.splitlines() if line.startswith("Max locked memory"))
+    assert memlock.split()[3:5] == [memlock_limit()] * 2, memlock
+    if memlock_limit() != "unlimited":
+        assert "netenv: warning: locked memory is limited to " in res.stderr
+
+
+# --- preflight ----------------------------------------------------------------------------------------------
+def preflight(job_dir: Path, fixture: str, nodes: int) -> subprocess.CompletedProcess:
+    env = {**node_env(fixture, nodes), "JOB_ID": "4242", "JOB_DIR": str(job_dir)}
+    return subprocess.run([str(PREFLIGHT)], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_preflight_fails_a_multi_node_job_on_a_node_without_a_usable_interface(tmp_path):
+    res = preflight(tmp_path, "no-netdev", nodes=2)
+    assert res.returncode == 1
+    problem = (
+        "network: node n7: its address 10.0.0.12 is on eno1, which is down; seen: lo 127.0.0.1/8 (the loopback), "
+        "eno1 10.0.0.12/16 (down), docker0 172.17.0.1/16 (a container or VM bridge)"
+    )
+    assert res.stderr.splitlines() == [f"preflight: FAILED: {problem}"]
+    assert (tmp_path / ".preflight" / "n7").read_text() == f"FAILED: {problem}\n"
+
+
+def test_preflight_passes_the_same_node_on_a_single_node_job(tmp_path):
+    res = preflight(tmp_path, "no-netdev", nodes=1)
+    assert res.returncode == 0, res.stderr
+    assert "netenv: node n7: its address 10.0.0.12 is on eno1, which is down (one node: not needed)" in res.stdout
+    assert res.stdout.splitlines()[-1] == "preflight: ok"
+
+
+def test_preflight_reports_the_rdma_ports(tmp_path):
+    res = preflight(tmp_path, "no-active", nodes=2)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert any(line.startswith("netenv: rdma mlx5_0 port 1: INIT, LinkUp, InfiniBand, 400 Gb/sec") for line in lines)
+    assert any(line.startswith("netenv: rdma mlx5_1 port 1: DOWN, Polling, InfiniBand") for line in lines)
+    assert "netenv: chosen: NCCL_SOCKET_IFNAME==eno1 GLOO_SOCKET_IFNAME=eno1" in lines
