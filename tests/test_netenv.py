@@ -180,9 +180,13 @@ def test_loopback_only_when_every_node_is_on_this_machine():
     res = netenv("mlx5-roce", "--report", **mixed)
     assert res.returncode == 1
     assert "netenv: this node's address 127.0.1.1 is a loopback address, while other nodes' are not" in res.stdout
-    assert "netenv: FAILED: node n7: no usable interface carries its address 127.0.1.1; seen: lo 127.0.0.1/8" in (
-        res.stdout
-    )
+    assert (
+        "netenv: FAILED: node n7: its address 127.0.1.1 is a loopback address, which the other nodes cannot reach; "
+        "seen: lo 127.0.0.1/8"
+    ) in res.stdout
+    # on another node than the coordinator's, the route to the coordinator is the way out
+    other = {"JOB_NODE_ADDRS": "10.0.0.1 127.0.1.1", "JOB_COORDINATOR_ADDR": "10.0.0.1"}
+    assert choices(netenv("mlx5-roce", **other))["NCCL_SOCKET_IFNAME"] == "=eno1"
 
 
 def test_help_and_bad_options():

@@ -167,8 +167,9 @@ netenv_scan() {
       NE_IF=lo
       NE_NOTES+=("lo carries this node's address $NE_ADDR: every node of the job is on this machine")
     else
-      a=$NE_ADDR; [[ $ip == "$NE_ADDR" ]] || a="$NE_ADDR ($ip here)"
+      a=$NE_ADDR; [[ $ip == "$NE_ADDR" ]] || a="$NE_ADDR ($ip here: /etc/hosts?)"
       NE_NOTES+=("this node's address $a is a loopback address, while other nodes' are not")
+      (( ! own_is_coord )) || NE_PROBLEM="its address $a is a loopback address, which the other nodes cannot reach"
     fi
   elif [[ -n $ip ]]; then
     for line in "${lines[@]}"; do
