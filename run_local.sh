@@ -7,7 +7,9 @@
 # --run ALIAS: a resumable run, as with submit.sh: checkpoints in $JOB_WORKSPACE/runs/ALIAS/, restored
 # by the next job of the run; refused (one line, nothing written) while another job holds the run.
 # Output goes to the terminal and to $JOB_WORKSPACE/<id>-JAX-<model>[-<tag>].log.
-# Environment: as submit.sh (JOB_WORKSPACE, STAGE_TIMEOUTS, CONTAINER_RUNTIME, ...).
+# Environment: as submit.sh (JOB_WORKSPACE, STAGE_TIMEOUTS, CONTAINER_RUNTIME, ...), and the same
+# site settings (configs/site.env.sh or MST_SITE_FILE; the header's site: line shows them), except
+# the site's sbatch flags, which it ignores (and says so).
 # The first run creates the Python environment (~2-3 min); later runs reuse it.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -23,6 +25,7 @@ export JOB_NODELIST=$JOB_HOSTNAME JOB_COORDINATOR_ADDR=127.0.0.1 JOB_NODE_ADDRS=
 case "${1:-}" in
   -h|--help) usage; exit ;;
   "")
+    site_load "$repo"
     "$repo/utils/setup_env.sh"
     export MST_REPO=$repo MST_VENV=${MAXTEXT_SLURM_VENV:-$repo/.venv} JOB_ID=local-shell
     exec "$repo/_container.sh" _train.sh --shell ;;
@@ -53,6 +56,8 @@ else
 fi
 [[ -z "${MST_RUN:-}" ]] || { check_run_alias "$MST_RUN"; check_run_overrides; }
 prepare_launch "$model_arg" "$repo"
+(( ${#SITE_SBATCH[@]} == 0 )) ||
+  echo "run_local.sh: the site's sbatch flags do not apply here (no Slurm): ${SITE_SBATCH[*]}" >&2
 make_workspace
 
 # A new job id whose directory did not exist (mkdir is atomic): no earlier job is ever reused.

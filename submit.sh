@@ -17,6 +17,10 @@
 # Environment: JOB_WORKSPACE (default <repo>/outputs), STAGE_TIMEOUTS ("preflight:600,train:86400"),
 #   RAY=0|1, CONTAINER_RUNTIME=auto|podman|docker|none, CONTAINER_IMAGE, ENABLE_COREDUMPS=0|1,
 #   COREDUMP_DIR (docs/env-contract.md lists them all).
+# Site settings: configs/site.env.sh, or the file MST_SITE_FILE names, holds the cluster's defaults
+#   (SITE_SBATCH_FLAGS, CONTAINER_IMAGE, ...; configs/site.env.sh.example). They apply only where
+#   your environment has not set the variable; the site's sbatch flags go before yours, and one
+#   whose option you give is dropped. --dry-run and the job header's site: line show what it added.
 # Makes a read-only snapshot of this repository (code, command, git state), submits
 # _job.sbatch from it and prints the job id, the log and the job directory:
 #   $JOB_WORKSPACE/<jobid>-JAX-<model>[-<tag>].log and $JOB_WORKSPACE/<jobid>-JAX-<model>[-<tag>]/
@@ -60,10 +64,15 @@ check_sbatch_flags "${sbatch_flags[@]}"
 split_overrides "$@"
 [[ -z "${MST_RUN:-}" ]] || check_run_overrides
 prepare_launch "$model_arg" "$repo"
+site_sbatch "${sbatch_flags[@]}"   # the site's sbatch flags go first; those whose option you gave are dropped
 if (( dry_run )); then
   echo "dry run: nothing submitted"
   echo "model: $MODEL ($repo/configs/$MODEL.yml${MODEL_TAG:+, tag $MODEL_TAG})"
-  echo "sbatch: sbatch --parsable --job-name=$MODEL_NAME --nodes=$nodes --output=$JOB_WORKSPACE/%j-$MODEL_NAME.log$(shown_args "${sbatch_flags[@]}") <snapshot>/_job.sbatch"
+  echo "sbatch: sbatch --parsable --job-name=$MODEL_NAME --nodes=$nodes --output=$JOB_WORKSPACE/%j-$MODEL_NAME.log$(
+    shown_args "${SITE_SBATCH_KEPT[@]}" "${sbatch_flags[@]}") <snapshot>/_job.sbatch"
+  echo "site: ${MST_SITE_APPLIED:-none}"
+  (( ${#SITE_SBATCH_DROPPED[@]} == 0 )) ||
+    echo "site_sbatch_dropped: ${SITE_SBATCH_DROPPED[*]} (you gave these options)"
   echo "overrides: $(shown_list maxtext <<< "$TRAIN_OVERRIDES")"
   echo "env_overrides: $(shown_list env <<< "$TRAIN_ENV_OVERRIDES")"
   [[ -z "${MST_RUN:-}" ]] || echo "run: $(run_describe)"
@@ -77,7 +86,7 @@ log_pattern="$JOB_WORKSPACE/%j-$MODEL_NAME.log"
 # Held until an earlier job's files with the same id (Slurm's ids restart after a state reset)
 # are moved aside, so the new job never appends to or replaces them.
 if ! out=$(sbatch --parsable --hold --job-name="$MODEL_NAME" --nodes="$nodes" --output="$log_pattern" \
-             "${sbatch_flags[@]}" "$snapshot/_job.sbatch" 2>&1); then
+             "${SITE_SBATCH_KEPT[@]}" "${sbatch_flags[@]}" "$snapshot/_job.sbatch" 2>&1); then
   chmod -R u+w "$snapshot" && rm -rf "$snapshot"
   die "sbatch refused the job: $(tr '\n' ' ' <<< "$out")"
 fi

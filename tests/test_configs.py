@@ -48,7 +48,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO / "configs"
 CONFIGS = sorted(CONFIG_DIR.glob("*.yml"))
-ENV_FILES = sorted(CONFIG_DIR.glob("*.env.sh"))
+ENV_FILES = sorted(p for p in CONFIG_DIR.glob("*.env.sh") if p.name != "site.env.sh")  # site settings: no model
 
 GPUS_PER_NODE = 8
 GPU_HARDWARE = ("gpu", "gpu_multiprocess")

@@ -2,8 +2,9 @@
 # Usage: utils/launch/job_header.sh
 #
 # Prints the block that opens every job log: job, model, nodes, coordinator, stage time
-# limits (with the defaults), container, code snapshot, overrides (secrets redacted), paths; for
-# a run (--run, MST_RUN) its alias, run directory and the checkpoint step it resumes from.
+# limits (with the defaults), container, what the site file contributed (MST_SITE_APPLIED), code
+# snapshot, overrides (secrets redacted), paths; for a run (--run, MST_RUN) its alias, run
+# directory and the checkpoint step it resumes from.
 # Reads the generic JOB_* variables and the launch variables of docs/env-contract.md.
 set -euo pipefail
 [[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"; usage; exit; }
@@ -23,6 +24,7 @@ nodes: ${JOB_NUM_NODES:-?} (${JOB_NODELIST:-?})
 coordinator: ${JOB_COORDINATOR_ADDR:-?}:${JOB_COORDINATOR_PORT:-?}
 stage_timeouts: $timeouts (defaults $STAGE_TIMEOUT_DEFAULTS; set STAGE_TIMEOUTS)
 container: ${CONTAINER_RUNTIME:-auto} ${CONTAINER_IMAGE:-localhost/maxtext-slurm:latest}
+site: ${MST_SITE_APPLIED:-none}
 ray: ${RAY:-0}
 code: ${MST_REPO:-?}
 overrides: $(shown_list maxtext <<< "${TRAIN_OVERRIDES:-}")

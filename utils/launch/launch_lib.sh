@@ -7,11 +7,15 @@
 #   check_sbatch_flags FLAG...  dies on a flag that contradicts what submit.sh sets itself
 #   prepare_launch MODEL[:TAG] REPO
 #                             resolve and check everything a launch needs before any side effect;
-#                             exports MODEL MODEL_TAG JOB_WORKSPACE MST_VENV, sets MODEL_NAME; dies
-#                             with a one-line reason on bad input
+#                             applies the site file (utils/launch/site.sh: where the environment
+#                             has not set a variable), exports MODEL MODEL_TAG JOB_WORKSPACE MST_VENV
+#                             MST_SITE_APPLIED, sets MODEL_NAME and SITE_SBATCH; dies with a
+#                             one-line reason on bad input
 #   make_workspace            create JOB_WORKSPACE (the first side effect of a launch)
 #   move_aside PATH WHAT      an existing PATH (an earlier job's log or dir) is renamed
 #                             PATH.earlier-<UTC time>, never overwritten; says so on stderr
+
+source "$(dirname "${BASH_SOURCE[0]}")/site.sh"
 
 STAGE_TIMEOUT_DEFAULTS="preflight:600,train:86400"
 STAGE_TIMEOUT_MAX=31536000   # one year
@@ -123,7 +127,7 @@ move_aside() {
 }
 
 prepare_launch() {
-  local arg=$1 repo=$2 name tag
+  local arg=$1 repo=$2 name tag msg
   name=${arg%%:*}
   tag=""; [[ "$arg" == *:* ]] && tag=${arg#*:}
   [[ -n "$name" ]] || die "no model given; usage: ${PROG:-$0} MODEL[:TAG] ... (models: configs/*.yml)"
@@ -136,7 +140,10 @@ prepare_launch() {
   # shellcheck disable=SC2034  # used by the scripts that source this file
   MODEL_NAME="JAX-$MODEL${MODEL_TAG:+-$MODEL_TAG}"
 
-  check_settings
+  site_load "$repo"
+  # a bad value that came from the site file is blamed on it
+  if msg=$(check_settings 2>&1); then [[ -z "$msg" ]] || printf '%s\n' "$msg" >&2
+  else die "$(site_blame "${msg#*: }")"; fi
   JOB_WORKSPACE=${JOB_WORKSPACE:-$repo/outputs}
   [[ "$JOB_WORKSPACE" == /* ]] || JOB_WORKSPACE="$PWD/$JOB_WORKSPACE"
   check_workspace "$JOB_WORKSPACE"
@@ -146,5 +153,5 @@ prepare_launch() {
   # the config's keys and the MaxText overrides against MaxText's schema (overrides by environment:
   # they may hold secrets)
   TRAIN_OVERRIDES=${TRAIN_OVERRIDES:-} "$MST_VENV/bin/python" "$repo/utils/launch/check_config.py" "$repo/configs/$MODEL.yml" || exit 1
-  export MODEL MODEL_TAG JOB_WORKSPACE MST_VENV
+  export MODEL MODEL_TAG JOB_WORKSPACE MST_VENV MST_SITE_APPLIED
 }
