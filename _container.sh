@@ -15,6 +15,8 @@
 # paths, and AMD (/dev/kfd, /dev/dri) or NVIDIA GPUs are added when the node has them. Every
 # container carries the labels mst.job=JOB_ID mst.workspace=JOB_WORKSPACE mst.scheduler=JOB_SCHEDULER.
 # Sets MST_CONTAINER (the runtime used) and MST_PYTHON (the trainer's interpreter).
+# RDMA NICs (utils/launch/netenv.sh --container-args): /dev/infiniband, locked memory (unlimited where allowed), the
+# host's verbs libraries (/etc/libibverbs.d, libibverbs, the providers of rdma_providers.tsv) read-only.
 set -euo pipefail
 [[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/utils/launch/lib.sh"; usage; exit; }
 (( $# >= 1 )) || { echo "_container.sh: expected COMMAND [ARG...] (see --help)" >&2; exit 2; }
@@ -31,6 +33,7 @@ CONTRACT_VARS=(
   JOB_SCHEDULER JOB_ID JOB_NAME JOB_DIR JOB_LOG JOB_NUM_NODES JOB_NODELIST JOB_NODE_RANK JOB_HOSTNAME
   JOB_NODE_ADDRS JOB_COORDINATOR_ADDR JOB_COORDINATOR_PORT JOB_START_TIME
   CUDA_VISIBLE_DEVICES ROCR_VISIBLE_DEVICES HIP_VISIBLE_DEVICES
+  NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME NCCL_IB_HCA NCCL_IB_GID_INDEX
   MST_CONTAINER MST_PYTHON
 )
 
@@ -91,6 +94,8 @@ fi
 if [[ -e /dev/nvidiactl ]]; then
   if [[ "$runtime" == podman ]]; then args+=(--device nvidia.com/gpu=all); else args+=(--gpus all); fi
 fi
+mapfile -t rdma_args < <("$repo/utils/launch/netenv.sh" --container-args)
+args+=("${rdma_args[@]}")
 read -r -a extra <<< "${CONTAINER_ARGS:-}"
 [[ "$1" != /* && -f "$repo/$1" ]] && set -- "$repo/$1" "${@:2}"
 if [[ -t 0 ]]; then

@@ -5,6 +5,8 @@
 #   1. launcher defaults (only where the variable is not already set),
 #   2. configs/$MODEL.env.sh if it exists,
 #   3. the _env_NAME=VALUE overrides (TRAIN_ENV_OVERRIDES), which win over both;
+#   4. the network of the collectives where still unset (utils/launch/netenv.sh: NCCL_SOCKET_IFNAME,
+#      GLOO_SOCKET_IFNAME, NCCL_IB_HCA, NCCL_IB_GID_INDEX from this node's interfaces and RDMA ports);
 # then maps the generic job variables to MaxText's multi-process initialisation
 # (JAX_COORDINATOR_IP/PORT, NNODES, NODE_RANK) and runs
 #   $MST_PYTHON -m maxtext.trainers.pre_train.train configs/$MODEL.yml <job keys> <TRAIN_OVERRIDES>
@@ -41,7 +43,12 @@ while IFS= read -r kv; do
   [[ -n "$kv" ]] || continue
   export "${kv?}"; set_vars+=("${kv%%=*}")
 done <<< "${TRAIN_ENV_OVERRIDES:-}"
-# 4. MaxText overrides: credentials (SECRET_MAXTEXT_KEYS, e.g. hf_access_token) reach MaxText as
+# 4. the network of the collectives, only where none of the above set it (the same rule on every node)
+while IFS= read -r kv; do
+  [[ "$kv" == [A-Z]*=* && ! -v "${kv%%=*}" ]] || continue
+  export "${kv?}"; set_vars+=("${kv%%=*}")
+done < <("$repo/utils/launch/netenv.sh" --print)
+# 5. MaxText overrides: credentials (SECRET_MAXTEXT_KEYS, e.g. hf_access_token) reach MaxText as
 # M_<KEY> environment variables (MaxText reads those), never in the trainer's argv (ps shows argv).
 overrides=()
 while IFS= read -r kv; do

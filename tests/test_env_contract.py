@@ -126,13 +126,18 @@ def test_trainer_command(scratch_repo: Path):
 
 def test_every_launcher_variable_is_reserved_from_env_overrides():
     """_env_ cannot reset what the launcher set and checked (the GPU visibility variables, which the
-    site sets and the launcher only passes through, stay the user's)."""
+    site sets and the launcher only passes through, and the network of the collectives, which the user
+    or the site may set and the launcher only fills in where unset, stay the user's)."""
     passed, host_only = documented()
     names = (passed | host_only | container_vars()) - {
         "CUDA_VISIBLE_DEVICES",
         "ROCR_VISIBLE_DEVICES",
         "HIP_VISIBLE_DEVICES",
         "MAXTEXT_SLURM_VENV",
+        "NCCL_SOCKET_IFNAME",
+        "GLOO_SOCKET_IFNAME",
+        "NCCL_IB_HCA",
+        "NCCL_IB_GID_INDEX",
     }
     script = f'source {REPO}/utils/launch/lib.sh; for n in "$@"; do is_reserved_env "$n" || echo "$n"; done'
     res = run(["bash", "-c", script, "bash", *sorted(names)])

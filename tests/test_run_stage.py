@@ -15,7 +15,7 @@ def test_a_line_reaches_the_log_while_the_stage_still_runs(tmp_path):
     env = {**os.environ, "JOB_DIR": str(tmp_path / "job"), "JOB_HOSTNAME": "node3"}
     with out.open("w") as f:
         stage = subprocess.Popen(
-            [str(REPO / "utils/launch/run_stage.sh"), "train", "60", "bash", "-c", "echo step 7; sleep 30"],
+            [str(REPO / "utils/launch/run_stage.sh"), "train", "60", "bash", "-c", "echo step 7; sleep 120"],
             env=env,
             stdout=f,
             stderr=subprocess.STDOUT,
@@ -23,8 +23,9 @@ def test_a_line_reaches_the_log_while_the_stage_still_runs(tmp_path):
         )
     try:
         started = time.monotonic()
-        wait_for(lambda: "node3: step 7\n" in out.read_text(), 5, "the line in the log")
-        assert stage.poll() is None and time.monotonic() - started < 5
+        wait_for(lambda: "node3: step 7\n" in out.read_text(), 60, "the line in the log")
+        # buffered, it would come only when the command ends (120 s)
+        assert stage.poll() is None and time.monotonic() - started < 60
     finally:
         stage.terminate()
         stage.wait(timeout=30)

@@ -18,6 +18,9 @@
 #   - fails when free disk on JOB_DIR's or TMPDIR's filesystem is below PREFLIGHT_MIN_FREE_GB
 #     (default 5), or when utils/launch/gpu_health.sh finds a GPU problem (uncorrectable errors,
 #     another user's process, memory not released, fewer GPUs than JOB_GPUS_PER_NODE).
+#   - reports the network (utils/launch/netenv.sh --report): this node's address and interface, its RDMA
+#     ports and their states, the NCCL/RCCL settings chosen; fails a multi-node job when no usable
+#     interface carries this node's address;
 # Every problem is a "preflight: FAILED: ..." line; they are also written to
 # $JOB_DIR/.preflight/<host> ("ok" when there is none), from which the job prints one report for
 # all nodes.
@@ -142,6 +145,13 @@ while IFS= read -r line; do
   gh_problems=$((gh_problems + 1))
 done <<< "$gh_out"
 (( gh_rc == 0 || gh_problems > 0 )) || problems+=("utils/launch/gpu_health.sh failed (exit $gh_rc)")
+
+# Network: address, interface, RDMA ports (utils/launch/netenv.sh); its FAILED line is a problem here.
+net_rc=0
+net_out=$("$here/netenv.sh" --report 2>&1) || net_rc=$?
+printf '%s\n' "$net_out"
+net_failed=$(sed -n 's/^netenv: FAILED: //p' <<< "$net_out" | head -n 1)
+(( net_rc == 0 )) || problems+=("network: ${net_failed:-utils/launch/netenv.sh failed (exit $net_rc)}")
 echo "preflight: uid $uid"
 
 # This node's report, read by the job when preflight failed somewhere (_job.sbatch).
