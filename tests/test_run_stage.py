@@ -15,7 +15,7 @@ def test_a_line_reaches_the_log_while_the_stage_still_runs(tmp_path):
     env = {**os.environ, "JOB_DIR": str(tmp_path / "job"), "JOB_HOSTNAME": "node3"}
     with out.open("w") as f:
         stage = subprocess.Popen(
-            [str(REPO / "utils/launch/run_stage.sh"), "train", "60", "bash", "-c", "echo step 7; sleep 120"],
+            [str(REPO / "utils/launch/run_stage.sh"), "train", "300", "bash", "-c", "echo step 7; sleep 120"],
             env=env,
             stdout=f,
             stderr=subprocess.STDOUT,
