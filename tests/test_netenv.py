@@ -287,7 +287,7 @@ def test_container_args_give_the_rdma_devices_and_the_hosts_verbs_libraries():
 
 @pytest.fixture()
 def rdma_container(tmp_path: Path):
-    """The real podman (private storage) with a tiny image holding ls and cat with their libraries, a dev
+    """The real podman (private storage) with a tiny image holding ls, cat and sh with their libraries, a dev
     root whose infiniband/ holds real character devices (1:3 and 1:5, the numbers of /dev/null and
     /dev/zero: any will do), and the host-libs fixture as the host."""
     if not shutil.which("podman"):
@@ -312,7 +312,7 @@ def rdma_container(tmp_path: Path):
     )
     env = {"CONTAINERS_STORAGE_CONF": str(conf / "storage.conf"), "CONTAINERS_CONF": str(conf / "containers.conf")}
     rootfs = conf / "rootfs"
-    for prog in ("ls", "cat"):
+    for prog in ("ls", "cat", "sh"):  # sh: _container.sh runs COMMAND under a small sh (process 1)
         path = Path(shutil.which(prog) or f"/bin/{prog}").resolve()
         files = {path} | {
             Path(p)
