@@ -524,7 +524,6 @@ def test_two_node_job_with_a_bad_gpu_node(cluster, workspace, tmp_path, venv):
     assert log_has(log, r"^_job\.sbatch:   n1: ok$")
     assert log_has(log, r"^_job\.sbatch:   n2: FAILED: gpu 1 \(amd 0000:26:00\.0\): 3 uncorrectable ECC/RAS errors")
     want = "submit.sh tiny -N 2 --exclude=n2 -- steps=5"
-    assert log_has(log, rf"^_job\.sbatch: resubmit without the bad nodes: {re.escape(want)}$")
     assert not log_has(log, "completed step")
     s = summary(log)
     assert s["status"] == "failed" and s["stage"] == "preflight" and s["failed_nodes"] == "n2 (exit 1)", s

@@ -358,8 +358,6 @@ def body(job: Job, w: _Writer) -> tuple[list[str], _Outcome, float]:
             out.append(f"_job.sbatch:   {host}: {why}")
         command = f"submit.sh {job.model} -N {len(hosts)} -- steps={job.total_steps or job.steps}"
         resubmit = command.replace(" -- ", f" --exclude={culprit} -- ") if job.scheduler == "slurm" else ""
-        if resubmit:
-            out.append(f"_job.sbatch: resubmit without the bad nodes: {resubmit}")
         records = {h: (1, "exit") if h == culprit else (0, "exit") for h in hosts}
         first = w.node(culprit, "gpu_health: gpu 1 (amd 0000:26:00.0): FAILED: 2 uncorrectable ECC/RAS errors (umc 2)")
         return out, _Outcome(records, "failed", first, stage="preflight", resubmit=resubmit), t0 + 1

@@ -18,10 +18,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 status=${1:?usage: job_summary.sh STATUS STAGE} stage=${2:?usage: job_summary.sh STATUS STAGE}
 rec_dir="$JOB_DIR/.stages/$stage"
 read -r -a nodes <<< "${JOB_NODELIST:-}"
+checked=("${nodes[@]}")
+[[ "$stage" != none ]] || checked=()   # no stage ran: no node has a record to miss
 
 failed=() bad=() stopped=() missing=() culprit="" culprit_end=""
-for n in "${nodes[@]}"; do
-  [[ "$stage" != none ]] || break   # no stage ran: no node has a record
+for n in "${checked[@]}"; do
   f="$rec_dir/$n"
   if [[ ! -f "$f" ]]; then missing+=("$n"); continue; fi
   rc=$(sed -n 's/.*rc=\([0-9]*\).*/\1/p' "$f"); end=$(sed -n 's/.*end=\([0-9.]*\).*/\1/p' "$f")
