@@ -45,6 +45,8 @@ from typing import Any
 import pytest
 import yaml
 
+from launch import check_config
+
 REPO = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO / "configs"
 CONFIGS = sorted(CONFIG_DIR.glob("*.yml"))
@@ -59,8 +61,6 @@ GPU_ATTENTION = ("cudnn_flash_te", "cudnn_flash_jax", "dot_product")
 # this share of GPU memory; the rest is for activations, gathered layers and NCCL/RCCL buffers.
 STATE_MEMORY_SHARE = 0.6
 PARAMS_TOLERANCE = 0.02
-PARAMS_RE = re.compile(r"^# Parameters: ([0-9]+(?:\.[0-9]+)?)B\b", re.M)
-NODES_RE = re.compile(r"^# Minimum nodes: ([0-9]+) with 8x 80 GB GPUs, ([0-9]+) with 8x 192 GB GPUs$", re.M)
 EXPORT_RE = re.compile(r"^export [A-Za-z_][A-Za-z0-9_]*=\S")
 TIMEOUT_S = 900
 
@@ -201,13 +201,8 @@ GPU_CONFIGS = [p for p in CONFIGS if _is_gpu_config(p)]
 
 def _header(path: Path) -> tuple[float | None, tuple[int, int] | None]:
     """Parameter count (billions) and minimum nodes (80 GB, 192 GB) from the comment header."""
-    text = path.read_text(encoding="utf-8")
-    params = PARAMS_RE.search(text)
-    nodes = NODES_RE.search(text)
-    return (
-        float(params.group(1)) if params else None,
-        (int(nodes.group(1)), int(nodes.group(2))) if nodes else None,
-    )
+    head = check_config.read_header(str(path))
+    return head.params_b, head.min_nodes
 
 
 def _node_counts(path: Path) -> list[int]:

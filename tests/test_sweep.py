@@ -2,6 +2,7 @@
 and small real sweeps on the local Slurm cluster (batch, nodes, regress, Ctrl-C)."""
 
 import json
+import math
 import os
 import pwd
 import signal
@@ -157,6 +158,33 @@ def test_dry_run_nodes_and_bisect(workspace, fake_sinfo):
         f"{SUBMIT} tiny:pair-{a}-{b} -N 2 -w {a},{b} -- steps=30" for a, b in (("a1", "a2"), ("a3", "a4"), ("a5", "a1"))
     ]
     assert "round 2" in rec["notes"][0]
+    assert not list(workspace.iterdir()), "a dry run writes nothing"
+
+
+def test_plans_below_the_configs_minimum_nodes_are_refused(workspace, fake_sinfo):
+    # configs/qwen3-235b-a22b.yml: "# Minimum nodes: 16 with 8x 80 GB GPUs, 8 with 8x 192 GB GPUs"
+    for args, per_job in (
+        (["nodes", "qwen3-235b-a22b", "--nodes", "a1,a2"], 1),
+        (["bisect", "qwen3-235b-a22b", "--nodes", "all"], 2),
+        (["batch", "qwen3-235b-a22b", "--values", "1,2", "-N", "4"], 4),
+    ):
+        res = sweep_run(workspace, *args, "--dry-run", env=fake_sinfo)
+        assert res.returncode == 2 and not res.stdout, res.stdout + res.stderr
+        err = res.stderr.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+        assert f"needs at least 8 nodes per job and this sweep plans {per_job}-node jobs" in err, err
+        assert "--ignore-min-nodes" in err, err
+        res = sweep_run(workspace, *args, "--dry-run", "--json", "--ignore-min-nodes", env=fake_sinfo)
+        assert res.returncode == 0, res.stderr
+        assert any("below the minimum of 8 nodes" in n for n in as_json(res)["notes"])
+    # at or above the 192 GB minimum, below the 80 GB one: planned, with a note naming both numbers
+    res = sweep_run(workspace, "batch", "qwen3-235b-a22b", "--values", "1", "-N", "8", "--dry-run", "--json")
+    assert res.returncode == 0, res.stderr
+    rec = as_json(res)
+    assert commands(rec) == [f"{SUBMIT} qwen3-235b-a22b:bs1 -N 8 -- per_device_batch_size=1 steps=30"]
+    assert any("fit only on GPUs with more than 80 GB" in n and "16 with 8x 80 GB" in n for n in rec["notes"])
+    res = sweep_run(workspace, "batch", "qwen3-235b-a22b", "--values", "1", "-N", "16", "--dry-run", "--json")
+    assert res.returncode == 0 and as_json(res)["notes"] == [], res.stderr
     assert not list(workspace.iterdir()), "a dry run writes nothing"
 
 
@@ -405,6 +433,35 @@ def test_regress_sees_a_diverged_loss(tmp_path):
     assert r["loss_verdict"] == "changed" and r["loss_delta"] is None, r
     assert "final loss nan vs 5.545: changed" in r["conclusion"]
     assert sweep.regress_result({**base, "final_loss": float("nan")}, job, 3.0, 1.0, True)["loss_verdict"] == "same"
+
+
+def _no_constants(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
+
+def test_a_diverged_loss_keeps_the_record_strict_json(tmp_path):
+    # the nan of a diverged run and an inf are written as strings: strict JSON parsers read the record
+    params = {"model": "tiny", "tag": "", "sbatch": [], "overrides": [], "values": ["1", "2"]}
+    params |= {"key": "per_device_batch_size", "nodes": 1, "steps": 5}
+    sw = FakeSweep("batch", params, {"bs1": ("completed", None, 100.0), "bs2": ("failed", None, None)}, tmp_path)
+    sweep.drive_batch(sw)
+    sw.jobs[0].final_loss, sw.jobs[1].final_loss = float("nan"), float("-inf")
+    sw.open_record()
+    rec = json.loads(sw.record.read_text(), parse_constant=_no_constants)
+    assert [j["final_loss"] for j in rec["jobs"]] == ["nan", "-inf"]
+    assert "  bs1 " in sweep.render(rec) and " nan" in sweep.render(rec).splitlines()[2]
+    # read back (resume): floats again
+    jobs = [sweep.Job.from_json(j) for j in rec["jobs"]]
+    assert math.isnan(jobs[0].final_loss) and jobs[1].final_loss == float("-inf") and jobs[0].tgs_steady == 100.0
+    # the --json output of show is strict too
+    res = run([str(VENV / "bin" / "python"), TOOL, "show", str(sw.record), "--json"], timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout, parse_constant=_no_constants)["jobs"][0]["final_loss"] == "nan"
+    # a resumed regress compares with the baseline's "nan" as with a nan
+    job = sweep.Job(label="rerun", command="submit.sh tiny", status="completed", tgs_steady=100.0, final_loss=5.0)
+    base = {"job_id": "7", "status": "completed", "tgs_steady": 100.0, "final_loss": "nan", "last_step": 2}
+    r = sweep.regress_result({**base, "command": "submit.sh tiny"}, job, 3.0, 1.0, True)
+    assert r["loss_verdict"] == "changed" and "final loss 5 vs nan: changed" in r["conclusion"], r
 
 
 def test_nodes_outliers_are_robust():

@@ -387,7 +387,7 @@ def _queries(d: Data) -> dict[str, str]:
     if any(n.startswith(("hw_", "ray_node_")) and not n.endswith("_total") for n in d.names):
         q["gauges"] = (
             'max by (__name__, host, type, sensor) ({__name__=~"hw_.+|ray_node_.+", '
-            '__name__!~".+_total|hw_gpu_throttle_reasons"})'
+            '__name__!~".+_total|hw_gpu_throttle_reasons|hw_gpu_info"})'
         )
     if d.has("hw_gpu_utilization_pct", "hw_gpu_clock_mhz", "hw_gpu_power_limit_watts", "hw_gpu_pcie_link_width"):
         q["gpu_min"] = (

@@ -49,6 +49,7 @@ from pathlib import Path
 
 from diagnosis import cli, locate, triage
 from diagnosis.cli import InputError
+from launch import check_config
 
 REPO = Path(__file__).resolve().parents[2]
 SUBMIT = REPO / "submit.sh"
@@ -74,6 +75,27 @@ def now_iso(ts: float | None = None) -> str | None:
 def say(msg: str) -> None:
     """Progress for people, on stderr (stdout is the report)."""
     print(f"{PROG}: {msg}", file=sys.stderr, flush=True)
+
+
+def strict(x: object) -> object:
+    """X with every nan/inf float written as the string "nan", "inf" or "-inf" (a diverged loss):
+    the record and --json stay strict JSON, which json.loads of any language reads."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if x != x else ("inf" if x > 0 else "-inf")
+    if isinstance(x, dict):
+        return {k: strict(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [strict(v) for v in x]
+    return x
+
+
+def number(x: object) -> float | None:
+    """A number of a record back as a float ("nan", "inf", "-inf" too); None for anything else."""
+    if isinstance(x, int | float) and not isinstance(x, bool):
+        return float(x)
+    if x in ("nan", "inf", "-inf"):
+        return float(str(x))
+    return None
 
 
 def quiet_run(cmd: list[str], timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -282,6 +304,7 @@ class Job:
     def from_json(cls, d: dict) -> Job:
         names = {f.name for f in dataclasses.fields(cls)} - {"info", "_t0"}
         job = cls(**{k: v for k, v in d.items() if k in names})
+        job.final_loss, job.tgs_steady = number(job.final_loss), number(job.tgs_steady)
         job.info = {k: v for k, v in d.items() if k not in names}
         return job
 
@@ -334,7 +357,8 @@ class Sweep:
 
     # record ------------------------------------------------------------------------------
     def to_json(self) -> dict:
-        return {
+        """The record, strict JSON (a nan/inf loss as a string: strict())."""
+        rec = {
             "sweep": self.kind,
             "version": RECORD_VERSION,
             "state": self.state,
@@ -350,6 +374,7 @@ class Sweep:
             "result": self.result,
             "notes": list(self.params.get("notes", [])),
         }
+        return strict(rec)  # type: ignore[return-value]
 
     def open_record(self) -> None:
         folder = self.opts.workspace / "sweeps"
@@ -930,8 +955,9 @@ def regress_result(base: dict, job: Job, threshold_pct: float, loss_tol_pct: flo
     else:
         verdict = "same"
     loss_delta, loss_verdict = None, "not_compared"
-    if same_steps and job.final_loss is not None and base["final_loss"] is not None:
-        new, old = job.final_loss, base["final_loss"]
+    old_loss = number(base["final_loss"])  # "nan"/"inf" in a resumed sweep's record
+    if same_steps and job.final_loss is not None and old_loss is not None:
+        new, old = job.final_loss, old_loss
         if math.isfinite(new) and math.isfinite(old):
             loss_delta = round(new - old, 6)
             rel = abs(loss_delta) / max(abs(old), 1e-12)
@@ -946,7 +972,7 @@ def regress_result(base: dict, job: Job, threshold_pct: float, loss_tol_pct: flo
             f"threshold {threshold_pct:g} %): {verdict}"
         )
     if loss_verdict != "not_compared":
-        conclusion += f"; final loss {job.final_loss:g} vs {base['final_loss']:g}: {loss_verdict}"
+        conclusion += f"; final loss {job.final_loss:g} vs {old_loss:g}: {loss_verdict}"
     elif not same_steps:
         conclusion += "; final loss not compared (different step count)"
     return {
@@ -985,6 +1011,30 @@ NODE_FLAGS = {
 PIN_FLAGS = {"-w": "the sweep picks the nodes (--nodes)", "--nodelist": "the sweep picks the nodes (--nodes)"}
 
 
+def min_nodes_notes(model: str, per_job: int, ignore: bool) -> list[str]:
+    """Jobs of PER_JOB nodes against the `# Minimum nodes:` header of MODEL's config
+    (check_config.read_header): InputError below the smallest minimum (the training state cannot
+    fit on any GPU the header names) unless IGNORE; a note below the 80 GB GPUs' minimum."""
+    try:
+        head = check_config.read_header(str(REPO / "configs" / f"{model}.yml"))
+    except OSError:
+        return []
+    if head.min_nodes is None:
+        return []
+    n80, n192 = head.min_nodes
+    says = f"configs/{model}.yml says '# Minimum nodes: {n80} with 8x 80 GB GPUs, {n192} with 8x 192 GB GPUs'"
+    if per_job < n192:
+        if not ignore:
+            raise InputError(
+                f"{model} needs at least {n192} nodes per job and this sweep plans {per_job}-node jobs ({says}); "
+                "sweep with a model that fits, or pass --ignore-min-nodes"
+            )
+        return [f"--ignore-min-nodes: {per_job}-node jobs, below the minimum of {n192} nodes ({says})"]
+    if per_job < n80:
+        return [f"{per_job}-node jobs fit only on GPUs with more than 80 GB ({says})"]
+    return []
+
+
 def common_params(a: argparse.Namespace, passthrough: list[str]) -> dict:
     model, tag = split_model_arg(a.model)
     model = resolve_model(model)
@@ -998,13 +1048,15 @@ def batch_params(a: argparse.Namespace, passthrough: list[str]) -> dict:
         raise InputError(f"--key '{a.key}' is not a MaxText key (like per_device_batch_size)")
     check_sbatch_flags(p["sbatch"], NODE_FLAGS)
     check_overrides(p["overrides"], {a.key: "use --values", "steps": "use --steps"})
-    return {**p, "values": parse_values(a.values), "key": a.key, "nodes": a.num_nodes, "steps": a.steps}
+    notes = min_nodes_notes(p["model"], a.num_nodes, a.ignore_min_nodes)
+    return {**p, "values": parse_values(a.values), "key": a.key, "nodes": a.num_nodes, "steps": a.steps, "notes": notes}
 
 
 def nodes_params(a: argparse.Namespace, passthrough: list[str]) -> dict:
     p = common_params(a, passthrough)
     check_sbatch_flags(p["sbatch"], {**NODE_FLAGS, **PIN_FLAGS})
     check_overrides(p["overrides"], {"steps": "use --steps"})
+    notes = min_nodes_notes(p["model"], 1, a.ignore_min_nodes)
     nodes, unavailable = choose_nodes(a.nodes)
     if not nodes:
         raise InputError("no usable node to run on" + (f" (Slurm: {unavailable})" if unavailable else ""))
@@ -1015,6 +1067,7 @@ def nodes_params(a: argparse.Namespace, passthrough: list[str]) -> dict:
         "steps": a.steps,
         "z": a.z,
         "min_deviation_pct": a.min_deviation,
+        "notes": notes,
     }
 
 
@@ -1022,6 +1075,7 @@ def bisect_params(a: argparse.Namespace, passthrough: list[str]) -> dict:
     p = common_params(a, passthrough)
     check_sbatch_flags(p["sbatch"], {**NODE_FLAGS, **PIN_FLAGS})
     check_overrides(p["overrides"], {"steps": "use --steps"})
+    notes = min_nodes_notes(p["model"], 2, a.ignore_min_nodes)
     nodes, unavailable = choose_nodes(a.nodes)
     if len(nodes) < 3:
         raise InputError(
@@ -1030,7 +1084,14 @@ def bisect_params(a: argparse.Namespace, passthrough: list[str]) -> dict:
         )
     if unavailable:
         say("left out (not usable in Slurm): " + ", ".join(f"{u['node']} ({u['state']})" for u in unavailable))
-    return {**p, "nodes": nodes, "unavailable": unavailable, "steps": a.steps, "slow_threshold_pct": a.slow_threshold}
+    return {
+        **p,
+        "nodes": nodes,
+        "unavailable": unavailable,
+        "steps": a.steps,
+        "slow_threshold_pct": a.slow_threshold,
+        "notes": notes,
+    }
 
 
 def regress_params(a: argparse.Namespace, passthrough: list[str], workspace: Path) -> dict:
@@ -1102,8 +1163,9 @@ def regress_params(a: argparse.Namespace, passthrough: list[str], workspace: Pat
 
 
 # --- output -----------------------------------------------------------------------------------
-def fmt(x: float | None, spec: str = ".6g") -> str:
-    return "-" if x is None else format(x, spec)
+def fmt(x: float | str | None, spec: str = ".6g") -> str:
+    """A number of a record for people ("nan"/"inf" as they are)."""
+    return "-" if x is None else x if isinstance(x, str) else format(x, spec)
 
 
 def render(rec: dict) -> str:
@@ -1307,6 +1369,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--key", default="per_device_batch_size", help="MaxText key to sweep (default per_device_batch_size)"
     )
 
+    b.add_argument(
+        "--ignore-min-nodes",
+        action="store_true",
+        help="plan jobs below the minimum node count of the config's header (refused by default)",
+    )
+
     n = add_kind(sub, "nodes", "per-node health", common)
     n.add_argument("model", metavar="MODEL[:TAG]")
     n.add_argument("--nodes", default="all", help="n1,n2,... or all (default: every usable node sinfo lists)")
@@ -1324,6 +1392,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="... and at least this many percent from the median (default 5)",
     )
 
+    n.add_argument(
+        "--ignore-min-nodes",
+        action="store_true",
+        help="plan 1-node jobs below the minimum node count of the config's header (refused by default)",
+    )
+
     s = add_kind(sub, "bisect", "find the node that spoils multi-node jobs", common)
     s.add_argument("model", metavar="MODEL[:TAG]")
     s.add_argument("--nodes", required=True, help="n1,n2,n3,... or all (at least 3)")
@@ -1333,6 +1407,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=cli.positive_float,
         default=10.0,
         help="a pair slower than the reference by this many percent is bad (default 10)",
+    )
+
+    s.add_argument(
+        "--ignore-min-nodes",
+        action="store_true",
+        help="plan 2-node jobs below the minimum node count of the config's header (refused by default)",
     )
 
     r = add_kind(sub, "regress", "rerun a baseline job and compare", common)
