@@ -312,6 +312,29 @@ def test_real_nan_loss_is_read(tmp_path):
     assert joblog.Steps().final_loss() is None
 
 
+def test_nan_loss_names_the_step_and_blames_no_node(tmp_path):
+    # every host logs the step whose loss is nan, then MaxText's abort line, and exits 1
+    job, log = job_for("nan_loss", tmp_path, fail_step=12)
+    r = report(log, now=job.start + 5000)
+    assert r["failure_class"] == "nan_loss" and r["confidence"] == "high", r
+    assert r["culprit_hosts"] == [], r  # the training diverged, not a node
+    assert r["summary"].startswith("the loss became NaN at step 12 (loss 6.06 at step 11)"), r["summary"]
+    whys = {e["why"]: e["text"] for e in r["evidence"]}
+    assert whys["MaxText stopped: the loss is not a number"].endswith("Aborting training due to NaN loss.")
+    assert "completed step: 12," in whys["the first step whose loss is not a number"], whys
+    assert any("loss: (nan|-?inf)" in s for s in r["next_steps"]), r["next_steps"]
+    # the recorded MaxText 0.2.5 lines (no JOB header): the same verdict, step 2, loss 5.545 before it
+    r = report(maxtext_log(tmp_path, "nan_loss_steps.log"))
+    assert r["failure_class"] == "nan_loss" and r["culprit_hosts"] == [], r
+    assert r["summary"].startswith("the loss became NaN at step 2 (loss 5.545 at step 1): MaxText stopped"), r
+    # an Inf abort (abort_on_inf_loss) says Inf and names that flag
+    inf = tmp_path / "inf.log"
+    inf.write_text(log.read_text().replace("loss: nan", "loss: inf").replace("due to NaN loss", "due to Inf loss"))
+    r = report(inf, now=job.start + 5000)
+    assert r["failure_class"] == "nan_loss" and "became Inf at step 12" in r["summary"], r["summary"]
+    assert "abort_on_inf_loss" in r["summary"]
+
+
 def test_warmup_counts_steps_not_rows():
     # a log without host prefixes from two processes holds every step twice
     st = joblog.Steps(step=[0, 0, 1, 1, 2, 2, 3, 3], seconds=[1.0] * 8, tokens=[1.0] * 8, tflops=[1.0] * 8)

@@ -35,6 +35,7 @@ FAILURES = (
     "preflight",
     "time_limit",
     "gpu_health",
+    "nan_loss",
 )
 MULTI_NODE = ("collective_error", "heartbeat_timeout", "heartbeat_false_positive", "node_failure")
 PY = "/opt/venv/lib/python3.12/site-packages"
@@ -121,10 +122,12 @@ def step_line(job: Job, w: _Writer, host: str, step: int, epoch: float, seconds:
         )
     else:
         tgs = job.tokens_per_step / seconds
+        # MaxText prints the loss with "%.3f": "nan" once training diverged (nan_loss: from the fail step on)
+        loss = "nan" if job.failure == "nan_loss" and step >= _default_fail_step(job) else f"{6.061 - step * 1e-4:.3f}"
         body = (
             f"completed step: {step}, seconds: {seconds:.3f}, TFLOP/s/device: {tgs * 1e-6:.3f}, "
-            f"Tokens/s/device: {tgs:.3f}, total_weights: {int(job.tokens_per_step)}, loss: {6.061 - step * 1e-4:.3f}, "
-            f"lm_loss: {6.061 - step * 1e-4:.3f}, perplexity: 429.005"
+            f"Tokens/s/device: {tgs:.3f}, total_weights: {int(job.tokens_per_step)}, loss: {loss}, "
+            f"lm_loss: {loss}, perplexity: {'nan' if loss == 'nan' else '429.005'}"
         )
         if step % 3 == 0:
             body += ", moe_lb_loss: 0.010"
@@ -408,7 +411,7 @@ def body(job: Job, w: _Writer) -> tuple[list[str], _Outcome, float]:
             last = {h: fstep for h in hosts}
         if fail == "heartbeat_false_positive":
             last = {h: fstep for h in hosts}
-    if fail in ("hang", "stage_timeout", "cancelled", "time_limit"):
+    if fail in ("hang", "stage_timeout", "cancelled", "time_limit", "nan_loss"):
         last = {h: fstep for h in hosts}
     if fail == "hang":
         last[culprit] = fstep - 1
@@ -572,6 +575,15 @@ def body(job: Job, w: _Writer) -> tuple[list[str], _Outcome, float]:
         records.update({h: (143, "stopped") for h in survivors})
         records[culprit] = None
         status = "cancelled"
+    elif fail == "nan_loss":
+        # MaxText 0.2.5 (common/metric_logger.py): every host logs the step whose loss is nan, then
+        # "Aborting training due to NaN loss." and sys.exit(1) (tests/fixtures/maxtext_0.2.5/nan_loss_steps.log)
+        for h in hosts:
+            out.append(w.absl(h, t_fail - 0.9, "Aborting training due to NaN loss.", where="metric_logger.py:349"))
+        out.append(f"srun: error: {culprit}: task {hosts.index(culprit)}: Exited with exit code 1")
+        records = {h: (1, "exit") for h in hosts}
+        status = "failed"
+        first_error = ""
     elif fail == "hang":
         pass  # nothing more: every rank waits in a collective
     return out, _Outcome(records, status, first_error), (t_fail if fail else t + 1)

@@ -46,6 +46,11 @@ def on_host_gpu_health(h: Host) -> Found:
     return e is not None, e
 
 
+def on_host_nan_loss(h: Host) -> Found:
+    e = h.first("nan_loss")
+    return e is not None, e
+
+
 def on_host_oom_device(h: Host) -> Found:
     e = h.first("oom_device") or first_exception(h, "oom_device")
     return e is not None, e
@@ -276,6 +281,16 @@ def steps_oom_host(j: Job) -> list[str]:
     return out
 
 
+def steps_nan_loss(j: Job) -> list[str]:
+    return [
+        f"grep -a -n -m3 -E 'loss: (nan|-?inf)' {j.log}   # the first steps whose loss is not a number",
+        f"grep -a -n -B2 -m1 -E 'loss: (nan|-?inf)' {j.log}   # the loss just before (rising: divergence; "
+        "finite and flat: one bad batch or an overflow)",
+        "rerun with a lower learning_rate or a longer warm-up (warmup_steps_fraction), and check the data"
+        + (f": {j.command} learning_rate=<smaller>" if j.command else ""),
+    ]
+
+
 def steps_oom_device(j: Job) -> list[str]:
     return [
         "rerun with a smaller per_device_batch_size or stronger rematerialisation (remat_policy=full)"
@@ -472,8 +487,29 @@ REGISTRY: tuple[FailureClass, ...] = (
         "`next_steps`); tell the admins (GPU reset, cleanup or drain).",
     ),
     FailureClass(
-        "oom_device",
+        "nan_loss",
         priority=3,
+        on_host=on_host_nan_loss,
+        summary={
+            "": "the loss became {what} at step {step}{after}: MaxText stopped training ({flag}); the training "
+            "itself diverged (learning rate, data, numerics), no node is at fault",
+            "no_step": "MaxText stopped training because the loss became {what} ({flag}); the step lines carry no "
+            "loss: the training itself diverged (learning rate, data, numerics), no node is at fault",
+        },
+        next_steps=steps_nan_loss,
+        cites=("MaxText stopped: the loss is not a number", "the first step whose loss is not a number"),
+        host_evidence="MaxText's `Aborting training due to NaN loss.` / `... Inf loss.` (`abort_on_nan_loss`, "
+        "`abort_on_inf_loss`: true by default), after the step line whose loss is `nan`/`inf`; it exits 1. "
+        "Any host with it decides (every host computes the same loss), whatever else exited first.",
+        decided_by="`Aborting training due to NaN loss.` (or `Inf loss.`) on any host; `summary` names the first "
+        "step whose loss is `nan`/`inf` and the last finite loss",
+        culprit="none (the job's own training diverged; every host sees the same loss)",
+        check_next="The loss before the step (in `next_steps`): a rising loss is divergence (lower `learning_rate`, "
+        "longer warm-up), a sudden one a bad batch or an overflow; TensorBoard's loss curve.",
+    ),
+    FailureClass(
+        "oom_device",
+        priority=4,
         on_host=on_host_oom_device,
         summary={"": "device memory exhausted on {host}{detail}"},
         next_steps=steps_oom_device,
@@ -487,7 +523,7 @@ REGISTRY: tuple[FailureClass, ...] = (
     ),
     FailureClass(
         "oom_host",
-        priority=4,
+        priority=5,
         on_host=on_host_oom_host,
         summary={"": "{host} ran out of host memory (the kernel/cgroup OOM killer ended it){detail}"},
         next_steps=steps_oom_host,
@@ -502,7 +538,7 @@ REGISTRY: tuple[FailureClass, ...] = (
     ),
     FailureClass(
         "segfault",
-        priority=5,
+        priority=6,
         on_host=on_host_segfault,
         summary={"": "native crash on {host}{exit}{detail}"},
         next_steps=steps_segfault,
@@ -518,7 +554,7 @@ REGISTRY: tuple[FailureClass, ...] = (
     ),
     FailureClass(
         "python_exception",
-        priority=6,
+        priority=7,
         on_host=on_host_python_exception,
         summary={"": "Python exception on {host}{detail}"},
         next_steps=steps_python_exception,
@@ -532,7 +568,7 @@ REGISTRY: tuple[FailureClass, ...] = (
     ),
     FailureClass(
         "killed",
-        priority=7,
+        priority=8,
         on_host=on_host_killed,
         reported_as="oom_host",
         doc_label="killed (reported as `oom_host`, confidence low)",
@@ -551,7 +587,7 @@ REGISTRY: tuple[FailureClass, ...] = (
     ),
     FailureClass(
         "stage_timeout",
-        priority=8,
+        priority=9,
         on_host=on_host_stage_timeout,
         rule=5,
         on_job=on_job_time_limit,

@@ -14,9 +14,11 @@ Everything else (deciding what failed) is in utils/triage.py.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 BLOCK = 4 << 20  # bytes read per block (4 MiB measured fastest: stays in cache)
@@ -73,6 +75,13 @@ _RECORD = re.compile(r"rc=(\d+)\s+end=([\d.]+)\s+reason=(\w+)")
 # Training then goes on at the next step (the checkpoint of step N holds the state after step N).
 _RESTORE_TEXT = b"restoring from this run's directory step "
 RESTORE = re.compile(re.escape(_RESTORE_TEXT) + rb"(\d+)")
+# MaxText 0.2.5 stops training when the loss it just logged is not a number (common/metric_logger.py,
+# _maybe_abort_after_write_metrics, with abort_on_nan_loss / abort_on_inf_loss: true, the defaults),
+# an absl INFO line right after that step's line, then sys.exit(1) (tests/fixtures/maxtext_0.2.5):
+#   metric_logger.py:349] Aborting training due to NaN loss.        (or "... due to Inf loss.")
+# Kind "nan_loss", data: what (NaN or Inf).
+_NAN_ABORT_TEXT = b"Aborting training due to "
+NAN_ABORT = re.compile(r"Aborting training due to (NaN|Inf) loss\.")
 
 # --- signatures: (kind, pattern) searched in candidate lines (after the host prefix) -----------
 # Texts are the ones the programs print: JAX/XLA 0.12 (jaxlib strings and measured runs),
@@ -277,6 +286,10 @@ class Steps:
         """The loss of the last step line (nan when training diverged; None without step lines)."""
         return self.loss[-1] if self.loss else None
 
+    def diverged_at(self) -> int | None:
+        """The row of the first step line whose loss is nan or inf (None: every loss is finite)."""
+        return next((i for i, x in enumerate(self.loss) if x is not None and not math.isfinite(x)), None)
+
 
 @dataclasses.dataclass
 class Scan:
@@ -461,6 +474,7 @@ class _Scanner:
         self.exc_seen: set[tuple[str | None, int]] = set()
         self.n = 0  # valid bytes in the buffer
         self.gone: set[str] = set()  # hosts absent from a whole block (see _host_tails)
+        self.diverged = False  # the reference host logged a nan/inf loss (see _nan_abort)
 
     def _set_header(self, header: dict[str, str], line: int) -> None:
         s = self.s
@@ -468,6 +482,7 @@ class _Scanner:
             s.summary, s.summary_lines, s.events, s.hosts = {}, {}, [], {}
             s.steps, s.counts, self.kept = Steps(), Counter(), Counter()
             s.step_lines_seen, self.ref_re, s.restored = False, None, None
+            self.diverged = False
         s.runs += 1
         s.header, s.header_line = header, line
         self.known = set(s.nodes())
@@ -739,9 +754,10 @@ class _Scanner:
                 break
         return ": ".join(parts)[:300]
 
-    def _restore(self, buf: bytearray, cut: int, base: int) -> None:
-        """MaxText's restore line, if this block holds the run's first (after the run's header)."""
-        i = buf.find(_RESTORE_TEXT, 0, cut)
+    def _lines_with(self, buf: bytearray, cut: int, base: int, needle: bytes) -> Iterator[tuple]:
+        """The lines of this block holding NEEDLE after the run's header (absl INFO lines, which the
+        candidate search skips): (line number, host, text after the prefix, whole line, epoch or None)."""
+        i = buf.find(needle, 0, cut)
         while i >= 0:
             line = base + buf.count(b"\n", 0, i)
             a = buf.rfind(b"\n", 0, i) + 1
@@ -749,13 +765,24 @@ class _Scanner:
             if self.s.header_line is None or line > self.s.header_line:
                 text = buf[a : e if e >= 0 else self.n].decode(errors="replace")
                 host, rest = split_host(text, self.known or None)
-                m, am = RESTORE.search(rest.encode()), _ABSL_S.match(rest)
-                if m:
-                    ts = self.clock.epoch(am.group(2).encode()) if (am and self.clock) else None
-                    step = {"step": int(m.group(1))}
-                    self.s.restored = Event("restore", host, line, rest[:600], ts, step, text[:600])
-                    return
-            i = buf.find(_RESTORE_TEXT, e if e >= 0 else cut, cut)
+                am = _ABSL_S.match(rest)
+                yield line, host, rest, text, self.clock.epoch(am.group(2).encode()) if (am and self.clock) else None
+            i = buf.find(needle, e if e >= 0 else cut, cut)
+
+    def _restore(self, buf: bytearray, cut: int, base: int) -> None:
+        """MaxText's restore line, if this block holds the run's first (after the run's header)."""
+        for line, host, rest, text, ts in self._lines_with(buf, cut, base, _RESTORE_TEXT):
+            m = RESTORE.search(rest.encode())
+            if m:
+                self.s.restored = Event("restore", host, line, rest[:600], ts, {"step": int(m.group(1))}, text[:600])
+                return
+
+    def _nan_abort(self, buf: bytearray, cut: int, base: int) -> None:
+        """MaxText's "Aborting training due to NaN loss." lines of this block, as events of kind nan_loss."""
+        for line, host, rest, text, ts in self._lines_with(buf, cut, base, _NAN_ABORT_TEXT):
+            m = NAN_ABORT.search(rest)
+            if m:
+                self._add("nan_loss", host, line, rest, ts, raw=text, what=m.group(1))
 
     def run(self) -> Scan:
         s = self.s
@@ -789,7 +816,14 @@ class _Scanner:
                 self._examine(buf, self._candidates(buf, cut), base)
                 if s.restored is None:
                     self._restore(buf, cut, base)
+                had = len(s.steps.loss)
                 rows = self._steps(buf, cut)
+                # MaxText aborts right after a step line whose loss is nan/inf: look for its abort line only
+                # from the block where the reference host's loss stopped being a number (every host aborts)
+                if not self.diverged and rows:
+                    self.diverged = any(x is not None and not math.isfinite(x) for x in s.steps.loss[had:])
+                if self.diverged:
+                    self._nan_abort(buf, cut, base)
                 if s.step_lines_seen or self.host_keys:
                     steps_here = rows > 0 or buf.find(b"completed step: ", max(0, cut - (256 << 10)), cut) >= 0
                     self._host_tails(buf, cut, base, nl_total, steps_here)

@@ -390,6 +390,10 @@ class Triage:
             self.cite_event(e, "configuration rejected")
             self.cite_event(next((x for x in h.events if x.kind == "exception"), None), "the exception")
             return "config_error", [h.name], fc.explain("config_error", host=h.name, detail=f": {message(e)}"), "high"
+        # MaxText stopped because the loss is not a number: the job's own fault, whatever exited first
+        nan = [(h, e) for h, k, e in roots if k == "nan_loss"]
+        if nan:
+            return self.explain_nan_loss(*min(nan, key=lambda r: r[1].line if r[1] else math.inf))
         # a heartbeat claim is cited even when a host's root cause decides: it happened on the way
         first_rule, *rules = fc.JOB_RULES
         hb = first_rule(self, status)
@@ -444,6 +448,22 @@ class Triage:
                 return None, [h.name], f"{h.name} exited with code {h.exit}; no known error signature in the log", "low"
             return None, [], "the job failed but the log names no cause", "low"
         return None, [], "", None
+
+    def explain_nan_loss(self, h: Host, e: joblog.Event | None) -> tuple:
+        """The loss became nan/inf and MaxText aborted: the first such step and the loss before it;
+        no culprit (every host computes the same loss)."""
+        self.cite_event(e, "MaxText stopped: the loss is not a number")
+        what = e.data.get("what", "NaN") if e else "NaN"
+        flag = f"abort_on_{what.lower()}_loss"
+        st = self.scan.steps
+        i = st.diverged_at()
+        if i is None:
+            return "nan_loss", [], fc.explain("nan_loss", "no_step", what=what, flag=flag), "high"
+        before = next((j for j in range(i - 1, -1, -1) if st.loss[j] is not None), None)
+        after = f" (loss {st.loss[before]:g} at step {st.step[before]})" if before is not None else ""
+        if h.last_step == st.step[i]:  # MaxText aborts right after it logs that step: the host's last step line
+            self.cite_last_step(h, "the first step whose loss is not a number")
+        return "nan_loss", [], fc.explain("nan_loss", what=what, step=st.step[i], after=after, flag=flag), "high"
 
     def explain_gpu_health(self, bad: list[Host], e: joblog.Event | None) -> tuple:
         """The preflight GPU check failed on these hosts (in node order): each one's first bad line."""
