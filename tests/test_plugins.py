@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -166,8 +167,13 @@ def nvidia_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def amd_env() -> dict[str, str]:
-    return {"METRICS_SYSFS_ROOT": str(FIX / "amd_mi300x/sys"), "METRICS_PROCFS_ROOT": str(FIX / "no_gpu/proc")}
+def amd_env(**extra: str) -> dict[str, str]:
+    return {
+        "METRICS_SYSFS_ROOT": str(FIX / "amd_mi300x/sys"),
+        "METRICS_PROCFS_ROOT": str(FIX / "no_gpu/proc"),
+        "METRICS_AMDGPU_IDS": str(FIX / "amd_mi300x/amdgpu.ids"),  # libdrm's table (excerpt)
+        **extra,
+    }
 
 
 def test_gpu_plugin_amd_fixture():
@@ -226,6 +232,49 @@ def test_gpu_plugin_nvidia_fixture(tmp_path):
     assert val(got, "hw_gpu_ras_errors_total", kind="ue", block="total", **g[4]) == 0
     assert val(got, "hw_gpu_pcie_aer_errors_total", severity="correctable", **g[3]) == 1  # sysfs via pci.bus_id
     assert val(got, "hw_gpu_pcie_link_speed_gts", **g[7]) == 32.0
+
+
+def gpu_info(text: str) -> dict[str, tuple[str, str]]:
+    """gpu -> (model, driver) of the hw_gpu_info series (each of value 1)."""
+    got = samples(text)
+    out = {}
+    for (name, lbl), v in got.items():
+        if name == "hw_gpu_info":
+            d = dict(lbl)
+            assert v == 1 and set(d) == {"gpu", "vendor", "model", "driver"}, d
+            out[d["gpu"]] = (d["model"], d["driver"])
+    return out
+
+
+def test_gpu_info_names_the_model_and_driver(tmp_path):
+    """hw_gpu_info: AMD by the PCI ids in libdrm's amdgpu.ids (else product_name, else the id), NVIDIA from
+    the same nvidia-smi call; the stand-in trees (no GPU on this machine) of MI300X and H100 nodes."""
+    r = run_plugin("gpu", nvidia_env(tmp_path))
+    assert r.returncode == 0 and len((tmp_path / "smi.log").read_text().splitlines()) == 1, r.stderr
+    assert gpu_info(r.stdout) == {str(i): ("NVIDIA H100 80GB HBM3", "535.161.08") for i in range(8)}
+    state = tmp_path / "amd-state"
+    state.mkdir()
+    r = run_plugin("gpu", amd_env(METRICS_STATE_DIR=str(state)))
+    assert r.returncode == 0, r.stderr
+    assert gpu_info(r.stdout) == {"0": ("AMD Instinct MI300X", "6.10.5"), "1": ("AMD Instinct MI300X", "6.10.5")}
+    # the name is remembered per id pair: the table is not read again at the next poll
+    r = run_plugin("gpu", amd_env(METRICS_STATE_DIR=str(state), METRICS_AMDGPU_IDS="/nonexistent"))
+    assert gpu_info(r.stdout)["0"] == ("AMD Instinct MI300X", "6.10.5")
+    # no table (or an old one without the device): the board's product_name, else the PCI device id
+    r = run_plugin("gpu", amd_env(METRICS_AMDGPU_IDS="/nonexistent"))
+    assert gpu_info(r.stdout) == {"0": ("AMD device 0x74a1", "6.10.5"), "1": ("AMD Instinct MI300X OAM", "6.10.5")}
+    # label values are escaped (a quote and a backslash in product_name); in-tree driver: the kernel release
+    tree = tmp_path / "amd"
+    shutil.copytree(FIX / "amd_mi300x/sys", tree / "sys", symlinks=True)
+    shutil.rmtree(tree / "sys/module")
+    (tree / "proc/sys/kernel").mkdir(parents=True)
+    (tree / "proc/sys/kernel/osrelease").write_text("6.8.0-49-generic\n")
+    card = next((tree / "sys/devices").glob("*/*/0000:26:00.0"))
+    (card / "product_name").write_text('MI300X "OAM" \\ rev A\n')
+    env = {"METRICS_SYSFS_ROOT": str(tree / "sys"), "METRICS_PROCFS_ROOT": str(tree / "proc")}
+    r = run_plugin("gpu", {**env, "METRICS_AMDGPU_IDS": ""})
+    assert r.returncode == 0, r.stderr
+    assert gpu_info(r.stdout)["1"] == ('MI300X "OAM" \\ rev A', "6.8.0-49-generic")
 
 
 def test_gpu_metric_names_are_the_same_for_both_vendors(tmp_path):

@@ -6,10 +6,17 @@
 #   AMD    amdgpu sysfs, /sys/class/drm/card<N>/device with vendor 0x1002: hwmon temperatures and power,
 #          gpu_busy_percent, mem_busy_percent, VRAM, current sclk/mclk (pp_dpm_*), RAS error counts.
 #   NVIDIA ONE `nvidia-smi --query-gpu=... --format=csv,noheader,nounits` call per poll.
-#   Both   PCIe AER error totals and link width/speed from the GPU's PCI device in sysfs.
+#   Both   PCIe AER error totals and link width/speed from the GPU's PCI device in sysfs, and
+#          hw_gpu_info{gpu,vendor,model,driver} 1 per GPU: AMD model = marketing name of the PCI device
+#          and revision ids in libdrm's amdgpu.ids, else the card's product_name file, else the device id;
+#          driver = /sys/module/amdgpu/version, else the kernel release (in-tree driver). NVIDIA: the
+#          same nvidia-smi call's name and driver_version.
 # Run by metrics_exporter.py at every poll (contract: docs/plugins.md; metrics: docs/metrics.md).
 # Environment: METRICS_SYSFS_ROOT (default /sys), METRICS_PROCFS_ROOT (default /proc),
-#   NVIDIA_SMI (default nvidia-smi), METRICS_STATE_DIR (remembers the nvidia-smi field names that work).
+#   NVIDIA_SMI (default nvidia-smi), METRICS_STATE_DIR (remembers the nvidia-smi field names that work),
+#   METRICS_AMDGPU_IDS (libdrm's table; default the first of /opt/amdgpu/share/libdrm/amdgpu.ids, from
+#   AMD's amdgpu packages, and /usr/share/libdrm/amdgpu.ids, Debian/Ubuntu libdrm-amdgpu1).
+# Standalone: utils/observe/plugins/gpu_metrics_plugin.sh   (prints this node's series once)
 # NVIDIA GPUs are looked for only when $METRICS_PROCFS_ROOT/driver/nvidia/gpus/ lists some.
 # Exit 64 (never run again in this job) when the node has no GPU of either vendor; 1 when nvidia-smi fails.
 set -euo pipefail
@@ -36,6 +43,7 @@ declare -A HELP=(
   [hw_gpu_pcie_link_width]="Negotiated PCIe link width (lanes) of the GPU (current_link_width)."
   [hw_gpu_pcie_link_speed_gts]="Negotiated PCIe link speed in GT/s of the GPU (current_link_speed)."
   [hw_gpu_throttle_reasons]="Bitmask of active clock throttle reasons (NVIDIA clocks_throttle_reasons.active)."
+  [hw_gpu_info]="Always 1: the GPU's model (marketing name) and driver version as labels."
 )
 declare -A SAMPLES=()
 ORDER=()
@@ -51,6 +59,19 @@ read_line() {
   { IFS= read -r _rl_dst || [[ -n $_rl_dst ]]; } 2>/dev/null < "$2"
 }
 is_num() { [[ $1 =~ ^-?[0-9]+(\.[0-9]+)?$ ]]; }
+# label VAR TEXT: TEXT as a Prometheus label value (backslash, double quote and newline escaped).
+label() {
+  local -n _lb_dst=$1
+  _lb_dst=${2//\\/\\\\}
+  _lb_dst=${_lb_dst//\"/\\\"}
+  _lb_dst=${_lb_dst//$'\n'/\\n}
+}
+info() { # info LABELS MODEL DRIVER
+  local m d
+  label m "$2"
+  label d "$3"
+  emit hw_gpu_info "$1,model=\"$m\",driver=\"$d\"" 1
+}
 is_int() { [[ $1 =~ ^-?[0-9]+$ ]]; }
 # scaled VAR INT DIGITS: VAR = INT / 10^DIGITS as an exact decimal string (no floating point).
 scaled() {
@@ -92,6 +113,37 @@ dpm_current() {
     fi
   done 2>/dev/null < "$2" || true
   return 1
+}
+
+# amd_model VAR DEVICE_DIR: the card's marketing name: its PCI device and revision ids looked up in libdrm's
+# amdgpu.ids (lines "74A1,<tab>00,<tab>AMD Instinct MI300X"; the device id with another revision when the
+# exact pair is missing), else the product_name file (the board's FRU), else "AMD device 0x74a1".
+# Remembered per id pair in METRICS_STATE_DIR: the table is read once per exporter, not at every poll.
+amd_model() {
+  local -n _am_dst=$1
+  local dev=$2 id rev d r name any="" cache=""
+  _am_dst=
+  read_line id "$dev/device" || id=""
+  read_line rev "$dev/revision" || rev=""
+  id=${id#0x} rev=${rev#0x}
+  id=${id^^} rev=${rev^^}
+  [[ -z ${METRICS_STATE_DIR:-} || -z $id ]] || cache=$METRICS_STATE_DIR/amdgpu_name_${id}_${rev:-none}
+  if [[ -n $cache ]] && read_line _am_dst "$cache"; then return 0; fi
+  if [[ -n $id && -n $ids_file ]]; then
+    while IFS=, read -r d r name; do
+      [[ ${d^^} == "$id" ]] || continue
+      r=${r//[[:space:]]/} name=${name#"${name%%[![:space:]]*}"}
+      if [[ ${r^^} == "$rev" ]]; then _am_dst=$name; break; fi
+      [[ -n $any ]] || any=$name
+    done 2>/dev/null < "$ids_file" || true
+    [[ -n $_am_dst ]] || _am_dst=$any
+  fi
+  [[ -n $_am_dst ]] || read_line _am_dst "$dev/product_name" || true
+  if [[ -z $_am_dst ]]; then
+    _am_dst="AMD device ${id:+0x${id,,}}"
+    return 0 # not remembered: a later table may know it
+  fi
+  if [[ -n $cache ]]; then printf '%s\n' "$_am_dst" > "$cache" 2>/dev/null || true; fi
 }
 
 amd_card() { # amd_card INDEX DEVICE_DIR
@@ -137,6 +189,8 @@ amd_card() { # amd_card INDEX DEVICE_DIR
     done 2>/dev/null < "$f" || true
   done
   pci_health "$dev" "$labels"
+  amd_model v "$dev"
+  info "$labels" "$v" "$amd_driver"
 }
 
 # ---- AMD: cards in card-number order; gpu = ordinal among the amdgpu cards ---------------------------
@@ -146,6 +200,15 @@ for d in "$sys"/class/drm/card*; do
   [[ $n =~ ^[0-9]+$ ]] || continue # skips connectors such as card0-DP-1
   if read_line v "$d/device/vendor" && [[ $v == 0x1002 ]]; then amd[n]=$d/device; fi
 done
+ids_file=${METRICS_AMDGPU_IDS-}
+if [[ -z ${METRICS_AMDGPU_IDS+set} ]]; then
+  for f in /opt/amdgpu/share/libdrm/amdgpu.ids /usr/share/libdrm/amdgpu.ids; do
+    if [[ -r $f ]]; then ids_file=$f; break; fi
+  done
+fi
+amd_driver=""
+(( ${#amd[@]} == 0 )) || read_line amd_driver "$sys/module/amdgpu/version" ||
+  read_line amd_driver "$proc/sys/kernel/osrelease" || true
 i=0
 for n in "${!amd[@]}"; do
   amd_card "$i" "${amd[n]}"
@@ -167,7 +230,7 @@ nvidia_query() { # nvidia_query FIELDS: run nvidia-smi once; stdout+stderr in NV
 if (( nvidia )); then
   base="index,pci.bus_id,temperature.gpu,temperature.memory,power.draw,power.limit,clocks.sm,clocks.mem"
   base+=",memory.used,memory.total,utilization.gpu,utilization.memory,%s"
-  base+=",ecc.errors.uncorrected.volatile.total,ecc.errors.corrected.volatile.total"
+  base+=",ecc.errors.uncorrected.volatile.total,ecc.errors.corrected.volatile.total,driver_version,name"
   state=${METRICS_STATE_DIR:-}
   throttle=clocks_throttle_reasons.active
   if [[ -n $state ]] && read_line v "$state/nvidia_throttle_field"; then throttle=$v; fi
@@ -189,7 +252,8 @@ if (( nvidia )); then
     printf 'gpu_metrics_plugin: nvidia-smi failed: %s\n' "${NV_OUT:0:300}" >&2
     status=1
   else
-    while IFS=',' read -r idx bus t_gpu t_mem p_draw p_limit c_sm c_mem m_used m_total u_gpu u_mem thr e_unc e_cor; do
+    # name last: the one free-text field (read takes the rest of the line, commas included)
+    while IFS=',' read -r idx bus t_gpu t_mem p_draw p_limit c_sm c_mem m_used m_total u_gpu u_mem thr e_unc e_cor drv name; do
       idx=${idx// /}
       is_int "$idx" || continue
       labels="gpu=\"$idx\",vendor=\"nvidia\""
@@ -209,6 +273,8 @@ if (( nvidia )); then
       if [[ $thr =~ ^0x[0-9a-fA-F]+$ ]]; then emit hw_gpu_throttle_reasons "$labels" "$((thr))"; fi
       if is_int "$e_unc"; then emit hw_gpu_ras_errors_total "$labels,kind=\"ue\",block=\"total\"" "$e_unc"; fi
       if is_int "$e_cor"; then emit hw_gpu_ras_errors_total "$labels,kind=\"ce\",block=\"total\"" "$e_cor"; fi
+      name=${name#"${name%%[![:space:]]*}"}
+      info "$labels" "${name%"${name##*[![:space:]]}"}" "${drv// /}"
       # sysfs names the PCI function 0000:18:00.0 where nvidia-smi says 00000000:18:00.0
       if [[ $bus =~ ^[0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]$ ]]; then
         bus=${bus:4}
