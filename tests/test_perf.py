@@ -6,6 +6,8 @@ bad input on the command line."""
 
 import gzip
 import json
+import re
+import shutil
 import statistics
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from conftest import REPO, launcher_env, run
 from diagnosis import perf, triage
 from helpers import logcorpus
 from helpers.jobs import bad_job_arg
+from helpers.promfixture import write_tsdb
 
 PERF = str(REPO / "utils" / "perf.py")
 H100 = 989.4  # NVIDIA's dense bf16 figure, as in the docs
@@ -190,7 +193,90 @@ def test_device_name_in_the_log_gives_the_peak(tmp_path):
     log.write_text(text)
     r = perf.perf(str(log))
     assert r["device"] == "NVIDIA H100 80GB HBM3" and r["peak_tflops"] == H100 and "log:" in r["peak_source"]
+    assert r["gpu"] == {"model": "NVIDIA H100 80GB HBM3", "source": "log", "models": ["NVIDIA H100 80GB HBM3"]}
     assert perf.perf(str(log), peak_tflops=100.0)["peak_tflops"] == 100.0  # the option wins
+
+
+def with_step_tflops(log: Path, tflops: float, params_line: str | None, model: str = "tiny") -> Path:
+    """The log with every step line's TFLOP/s/device set, MaxText's parameter count line (as metric_logger.py
+    writes it) before the first step, and the header's model."""
+    text = re.sub(r"TFLOP/s/device: [0-9.]+", f"TFLOP/s/device: {tflops:.3f}", log.read_text())
+    if params_line:
+        text = text.replace(
+            "Jax distributed system initialized on GPU!",
+            "Jax distributed system initialized on GPU!\n"
+            f"n1: I1122 04:00:07.000000 1 metric_logger.py:425] {params_line}",
+            1,
+        )
+    log.write_text(text.replace("model: tiny\n", f"model: {model}\n", 1))
+    return log
+
+
+def test_gpu_model_from_the_tsdb_gives_the_mfu(tmp_path):
+    # no XLA device line in the log: the GPU plugin's hw_gpu_info in the job's TSDB names the model
+    log = with_step_tflops(write_log(tmp_path / "ws", {"n1": [40.0] + [0.5] * 19}, tokens=4e3), 420.0, None)
+    job_dir = log.with_suffix("")
+    t0 = 1795322400
+    info = [
+        (
+            "hw_gpu_info",
+            {"host": h, "gpu": str(g), "vendor": "nvidia", "model": "NVIDIA H100 80GB HBM3", "driver": "535.161.08"},
+            [(t0 + 5 * i, 1.0) for i in range(20)],
+        )
+        for h in ("n1", "n2")
+        for g in range(8)
+    ]
+    write_tsdb(job_dir / "prometheus", info)
+    r = perf.perf(str(log))
+    assert r["gpu"] == {"model": "NVIDIA H100 80GB HBM3", "source": "tsdb", "models": ["NVIDIA H100 80GB HBM3"]}
+    assert r["peak_tflops"] == H100 and r["peak_source"].startswith("TSDB: hw_gpu_info model")
+    assert r["mfu"] == pytest.approx(420.0 / H100, abs=1e-4)
+    assert "gpu: NVIDIA H100 80GB HBM3 (from tsdb)" in perf.render(r)
+    # two models in one job: the one with most GPUs, and a note naming both
+    shutil.rmtree(job_dir / "prometheus")
+    mixed = [
+        (n, {**lbl, "model": "NVIDIA H200"} if lbl["host"] == "n2" and lbl["gpu"] < "3" else lbl, v)
+        for n, lbl, v in info
+    ]
+    write_tsdb(job_dir / "prometheus", mixed)
+    r = perf.perf(str(log))
+    assert (
+        r["gpu"]["models"] == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"] and r["gpu"]["model"] == "NVIDIA H100 80GB HBM3"
+    )
+    assert any("several GPU models (NVIDIA H100 80GB HBM3, NVIDIA H200)" in n for n in r["notes"]), r["notes"]
+    # --peak-tflops needs no model: the TSDB is not served
+    r = perf.perf(str(log), peak_tflops=500.0)
+    assert r["gpu"]["source"] is None and r["mfu"] == pytest.approx(0.84)
+
+
+def test_tflops_are_checked_against_six_n_tokens(tmp_path):
+    # 8000 tokens/s/device of an 8.03B model: 6 N tokens/s = 385.44 TFLOP/s/device
+    steps = {"n1": [40.0] + [0.5] * 19}
+    line = "number parameters: 8.030 billion"
+    r = perf.perf(str(with_step_tflops(write_log(tmp_path / "a", steps, tokens=4e3), 420.0, line)), gpu="H100")
+    c = r["tflops_check"]
+    assert c["params"] == 8_030_000_000 and c["params_source"] == f"log: {line}"
+    assert c["tokens_per_sec_per_device"] == 8000.0 and c["expected_tflops_per_device"] == pytest.approx(385.44)
+    assert c["verdict"] == "consistent" and c["ratio"] == pytest.approx(1.09, abs=0.01), c
+    # reported 2.4 x what the model's size allows: flagged
+    r = perf.perf(str(with_step_tflops(write_log(tmp_path / "b", steps, tokens=4e3), 930.0, line)), gpu="H100")
+    assert r["tflops_check"]["verdict"] == "too_high" and any("TFLOP/s check:" in n for n in r["notes"])
+    # above the GPU's own peak: impossible, whatever the ratio
+    r = perf.perf(str(with_step_tflops(write_log(tmp_path / "c", steps, tokens=4e3), 1200.0, line)), gpu="H100")
+    assert r["tflops_check"]["verdict"] == "above_peak", r["tflops_check"]
+    assert "above the peak 989.4 of H100" in r["tflops_check"]["note"] and r["mfu"] > 1
+    # a MoE: the config header's active parameters (configs/mixtral-8x7b.yml: 13B active of 46.7B), not the log's
+    log = with_step_tflops(
+        write_log(tmp_path / "d", steps, tokens=4e3), 700.0, "number parameters: 46.703 billion", model="mixtral-8x7b"
+    )
+    c = perf.perf(str(log), gpu="H100")["tflops_check"]
+    assert c["params"] == 13_000_000_000 and "13B active per token" in c["params_source"]
+    assert c["verdict"] == "consistent" and c["expected_tflops_per_device"] == pytest.approx(624.0), c
+    # without the parameter line (or a tiny model's "0.000 billion"): not checked, and said why
+    r = perf.perf(str(with_step_tflops(write_log(tmp_path / "e", steps, tokens=4e3), 420.0, None)))
+    assert r["tflops_check"]["verdict"] == "unknown" and "no 'number parameters' line" in r["tflops_check"]["note"]
+    log = with_step_tflops(write_log(tmp_path / "f", steps, tokens=4e3), 420.0, "number parameters: 0.000 billion")
+    assert "too small to check" in perf.perf(str(log))["tflops_check"]["note"]
 
 
 # --- traces -----------------------------------------------------------------------------------

@@ -905,6 +905,10 @@ _HEADER_OPEN = b"\n==================== JOB ====================\n"
 # 9.0a (...)" (jaxlib 0.11, measured on an H100), "StreamExecutor device (0): <name>, <version>" in older XLA
 _DEVICE = re.compile(rb"StreamExecutor (?:\[0\]|device \(0\)): ([^,\n]*)")
 _TB_DIR = b"To see full metrics 'tensorboard --logdir="  # MaxText's metric_logger, every log_period steps
+# MaxText 0.2.5's parameter count, once before the first step (common/metric_logger.py,
+# write_setup_info_to_tensorboard: "%.3f" billions, every parameter, all experts of a MoE included):
+#   metric_logger.py:425] number parameters: 8.030 billion
+_PARAMS = re.compile(rb"number parameters: ([0-9]+(?:\.[0-9]+)?) billion")
 _ANY_STEP = re.compile(
     rb"\n(?:(" + HOST_RE + rb"): )?(?:[IWEF](\d{4} \d\d:\d\d:\d\d\.\d+) +\d+ [^\]\n]*\] )?" + STEP.pattern
 )
@@ -919,6 +923,8 @@ class StepTable:
     device: str | None = None  # XLA's name of device 0 ("NVIDIA H100 80GB HBM3"), None for the CPU
     tensorboard_dir: str | None = None  # MaxText's "tensorboard --logdir=DIR" (profiles go to DIR/plugins/profile)
     runs: int = 0  # JOB headers seen (a requeued job appends; only the last run is kept)
+    params: float | None = None  # MaxText's "number parameters: X billion", as a count (X x 1e9)
+    params_text: str | None = None  # that line's text from "number parameters"
     seconds: float = 0.0
 
 
@@ -931,7 +937,7 @@ def read_steps(path: str | Path, clock: AbslClock | None = None) -> StepTable:
     out = StepTable(path=str(path))
     if clock is None:
         clock = AbslClock.for_scan("", Path(path).stat().st_mtime)
-    look_device, read = True, 0
+    look_device, look_params, read = True, True, 0
     with Path(path).open("rb", buffering=0) as f:
         buf = bytearray(1 + BLOCK)
         buf[0] = 10
@@ -954,6 +960,7 @@ def read_steps(path: str | Path, clock: AbslClock | None = None) -> StepTable:
                 out.runs += buf.count(_HEADER_OPEN, 0, cut)
                 out.hosts, start = {}, h + 1
                 look_device, out.device, out.tensorboard_dir = True, None, None
+                look_params, out.params, out.params_text = True, None, None
             if look_device and read < (256 << 20):
                 m = _DEVICE.search(buf, start, cut)
                 if m:
@@ -965,7 +972,14 @@ def read_steps(path: str | Path, clock: AbslClock | None = None) -> StepTable:
                     e = buf.find(b"'", i + len(_TB_DIR), cut)
                     if e > 0:
                         out.tensorboard_dir = bytes(buf[i + len(_TB_DIR) : e]).decode(errors="replace")
+            if look_params:
+                m = _PARAMS.search(buf, start, cut)
+                if m:
+                    out.params, look_params = float(round(float(m.group(1)) * 1e9)), False
+                    out.params_text = m.group(0).decode()
             rows = _ANY_STEP.findall(buf, start, cut)
+            if rows and out.hosts:
+                look_params = False  # printed before training: a block after the first steps cannot hold it
             if rows:
                 by_host: dict[bytes, list] = {}
                 for r in rows:

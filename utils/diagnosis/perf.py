@@ -26,8 +26,9 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from diagnosis import cli, joblog, locate
+from diagnosis import cli, joblog, locate, tsdb
 from diagnosis.cli import InputError
+from launch import check_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -82,6 +83,116 @@ def gpu_peak(name: str) -> tuple[str, float, str] | None:
         if re.search(rx, low) or low.replace(" ", "-") == key.lower():
             return key, peak, src
     return None
+
+
+# --- the GPU model and a sanity check of the TFLOP/s ----------------------------------------
+TFLOPS_TOLERANCE = 2.0  # reported TFLOP/s/device within this factor of 6 N tokens/s/device is plausible
+
+
+def tsdb_models(job_dir: Path | None) -> tuple[list[str], str | None]:
+    """The GPU models of the job's hw_gpu_info series (the GPU plugin's), most GPUs first, and a note
+    when the job's TSDB could not say (None when it has no TSDB at all: nothing to say)."""
+    if job_dir is None or not tsdb.is_tsdb(job_dir / "prometheus"):
+        return [], None
+    try:
+        with tsdb.Served(job_dir) as prom:
+            if prom.first is None or prom.last is None:
+                return [], "the job's TSDB is empty: no hw_gpu_info"
+            span = int(prom.last - prom.first) + 1
+            rows = prom.query(f"count by (model) (max_over_time(hw_gpu_info[{span}s]))", prom.last)
+    except tsdb.TSDBError as e:
+        return [], f"GPU model not read from the job's TSDB: {e}"
+    counts = sorted(((int(float(r["value"][1])), r["metric"].get("model", "")) for r in rows), reverse=True)
+    models = [m for _, m in counts if m]
+    return models, None if models else "the job's TSDB has no hw_gpu_info series (saved before the plugin had it?)"
+
+
+def gpu_model(device: str | None, job_dir: Path | None, gpu: str | None, ask_tsdb: bool) -> tuple[dict, str | None]:
+    """{"model", "source", "models"} of the job's GPUs: --gpu, else XLA's device 0 in the log, else the
+    TSDB's hw_gpu_info (only when ask_tsdb: serving a TSDB costs a Prometheus start); and a note."""
+    if gpu:
+        return {"model": gpu, "source": "--gpu", "models": [gpu]}, None
+    if device:
+        return {"model": device, "source": "log", "models": [device]}, None
+    models, note = tsdb_models(job_dir) if ask_tsdb else ([], None)
+    if models:
+        if len(models) > 1:
+            note = f"the job ran on several GPU models ({', '.join(models)}): the peak is {models[0]}'s (most GPUs)"
+        return {"model": models[0], "source": "tsdb", "models": models}, note
+    return {"model": None, "source": None, "models": []}, note
+
+
+def model_params(table: joblog.StepTable, header: dict[str, str], job_dir: Path | None) -> tuple[float | None, str]:
+    """(parameters active per token, where the number comes from): the config header's active count
+    for a MoE (check_config.read_header; MaxText logs every expert's parameters), else MaxText's own
+    parameter count line; (None, why) when neither says."""
+    model = header.get("model", "").split(" ")[0]
+    for cfg in ([job_dir / "artifact" / "configs" / f"{model}.yml"] if job_dir and model else []) + (
+        [REPO / "configs" / f"{model}.yml"] if model else []
+    ):
+        try:
+            head = check_config.read_header(str(cfg))
+        except OSError:
+            continue
+        if head.active_b:
+            return head.active_b * 1e9, f"{cfg.name} header: {head.active_b:g}B active per token (MoE)"
+        break
+    if table.params:
+        return table.params, f"log: {table.params_text}"
+    if table.params_text:
+        return None, f"log: {table.params_text}: too small to check"
+    return None, "no 'number parameters' line in the log"
+
+
+def tflops_check(
+    reported: float | None, tgs: float | None, params: float | None, params_source: str, peak: float | None, gpu: str
+) -> dict:
+    """MaxText's TFLOP/s/device against the 6 N tokens/s/device of a dense transformer's training
+    (forward 2N, backward 4N per token; attention adds to it, so a ratio somewhat above 1 is normal),
+    and against one device's peak."""
+    expected = 6 * params * tgs / 1e12 if params and tgs else None
+    ratio = reported / expected if reported is not None and expected else None
+    out = {
+        "params": round(params) if params else None,
+        "params_source": params_source,
+        "tokens_per_sec_per_device": tgs,
+        "expected_tflops_per_device": _r(expected, 4),
+        "reported_tflops_per_device": _r(reported, 4),
+        "ratio": _r(ratio, 3),
+        "tolerance": TFLOPS_TOLERANCE,
+        "peak_tflops": peak,
+        "verdict": "unknown",
+        "note": "",
+    }
+    if reported is not None and peak and reported > peak:
+        out["verdict"] = "above_peak"
+        out["note"] = (
+            f"reported {reported:.4g} TFLOP/s/device is above the peak {peak:g} of {gpu}: MaxText's FLOP count "
+            "or the GPU model is wrong; MFU is not to be trusted"
+        )
+    elif ratio is None:
+        why = (
+            "no TFLOP/s/device in the step lines"
+            if reported is None
+            else "no steady tokens/s/device"
+            if not tgs
+            else params_source
+        )
+        out["note"] = f"not checked: {why}"
+    elif ratio > TFLOPS_TOLERANCE or ratio < 1 / TFLOPS_TOLERANCE:
+        out["verdict"] = "too_high" if ratio > 1 else "too_low"
+        out["note"] = (
+            f"reported {reported:.4g} TFLOP/s/device is {ratio:.2g} x 6 N tokens/s/device ({expected:.4g}, "
+            f"N {params / 1e9:.4g}B, {tgs:.6g} tokens/s/device): beyond a factor {TFLOPS_TOLERANCE:g}; check "
+            "the parameter count (a MoE counts its active parameters) and MaxText's FLOP accounting"
+        )
+    else:
+        out["verdict"] = "consistent"
+        out["note"] = (
+            f"reported {reported:.4g} TFLOP/s/device is {ratio:.2g} x 6 N tokens/s/device ({expected:.4g}): "
+            f"within a factor {TFLOPS_TOLERANCE:g}"
+        )
+    return out
 
 
 # --- steps --------------------------------------------------------------------------------
@@ -638,19 +749,24 @@ def perf(
     ref = s.steps.host if s.steps.host in table.hosts else next(iter(table.hosts), None)
     st = table.hosts.get(ref) if table.hosts else None
 
-    # peak
+    # the GPU model (--gpu, the log, the TSDB's hw_gpu_info) and its peak
+    if gpu and gpu_peak(gpu) is None:
+        raise InputError(f"unknown GPU '{gpu}' (known: {', '.join(g[0] for g in GPUS)}; or pass --peak-tflops X)")
+    has_steps = any(x is not None for h in table.hosts.values() for x in h.tflops)
+    gpu_info, gpu_note = gpu_model(table.device, job_dir, gpu, ask_tsdb=peak_tflops is None and has_steps)
+    if gpu_note:
+        notes.append(gpu_note)
     peak, source = None, None
+    hit = gpu_peak(gpu_info["model"]) if gpu_info["model"] else None
     if peak_tflops is not None:
         peak, source = peak_tflops, "--peak-tflops"
-    elif gpu:
-        hit = gpu_peak(gpu)
-        if hit is None:
-            raise InputError(f"unknown GPU '{gpu}' (known: {', '.join(g[0] for g in GPUS)}; or pass --peak-tflops X)")
-        peak, source = hit[1], f"--gpu {hit[0]}: {hit[2]}"
-    elif table.device:
-        hit = gpu_peak(table.device)
-        if hit:
-            peak, source = hit[1], f"log: XLA device 0 is '{table.device}' -> {hit[0]}: {hit[2]}"
+    elif hit:
+        where = {
+            "--gpu": "--gpu",
+            "log": f"log: XLA device 0 is '{gpu_info['model']}'",
+            "tsdb": f"TSDB: hw_gpu_info model '{gpu_info['model']}'",
+        }[gpu_info["source"]]
+        peak, source = hit[1], f"{where} -> {hit[0]}: {hit[2]}"
 
     rep: dict = {
         "job_id": job_id,
@@ -660,12 +776,14 @@ def perf(
         "status": s.summary.get("status") or None,
         "host": ref if ref is not None else (nodes[0] if len(nodes) == 1 else None),
         "device": table.device,
+        "gpu": gpu_info,
         "steps": None,
         "tgs": {"steady": None, "p10": None, "p90": None, "mean": None, "effective": None},
         "tflops_per_device": None,
         "peak_tflops": peak,
         "peak_source": source,
         "mfu": None,
+        "tflops_check": None,
         "step_time": None,
         "stalls": None,
         "lost": None,
@@ -713,11 +831,16 @@ def perf(
         elif tfl is None:
             notes.append("the step lines carry no TFLOP/s/device (batch ramp-up only?): no MFU")
         else:
-            dev = f" (XLA device 0: '{table.device}', not in the table)" if table.device else ""
+            dev = f" ({gpu_info['source']}: '{gpu_info['model']}', not in the table)" if gpu_info["model"] else ""
             notes.append(
                 f"MFU needs one device's peak dense bf16 TFLOP/s{dev}: pass --gpu NAME "
                 f"({', '.join(g[0] for g in GPUS)}) or --peak-tflops X"
             )
+        n, n_source = model_params(table, s.header, job_dir)
+        chk = tflops_check(tfl, tgs["steady"], n, n_source, peak, gpu_info["model"] or "this GPU")
+        rep["tflops_check"] = chk
+        if chk["verdict"] not in ("consistent", "unknown"):
+            notes.append(f"TFLOP/s check: {chk['note']}")
         stl = rep["stalls"]
         window = profiler_window(s.header, job_dir)
         stl["profiler"] = [x for x in stl["steps"] if window and window[0] - 1 <= x <= window[1] + 2]
@@ -780,6 +903,11 @@ def render(r: dict) -> str:
             f"compute: {_fmt(r['tflops_per_device'])} TFLOP/s/device, {mfu}"
             + (f" ({r['peak_source']})" if r["peak_source"] else "")
         )
+        g = r["gpu"]
+        if g["model"]:
+            lines.append(f"gpu: {g['model']} (from {g['source']})")
+        if r["tflops_check"]:
+            lines.append(f"TFLOP/s check: {r['tflops_check']['verdict']}: {r['tflops_check']['note']}")
         lines.append(
             f"step time: first {_fmt(st['first'], ' s')}"
             + (f" ({_fmt(st['to_first_step'], ' s')} from job start)" if st["to_first_step"] else "")
