@@ -41,6 +41,7 @@ from diagnosis import cli, tsdb
 from diagnosis import locate as lookup
 from diagnosis.cli import InputError
 from diagnosis.locate import default_workspace
+from diagnosis.rdma import is_rdma_retransmit
 
 try:
     from diagnosis import joblog  # the one parser of the job log format (utils/diagnosis/joblog.py)
@@ -63,16 +64,6 @@ VERDICTS = (
 )
 POINTS = 480  # target points per range query (step = range / POINTS, at least the scrape interval)
 HB_TIMEOUT = 100.0  # JAX's default heartbeat timeout, seconds
-RDMA_RETRANS = (
-    "local_ack_timeout_err",
-    "roce_adp_retrans",
-    "roce_adp_retrans_to",
-    "packet_seq_err",
-    "out_of_sequence",
-    "implied_nak_seq_err",
-    "rnr_nak_retry_err",
-    "duplicate_request",
-)
 
 # The checks and the families each needs (any one of them is enough to run it).
 NEEDS: dict[str, tuple[str, ...]] = {
@@ -722,7 +713,7 @@ def _network_signals(d: Data) -> dict[str, tuple[dict[str, np.ndarray], float]]:
         counter = re.search(r'counter="([^"]+)"', key)
         if name in ("hw_tcp_retransmits_total", "hw_tcp_timeouts_total"):
             out[key] = (per, 5.0)
-        elif name == "hw_ib_port_transport_errors_total" and counter and counter.group(1) in RDMA_RETRANS:
+        elif name == "hw_ib_port_transport_errors_total" and counter and is_rdma_retransmit(counter.group(1)):
             out[key] = (per, 0.5)
         elif name == "hw_ib_port_errors_total":
             out[key] = (per, 0.05)
