@@ -11,9 +11,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from test_plugins import FIX, run_plugin, samples, val
 
 from diagnosis.rdma import is_rdma_retransmit
-from test_plugins import FIX, run_plugin, samples, val
 
 TRANSPORT = "hw_ib_port_transport_errors_total"
 CONGESTION = "hw_ib_port_congestion_events_total"
