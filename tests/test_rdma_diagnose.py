@@ -10,8 +10,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers import corpus
 from test_diagnose import diag
+
+from helpers import corpus
 
 # seed -> (NIC, the counter the culprits' NICs raise); each drawn by the corpus from the seed
 CASES = {
