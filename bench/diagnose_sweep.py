@@ -3,11 +3,14 @@
                                 [--hours H] [--interval S] [--rebuild]
 
 Wall time of a full diagnosis of a big job: builds (or reuses from the cache) one incident job with
-tests/corpus.py, by default 24 hosts x 8 GPUs x 48 h at a 30 s scrape interval with 8 RDMA NICs per
-host (~6300 series, ~36 M samples, ~2 min to build), then times `utils/diagnose.py JOB --json` as a
-user runs it (Python start, one Prometheus on a copy of the TSDB, every query and playbook) --runs
-times and prints each wall time, the median and whether the verdict and culprits were right.
-Goal: <= 10 s. The cache is $XDG_CACHE_HOME/maxtext-slurm/diagnose-bench (else ~/.cache/...).
+tests/helpers/corpus.py, by default 24 hosts x 8 GPUs x 48 h at the launcher's own 5 s scrape interval
+(METRICS_INTERVAL's default) with 8 RDMA NICs per host: ~6300 series, ~220 M samples, what a real job
+of that length leaves. Building it takes ~15 min on 2 cores, ~20 GB of temporary disk under $TMPDIR
+(promtool's backfill) and leaves a ~0.5 GB TSDB in the cache, which later runs reuse. Then it times
+`utils/diagnose.py JOB --json` as a user runs it (Python start, one Prometheus on a copy of the TSDB,
+every query and playbook) --runs times and prints each wall time, the median and whether the verdict
+and culprits were right. Goal: <= 10 s. The cache is $XDG_CACHE_HOME/maxtext-slurm/diagnose-bench
+(else ~/.cache/maxtext-slurm/diagnose-bench), one directory per family, seed and scale.
 """
 
 import argparse

@@ -63,6 +63,7 @@ VERDICTS = (
     "none",
 )
 POINTS = 480  # target points per range query (step = range / POINTS, at least the scrape interval)
+MAX_SAMPLES = 20_000  # samples per series in the range above which the step doubles (a long job at 5 s)
 HB_TIMEOUT = 100.0  # JAX's default heartbeat timeout, seconds
 
 # The checks and the families each needs (any one of them is enough to run it).
@@ -435,6 +436,8 @@ def load(target: Target, prom: tsdb.Served) -> Data:
     names = _names(prom, start, end)
     interval = _interval(prom, names, start, end)
     step = nice_step(max(interval, (end - start) / POINTS, 1.0))
+    if (end - start) / interval > MAX_SAMPLES:
+        step = nice_step(2 * step)
     d = Data(target, start, end, step, interval, names)
     d.grid = start + step * np.arange(int((end - start) // step) + 1)
     d.queries = _queries(d)
