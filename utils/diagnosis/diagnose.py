@@ -416,8 +416,11 @@ def _queries(d: Data) -> dict[str, str]:
 
 
 def _deltas(d: Data) -> dict[str, str]:
-    """Instant queries at the end: each counter's exact increase over the whole range, by host."""
-    span = f"{int(d.end - d.start) + 2 * int(d.step) + 1}s"
+    """Instant queries: each counter's increase over the whole range, by host: its last value minus its first
+    (of a counter, what max_over_time - min_over_time of the range gives), read from the last and the first
+    hour only, so a long job's every sample is not read."""
+    hour = 3601  # s: a window holds a sample at its start
+    last, first = f"[{hour}s] @ {d.end:.0f}", f"[{hour}s] @ {d.start + hour - 1:.0f}"
     q = {}
     for name, by in (
         ("hw_oom_kills_total", ""),
@@ -425,7 +428,9 @@ def _deltas(d: Data) -> dict[str, str]:
         ("hw_gpu_pcie_aer_errors_total", ", severity"),
     ):
         if name in d.names:
-            q[name] = f"sum by (host{by}) (max_over_time({name}[{span}]) - min_over_time({name}[{span}]))"
+            q[name] = (
+                f"sum by (host{by}) (last_over_time({name}{last})) - sum by (host{by}) (min_over_time({name}{first}))"
+            )
     return q
 
 
