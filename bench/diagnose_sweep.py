@@ -4,9 +4,9 @@
 
 Wall time of a full diagnosis of a big job: builds (or reuses from the cache) one incident job with
 tests/helpers/corpus.py, by default 24 hosts x 8 GPUs x 48 h at the launcher's own 5 s scrape interval
-(METRICS_INTERVAL's default) with 8 RDMA NICs per host: ~6300 series, ~220 M samples, what a real job
-of that length leaves. Building it takes ~15 min on 2 cores, ~20 GB of temporary disk under $TMPDIR
-(promtool's backfill) and leaves a ~0.5 GB TSDB in the cache, which later runs reuse. Then it times
+(METRICS_INTERVAL's default) with 8 RDMA NICs per host: ~6100 series, ~210 M samples, what a real job
+of that length leaves. Building it takes 10-15 min on 2 cores, ~20 GB of temporary disk under $TMPDIR
+(promtool's backfill) and leaves a ~420 MiB TSDB in the cache, which later runs reuse. Then it times
 `utils/diagnose.py JOB --json` as a user runs it (Python start, one Prometheus on a copy of the TSDB,
 every query and playbook) --runs times and prints each wall time, the median and whether the verdict
 and culprits were right. Goal: <= 10 s. The cache is $XDG_CACHE_HOME/maxtext-slurm/diagnose-bench
@@ -76,13 +76,15 @@ def main() -> int:
     ap.add_argument("--cache", type=Path, default=cache_root())
     ap.add_argument("--family", default="rdma_retransmits", choices=list(corpus.FAMILIES))
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=3, help="timed runs (0: only build or check the cache)")
     ap.add_argument("--hosts", type=int, default=corpus.FULL.hosts)
     ap.add_argument("--gpus", type=int, default=corpus.FULL.gpus)
     ap.add_argument("--hours", type=float, default=corpus.FULL.hours)
     ap.add_argument("--interval", type=int, default=INTERVAL_S)
     ap.add_argument("--rebuild", action="store_true", help="build again even if cached")
     args = ap.parse_args()
+    if args.runs < 0:
+        ap.error("--runs must be 0 or more")
     rec, took = build_or_reuse(args)
     job = Path(rec["job_dir"])
     print(f"job: {job}" + (f" (built in {took:.0f} s)" if took is not None else " (cached)"))
@@ -105,6 +107,8 @@ def main() -> int:
             f"run {i + 1}: {times[-1]:.2f} s wall ({r['queries_run']} queries, {r['seconds']:.2f} s inside), "
             f"verdict {r['verdict']} {','.join(r['culprit_hosts']) or '-'} ({'right' if ok else 'WRONG'})"
         )
+    if not times:
+        return 0
     med = statistics.median(times)
     print(
         f"median {med:.2f} s over {len(times)} run(s), goal <= {GOAL_S:g} s: {'met' if med <= GOAL_S else 'MISSED'}; "
