@@ -5,7 +5,8 @@
 #   NICs (/proc/net/dev), TCP (/proc/net/snmp, /proc/net/netstat), run queue, context switches, forks and
 #   CPU time (/proc/stat), OOM kills and major faults (/proc/vmstat), memory (/proc/meminfo), pressure stall
 #   information (/proc/pressure/*), load average, and InfiniBand/RoCE ports
-#   (/sys/class/infiniband/*/ports/*/{counters,hw_counters}).
+#   (/sys/class/infiniband/*/ports/*/{counters,hw_counters}; which hw_counters files are retransmits,
+#   errors, congestion or traffic is per driver in utils/launch/rdma_providers.tsv).
 # Run by metrics_exporter.py at every poll (contract: docs/plugins.md; metrics: docs/metrics.md).
 # Environment: METRICS_PROCFS_ROOT (default /proc), METRICS_SYSFS_ROOT (default /sys).
 # All of /proc is read by one awk; the sysfs counters with bash builtins (no process per value).
