@@ -10,7 +10,8 @@
 # Run by metrics_exporter.py at every poll (contract: docs/plugins.md; metrics: docs/metrics.md).
 # Environment: METRICS_PROCFS_ROOT (default /proc), METRICS_SYSFS_ROOT (default /sys).
 # All of /proc is read by one awk; the sysfs counters with bash builtins (no process per value).
-# A missing or unreadable file only drops its own series. Exit 0, or 1 if the awk pass failed.
+# A missing or unreadable file only drops its own series. Exit 0, or 1 if the awk pass failed or
+# the NIC table (rdma_providers.tsv, through utils/launch/netenv.sh) could not be read.
 set -euo pipefail
 export LC_ALL=C # numbers with a "." whatever the caller's locale
 
