@@ -57,6 +57,7 @@ def test_vendor_tree_gives_the_documented_series(vendor):
         assert is_rdma_retransmit(counter), f"diagnose does not read {vendor}'s {counter} as a retransmit"
     for counter, value in congestion.items():
         assert val(got, CONGESTION, counter=counter, **port) == value, counter
+        assert not is_rdma_retransmit(counter), f"diagnose reads {vendor}'s {counter} as a retransmit"
     # bytes and packets: one series per port (bnxt_re has them in counters/ and hw_counters/; ionic only in
     # hw_counters/), the same totals on every tree
     assert val(got, "hw_ib_port_transmit_bytes_total", **port) == 10_000_000_000
