@@ -327,6 +327,36 @@ def _after(ts: np.ndarray, t: float) -> np.ndarray:
     return ts >= t
 
 
+# The RDMA NIC of a job's hosts and its hw_counters file names for the three retransmit-like counters
+# the corpus draws (keyed by the mlx5 name): NVIDIA nodes have ConnectX (mlx5), AMD nodes AMD Pensando
+# Pollara (ionic) or Broadcom Thor (bnxt_re). Names: tests/fixtures/sysfs/README.md.
+RDMA_NICS: dict[str, dict[str, str]] = {
+    "mlx5": {
+        "roce_adp_retrans": "roce_adp_retrans",
+        "local_ack_timeout_err": "local_ack_timeout_err",
+        "roce_adp_retrans_to": "roce_adp_retrans_to",
+    },
+    "ionic": {
+        "roce_adp_retrans": "tx_rdma_retx_pkts",
+        "local_ack_timeout_err": "tx_rdma_ack_timeout",
+        "roce_adp_retrans_to": "req_rx_pkt_seq_err",
+    },
+    "bnxt_re": {
+        "roce_adp_retrans": "seq_err_naks_rcvd",
+        "local_ack_timeout_err": "to_retransmits",
+        "roce_adp_retrans_to": "oos_drop_count",
+    },
+}
+
+
+def _rdma_nic(sim: _Sim) -> tuple[str, dict[str, str]]:
+    """(driver, counter names) of the job's NICs, from the first host's name (draws no random number)."""
+    if sim.vendor != "amd":
+        return "mlx5", RDMA_NICS["mlx5"]
+    nic = ("ionic", "bnxt_re")[hashlib.sha256(sim.hosts[0].encode()).digest()[0] % 2]
+    return nic, RDMA_NICS[nic]
+
+
 def _counter(rng: np.random.Generator, rate: np.ndarray, interval: float, start: float = 0.0) -> np.ndarray:
     """Cumulative counter with Poisson increments of rate/s (floats for big rates)."""
     lam = np.maximum(rate, 0) * interval
@@ -529,8 +559,9 @@ class _Series:
         sim, m, ts, iv, rng = self.sim, self.m, self.sim.ts, self.sim.scale.interval, self.sim.rng
         fx = sim.host_fx[host].get("retrans")
         traffic = 2.2e10 * m["compute"]
+        nic, names = _rdma_nic(sim)
         for d in range(sim.scale.nics):
-            lab = {**base, "device": f"mlx5_{d}", "port": "1"}
+            lab = {**base, "device": f"{nic}_{d}", "port": "1"}
             yield "hw_ib_port_transmit_bytes_total", lab, self.samples(_counter(rng, traffic, iv, 1e14), -1)
             yield "hw_ib_port_receive_bytes_total", lab, self.samples(_counter(rng, traffic, iv, 1e14), -1)
             yield "hw_ib_port_transmit_wait_total", lab, self.samples(_counter(rng, 3e5 * m["compute"], iv, 1e9), -1)
@@ -544,7 +575,7 @@ class _Series:
                         rate = rate + r / len(fx[3]) * 0.05 * _after(ts, t)
                 yield (
                     "hw_ib_port_transport_errors_total",
-                    {**lab, "counter": counter},
+                    {**lab, "counter": names[counter]},
                     self.samples(_counter(rng, rate, iv), -1),
                 )
             for counter in ("symbol_error", "link_downed"):

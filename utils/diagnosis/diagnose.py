@@ -41,6 +41,7 @@ from diagnosis import cli, tsdb
 from diagnosis import locate as lookup
 from diagnosis.cli import InputError
 from diagnosis.locate import default_workspace
+from diagnosis.rdma import is_rdma_retransmit
 
 try:
     from diagnosis import joblog  # the one parser of the job log format (utils/diagnosis/joblog.py)
@@ -62,17 +63,8 @@ VERDICTS = (
     "none",
 )
 POINTS = 480  # target points per range query (step = range / POINTS, at least the scrape interval)
+MAX_SAMPLES = 20_000  # samples per series in the range above which the step doubles (a long job at 5 s)
 HB_TIMEOUT = 100.0  # JAX's default heartbeat timeout, seconds
-RDMA_RETRANS = (
-    "local_ack_timeout_err",
-    "roce_adp_retrans",
-    "roce_adp_retrans_to",
-    "packet_seq_err",
-    "out_of_sequence",
-    "implied_nak_seq_err",
-    "rnr_nak_retry_err",
-    "duplicate_request",
-)
 
 # The checks and the families each needs (any one of them is enough to run it).
 NEEDS: dict[str, tuple[str, ...]] = {
@@ -424,8 +416,11 @@ def _queries(d: Data) -> dict[str, str]:
 
 
 def _deltas(d: Data) -> dict[str, str]:
-    """Instant queries at the end: each counter's exact increase over the whole range, by host."""
-    span = f"{int(d.end - d.start) + 2 * int(d.step) + 1}s"
+    """Instant queries: each counter's increase over the whole range, by host: its last value minus its first
+    (of a counter, what max_over_time - min_over_time of the range gives), read from the last and the first
+    hour only, so a long job's every sample is not read."""
+    hour = 3601  # s: a window holds a sample at its start
+    last, first = f"[{hour}s] @ {d.end:.0f}", f"[{hour}s] @ {d.start + hour - 1:.0f}"
     q = {}
     for name, by in (
         ("hw_oom_kills_total", ""),
@@ -433,7 +428,9 @@ def _deltas(d: Data) -> dict[str, str]:
         ("hw_gpu_pcie_aer_errors_total", ", severity"),
     ):
         if name in d.names:
-            q[name] = f"sum by (host{by}) (max_over_time({name}[{span}]) - min_over_time({name}[{span}]))"
+            q[name] = (
+                f"sum by (host{by}) (last_over_time({name}{last})) - sum by (host{by}) (min_over_time({name}{first}))"
+            )
     return q
 
 
@@ -444,6 +441,8 @@ def load(target: Target, prom: tsdb.Served) -> Data:
     names = _names(prom, start, end)
     interval = _interval(prom, names, start, end)
     step = nice_step(max(interval, (end - start) / POINTS, 1.0))
+    if (end - start) / interval > MAX_SAMPLES:
+        step = nice_step(2 * step)
     d = Data(target, start, end, step, interval, names)
     d.grid = start + step * np.arange(int((end - start) // step) + 1)
     d.queries = _queries(d)
@@ -722,7 +721,7 @@ def _network_signals(d: Data) -> dict[str, tuple[dict[str, np.ndarray], float]]:
         counter = re.search(r'counter="([^"]+)"', key)
         if name in ("hw_tcp_retransmits_total", "hw_tcp_timeouts_total"):
             out[key] = (per, 5.0)
-        elif name == "hw_ib_port_transport_errors_total" and counter and counter.group(1) in RDMA_RETRANS:
+        elif name == "hw_ib_port_transport_errors_total" and counter and is_rdma_retransmit(counter.group(1)):
             out[key] = (per, 0.5)
         elif name == "hw_ib_port_errors_total":
             out[key] = (per, 0.05)

@@ -23,7 +23,8 @@
 #                     user allows, else the hard limit), and read-only mounts of the host's
 #                     /etc/libibverbs.d, libibverbs, its provider directory and the table's libraries;
 #                     nothing when the node has no /dev/infiniband
-# Sourced (bash), it defines functions only (netenv_scan, netenv_print, netenv_report, netenv_container_args).
+# Sourced (bash), it defines functions only (netenv_scan, netenv_print, netenv_report, netenv_container_args,
+# netenv_counter_globs).
 # Reads /sys/class/net, /sys/class/infiniband, `ip -o addr show` and `ip -o route get` (without ip,
 # /proc/net/route) and getent for a node address that is a name.
 # Test hooks (docs/env-contract.md): MST_SYSFS_ROOT (/sys), MST_PROC_ROOT (/proc), MST_DEV_ROOT (/dev),
@@ -108,13 +109,30 @@ _ne_unusable() {
 _ne_provider() {
   local pci rdma vendor family provider libs ib
   NE_ROW=()
-  while IFS=$'\t' read -r pci rdma vendor family provider libs ib; do
+  while IFS=$'\t' read -r pci rdma vendor family provider libs ib _; do
     [[ $pci == "$1" ]] && { NE_ROW=("$rdma" "$vendor" "$family" "$provider" "$libs" "$ib"); return 0; }
   done < <(grep -v '^#' "$NETENV_TABLE")
   return 1
 }
 
 # _ne_libdir ROOT: the host's library directory that holds libibverbs (under ROOT).
+# netenv_counter_globs: NE_GLOBS[PCI_DRIVER/COLUMN] = the table's hw_counters globs (COLUMN: retransmit,
+# errors, congestion, traffic; empty for "-"), and NE_GLOBS[*/COLUMN] every row's together (for a driver
+# the table lacks). Read by utils/observe/plugins/host_metrics_plugin.sh.
+netenv_counter_globs() {
+  declare -gA NE_GLOBS=()
+  local pci col v i
+  local -a cols=(retransmit errors congestion traffic) vals
+  while IFS=$'\t' read -r pci _ _ _ _ _ _ 'vals[0]' 'vals[1]' 'vals[2]' 'vals[3]' _; do
+    for i in 0 1 2 3; do
+      col=${cols[i]} v=${vals[i]}
+      [[ $v == - ]] && v=
+      NE_GLOBS[$pci/$col]=$v
+      [[ $col == traffic || -z $v ]] || NE_GLOBS[*/$col]+="${NE_GLOBS[*/$col]:+ }$v"
+    done
+  done < <(grep -v '^#' "$NETENV_TABLE")
+}
+
 _ne_libdir() {
   local d
   for d in "/usr/lib/$(uname -m)-linux-gnu" /usr/lib64 /usr/lib; do

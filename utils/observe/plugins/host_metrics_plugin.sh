@@ -5,11 +5,13 @@
 #   NICs (/proc/net/dev), TCP (/proc/net/snmp, /proc/net/netstat), run queue, context switches, forks and
 #   CPU time (/proc/stat), OOM kills and major faults (/proc/vmstat), memory (/proc/meminfo), pressure stall
 #   information (/proc/pressure/*), load average, and InfiniBand/RoCE ports
-#   (/sys/class/infiniband/*/ports/*/{counters,hw_counters}).
+#   (/sys/class/infiniband/*/ports/*/{counters,hw_counters}; which hw_counters files are retransmits,
+#   errors, congestion or traffic is per driver in utils/launch/rdma_providers.tsv).
 # Run by metrics_exporter.py at every poll (contract: docs/plugins.md; metrics: docs/metrics.md).
 # Environment: METRICS_PROCFS_ROOT (default /proc), METRICS_SYSFS_ROOT (default /sys).
 # All of /proc is read by one awk; the sysfs counters with bash builtins (no process per value).
-# A missing or unreadable file only drops its own series. Exit 0, or 1 if the awk pass failed.
+# A missing or unreadable file only drops its own series. Exit 0, or 1 if the awk pass failed or
+# the NIC table (rdma_providers.tsv, through utils/launch/netenv.sh) could not be read.
 set -euo pipefail
 export LC_ALL=C # numbers with a "." whatever the caller's locale
 
@@ -154,16 +156,40 @@ declare -A HELP=(
 ERRORS=(symbol_error link_error_recovery link_downed port_rcv_errors port_rcv_remote_physical_errors
   port_rcv_switch_relay_errors port_xmit_discards port_xmit_constraint_errors port_rcv_constraint_errors
   local_link_integrity_errors excessive_buffer_overrun_errors VL15_dropped)
-TRANSPORT=(local_ack_timeout_err packet_seq_err out_of_sequence rnr_nak_retry_err req_cqe_error resp_cqe_error
-  req_remote_access_errors req_remote_invalid_request resp_local_length_error resp_remote_access_errors
-  implied_nak_seq_err duplicate_request out_of_buffer rx_icrc_encapsulated roce_adp_retrans roce_adp_retrans_to
-  roce_slow_restart)
-CONGESTION=(np_cnp_sent np_ecn_marked_roce_packets rp_cnp_handled rp_cnp_ignored)
+TRAFFIC=(hw_ib_port_transmit_bytes_total hw_ib_port_receive_bytes_total hw_ib_port_transmit_packets_total
+  hw_ib_port_receive_packets_total)
 declare -A SAMPLES=()
 ORDER=()
 emit() { # emit METRIC LABELS VALUE
   if [[ ! -v SAMPLES[$1] ]]; then ORDER+=("$1"); SAMPLES[$1]=; fi
   SAMPLES[$1]+="$1{$2} $3"$'\n'
+}
+# hw_counters names per driver: utils/launch/rdma_providers.tsv, read by netenv.sh's netenv_counter_globs.
+have_globs=0
+if compgen -G "$sys/class/infiniband/*/ports/*/hw_counters" >/dev/null; then
+  # shellcheck source=utils/launch/netenv.sh
+  source "$(dirname "${BASH_SOURCE[0]}")/../../launch/netenv.sh" && netenv_counter_globs && have_globs=1 || status=1
+fi
+# port_driver VAR DEVICE_DIR: VAR = the table's PCI driver of the device's parent function, else "*".
+port_driver() {
+  local -n _pd=$1
+  local k
+  _pd='*'
+  for k in "${!NE_GLOBS[@]}"; do
+    [[ $k == */retransmit && $k != '*/retransmit' ]] || continue
+    if [[ $2/device/driver -ef $sys/bus/pci/drivers/${k%/*} ]]; then _pd=${k%/*}; return 0; fi
+  done
+}
+# matches NAME GLOBS: NAME matches one of the space-separated GLOBS.
+matches() {
+  local -a gl
+  local g
+  read -ra gl <<< "$2"
+  for g in "${gl[@]}"; do
+    # shellcheck disable=SC2053 # $g is a glob
+    [[ $1 == $g ]] && return 0
+  done
+  return 1
 }
 
 for port_dir in "$sys"/class/infiniband/*/ports/*; do
@@ -180,16 +206,26 @@ for port_dir in "$sys"/class/infiniband/*/ports/*; do
   for name in "${ERRORS[@]}"; do
     if read_num v "$c/$name"; then emit hw_ib_port_errors_total "$labels,counter=\"$name\"" "$v"; fi
   done
-  for name in "${TRANSPORT[@]}"; do
-    if read_num v "$port_dir/hw_counters/$name"; then
-      emit hw_ib_port_transport_errors_total "$labels,counter=\"$name\"" "$v"
-    fi
-  done
-  for name in "${CONGESTION[@]}"; do
-    if read_num v "$port_dir/hw_counters/$name"; then
-      emit hw_ib_port_congestion_events_total "$labels,counter=\"$name\"" "$v"
-    fi
-  done
+  if (( have_globs )) && [[ -d $port_dir/hw_counters ]]; then
+    port_driver drv "${port_dir%/ports/*}"
+    # traffic from hw_counters only where the port has no PMA counters (bnxt_re has both: count once)
+    read -ra tn <<< "${NE_GLOBS[$drv/traffic]:-}"
+    for i in 0 1 2 3; do
+      [[ -n ${tn[i]:-} && ${tn[i]} != - && ! -e $c/port_xmit_data ]] || continue
+      if read_num v "$port_dir/hw_counters/${tn[i]}"; then emit "${TRAFFIC[i]}" "$labels" "$v"; fi
+    done
+    for f in "$port_dir"/hw_counters/*; do
+      name=${f##*/}
+      if matches "$name" "${NE_GLOBS[$drv/retransmit]:-} ${NE_GLOBS[$drv/errors]:-}"; then
+        metric=hw_ib_port_transport_errors_total
+      elif matches "$name" "${NE_GLOBS[$drv/congestion]:-}"; then
+        metric=hw_ib_port_congestion_events_total
+      else
+        continue
+      fi
+      if read_num v "$f"; then emit "$metric" "$labels,counter=\"$name\"" "$v"; fi
+    done
+  fi
   if { IFS= read -r v || [[ -n $v ]]; } 2>/dev/null < "$port_dir/state" && [[ ${v%%:*} =~ ^[0-9]+$ ]]; then
     emit hw_ib_port_state "$labels" "${v%%:*}"
   fi
