@@ -1,6 +1,6 @@
-"""What the four diagnosis commands share (utils/diagnosis/locate.py and cli.py), through the commands.
+"""What the diagnosis commands share (utils/diagnosis/locate.py and cli.py), through the commands.
 
-One rule for JOB in triage, diagnose, perf and sweep: a job id and the job's name find the same job; an
+One rule for JOB in triage, diagnose, perf, sweep and investigate: a job id and the job's name find the same job; an
 id that two jobs share is an error that names both; the results submit.sh moved aside for a newer job
 of the same name (launch_lib.sh move_aside, run here for real) never match. And a report piped into a
 reader that stops early ends quietly, with the tool's own exit status.
@@ -17,7 +17,7 @@ from conftest import REPO, VENV, run
 
 from helpers import corpus, logcorpus
 
-TOOLS = ("triage", "diagnose", "perf", "sweep")
+TOOLS = ("triage", "diagnose", "perf", "sweep", "investigate")
 
 
 def tool(name: str, *args: str | Path, ws: Path) -> subprocess.CompletedProcess:
@@ -31,6 +31,7 @@ def job_args(name: str, job: str, model: str = "tiny") -> list[str]:
         "triage": [job, "--json", "--no-scheduler"],
         "diagnose": [job, "--json"],
         "perf": [job, "--json"],
+        "investigate": [job, "--json", "--no-scheduler"],
         "sweep": ["regress", model, "--baseline", job, "--dry-run", "--json"],
     }[name]
 
@@ -168,7 +169,7 @@ def test_a_reader_that_stops_early_ends_the_report_quietly(name, ws, tmp_path):
         proc.stdout.close()  # the reader is gone before the tool writes
         err = proc.stderr.read()
         assert proc.wait(timeout=120) == 0 and err == "", err
-        if name == "diagnose":
+        if name in ("diagnose", "investigate"):
             break  # one Prometheus start is enough
 
 

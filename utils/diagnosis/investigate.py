@@ -249,8 +249,8 @@ def next_steps(job: locate.Job, tri: dict | None, diag: dict | None, verdict: di
             add(f"{tool('diagnose')} {jd} --vs {other} --json   # the comparison with the earlier run")
         elif diag["verdict"] == "none" and not diag.get("insufficient_evidence"):
             add(
-                f"{tool('diagnose')} {jd} --vs OTHER_JOB   # against a good run of the same model (none found "
-                "beside this job): a cause on every host from the start shows only this way"
+                "no good run of the same model beside this job to compare with; with one (OTHER_JOB): "
+                f"{tool('diagnose')} {jd} --vs OTHER_JOB (a cause on every host from the start shows only this way)"
             )
     elif jd and job.dir is not None and (job.dir / "prometheus").is_dir():
         add(f"{tool('diagnose')} {jd}   # the metrics (not read: --metrics never or no hand-over)")
@@ -259,10 +259,7 @@ def next_steps(job: locate.Job, tri: dict | None, diag: dict | None, verdict: di
     if verdict["culprit_hosts"] and verdict["verdict"] in SWEEP_CONFIRMS:
         kind = SWEEP_CONFIRMS[verdict["verdict"]]
         culprits = verdict["culprit_hosts"]
-        every = [
-            h
-            for h in ((tri or {}).get("hosts") and [x["host"] for x in tri["hosts"]] or (diag or {}).get("hosts") or [])
-        ]
+        every = [x["host"] for x in (tri or {}).get("hosts") or []] or list((diag or {}).get("hosts") or [])
         peers = [h for h in every if h not in culprits]
         nodes = every if kind == "bisect" else culprits + peers[: max(0, 3 - len(culprits))]
         add(
@@ -287,8 +284,14 @@ SWEEP_CONFIRMS = {
 
 
 def model_of(name: str) -> str:
-    """The model in a job name <id>-JAX-<model>[-<tag>] (the tag cannot be told apart: kept)."""
-    return name.partition("-JAX-")[2] or name
+    """The model in a job name <id>-JAX-<model>[-<tag>]: the longest head of what follows -JAX- that
+    names a config in configs/ (a tag has dashes too), else all of it."""
+    rest = name.partition("-JAX-")[2] or name
+    parts = rest.split("-")
+    for n in range(len(parts), 0, -1):
+        if (REPO / "configs" / ("-".join(parts[:n]) + ".yml")).is_file():
+            return "-".join(parts[:n])
+    return rest
 
 
 def earlier_run(job: locate.Job, ws: Path) -> Path | None:
