@@ -148,7 +148,6 @@ def test_log_only_next_steps_run_from_another_directory(tmp_path):
     assert {Path(t.split()[0]).name for t in tools} == {"perf.py", "investigate.py"}, tools
 
 
-@pytest.mark.slow  # ~20 s: a diagnosis, its charts, a sweep plan and the investigation again
 def test_json_and_next_steps_run_from_another_directory(tmp_path):
     """`investigate.py NAME --json` from the workspace's shell; then every printed command that is a
     tool of this repository runs as printed from an unrelated directory and another workspace."""
