@@ -39,17 +39,19 @@ def cli(*args: str | Path, cwd: Path, env: dict | None = None) -> subprocess.Com
     return run([TOOL, *map(str, args), "--no-scheduler"], env=env, cwd=cwd, timeout=180)
 
 
-# --- incidents with metrics: (family, verdict, decided by) ---------------------------------------
-TSDB_CASES = [
-    ("rdma_retransmits", "network", "diagnose"),  # completed, throughput dropped: the metrics name the hosts
-    ("host_oom", "oom_host", "triage"),  # the log names the host; the metrics agree (memory)
-    ("gpu_thermal", "gpu_thermal", "diagnose"),
-    ("thread_leak", "cpu_contention", "diagnose"),  # clean alone: found against the earlier run beside it
-    ("healthy", "none", None),
+# --- incidents with metrics: every family of the corpus ------------------------------------------
+# where the log names the failure, triage decides (the metrics' verdict is kept beside it); otherwise
+# diagnose does (thread_leak: clean alone, found against the earlier run the corpus puts beside it)
+TRIAGE_DECIDES = {"host_oom": "oom_host", "hang": "hang", "heartbeat_false_positive": "heartbeat_false_positive"}
+TSDB_CASES = [  # ~2 s each (thread_leak ~5 s: two diagnoses): no slow mark
+    pytest.param(
+        f, TRIAGE_DECIDES.get(f, v), "triage" if f in TRIAGE_DECIDES else ("diagnose" if v != "none" else None), id=f
+    )
+    for f, v in corpus.FAMILIES.items()
 ]
 
 
-@pytest.mark.parametrize(("family", "verdict", "decided_by"), TSDB_CASES, ids=[c[0] for c in TSDB_CASES])
+@pytest.mark.parametrize(("family", "verdict", "decided_by"), TSDB_CASES)
 def test_incident_with_metrics(tmp_path, family, verdict, decided_by):
     inc = corpus.build(family, tmp_path, 1)
     r = bundle(inc.job_dir, tmp_path)
