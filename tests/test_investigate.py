@@ -1,10 +1,10 @@
 """utils/investigate.py: triage first, then the metrics and the step times where the skills hand over.
 
-On incidents of several families, with a TSDB (tests/helpers/corpus.py) and log-only
-(tests/helpers/logcorpus.py), the bundle's verdict and culprit hosts are the injected ones and say
-which tool decided; the evidence carries file:line for the log and PromQL with values for the
-metrics; --metrics never/always change what is read; the next-step commands run as printed from
-another directory; bad input is one line.
+On every incident family with a TSDB (tests/helpers/corpus.py), five log-only incidents
+(tests/helpers/logcorpus.py) and a job directory whose log is gone, the bundle's verdict and culprit
+hosts are the injected ones and say which tool decided; the evidence carries file:line for the log
+and PromQL with values for the metrics; --metrics never/always change what is read; the next-step
+commands run as printed from another directory; bad input is one line.
 """
 
 import json
@@ -94,6 +94,17 @@ def test_metrics_never_and_always(tmp_path):
     r = bundle(log, tmp_path / "oom", "always")
     assert r["verdict"] == "oom_device" and r["metrics_verdict"] is not None, r["ran"]
     assert r["ran"][1] == {"tool": "diagnose", "why": "asked for (--metrics always)", "seconds": r["ran"][1]["seconds"]}
+
+
+def test_a_job_dir_without_its_log_is_read_from_the_metrics(tmp_path):
+    inc = corpus.build("gpu_ecc", tmp_path, 1)
+    inc.log.unlink()
+    (inc.job_dir / "log").unlink(missing_ok=True)
+    r = bundle(inc.job_dir, tmp_path)
+    assert r["verdict"] == "gpu_hardware" and r["decided_by"] == "diagnose" and r["status"] is None, r["summary"]
+    assert sorted(r["culprit_hosts"]) == sorted(inc.culprits) and r["job_id"] == inc.job_dir.name.split("-JAX-")[0]
+    assert [x["tool"] for x in r["ran"]] == ["diagnose"] and "no log to triage" in r["ran"][0]["why"]
+    assert {c["check"] for c in r["not_checked"]} >= {"triage", "perf"}, r["not_checked"]
 
 
 # --- log-only incidents ------------------------------------------------------------------------
