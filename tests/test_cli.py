@@ -1,6 +1,6 @@
-"""What the four diagnosis commands share (utils/diagnosis/locate.py and cli.py), through the commands.
+"""What the diagnosis commands share (utils/diagnosis/locate.py and cli.py), through the commands.
 
-One rule for JOB in triage, diagnose, perf and sweep: a job id and the job's name find the same job; an
+One rule for JOB in triage, diagnose, perf, sweep and investigate: a job id and the job's name find the same job; an
 id that two jobs share is an error that names both; the results submit.sh moved aside for a newer job
 of the same name (launch_lib.sh move_aside, run here for real) never match. And a report piped into a
 reader that stops early ends quietly, with the tool's own exit status.
@@ -17,7 +17,7 @@ from conftest import REPO, VENV, run
 
 from helpers import corpus, logcorpus
 
-TOOLS = ("triage", "diagnose", "perf", "sweep")
+TOOLS = ("triage", "diagnose", "perf", "sweep", "investigate")
 
 
 def tool(name: str, *args: str | Path, ws: Path) -> subprocess.CompletedProcess:
@@ -31,6 +31,7 @@ def job_args(name: str, job: str, model: str = "tiny") -> list[str]:
         "triage": [job, "--json", "--no-scheduler"],
         "diagnose": [job, "--json"],
         "perf": [job, "--json"],
+        "investigate": [job, "--json", "--no-scheduler"],
         "sweep": ["regress", model, "--baseline", job, "--dry-run", "--json"],
     }[name]
 
@@ -92,7 +93,8 @@ def test_id_and_name_find_the_new_job_never_the_earlier_one(name, ws):
             assert base["job_id"] == "4242" and base["command_file"].startswith(str(job) + "/"), base
             seen.add(base["command_file"])
         elif name == "diagnose":
-            assert r["job"] == job.name and r["tsdb"] == str(job / "prometheus") and r["verdict"] == "network", r
+            assert r["job_name"] == job.name and r["job_id"] == "4242" and r["verdict"] == "network", r
+            assert r["tsdb"] == str(job / "prometheus")
             seen.add(r["tsdb"])
         else:
             assert r["job_dir"] == str(job) and r["log"] == str(ws / f"{job.name}.log"), r
@@ -121,7 +123,7 @@ def test_triage_next_steps_run_the_commands_on_the_same_job(ws):
     res = run(["bash", "-c", again.split("   #")[0] + " --no-scheduler"], env={"JOB_WORKSPACE": "/nonexistent"})
     assert res.returncode == 0 and json.loads(res.stdout)["job_dir"] == str(job), res.stderr
     res = run(["bash", "-c", diagnose.split("   #")[0] + " --json"], env={"JOB_WORKSPACE": "/nonexistent"}, timeout=120)
-    assert res.returncode == 0 and json.loads(res.stdout)["job"] == job.name, res.stderr
+    assert res.returncode == 0 and json.loads(res.stdout)["job_name"] == job.name, res.stderr
 
 
 def test_only_earlier_results_match_nothing(tmp_path):
@@ -167,5 +169,58 @@ def test_a_reader_that_stops_early_ends_the_report_quietly(name, ws, tmp_path):
         proc.stdout.close()  # the reader is gone before the tool writes
         err = proc.stderr.read()
         assert proc.wait(timeout=120) == 0 and err == "", err
-        if name == "diagnose":
+        if name in ("diagnose", "investigate"):
             break  # one Prometheus start is enough
+
+
+@pytest.mark.parametrize("name", TOOLS)
+def test_without_the_environment_each_tool_says_so_in_one_line(name, tmp_path):
+    """Run directly by a python3 that has none of the project's packages and no environment to re-enter:
+    one line naming what is missing and utils/setup_env.sh, exit 2, no traceback."""
+    script = REPO / "utils" / f"{name}.py"
+    args = job_args(name, "4242")
+    env = {"MAXTEXT_SLURM_VENV": str(tmp_path / "no-venv"), "JOB_WORKSPACE": str(tmp_path)}
+    # -S: no site-packages, as a login node's bare python3 (the tool must not need numpy to say so)
+    res = run(["/usr/bin/python3", "-S", str(script), *args], env=env, cwd=tmp_path, timeout=60)
+    lines = res.stderr.strip().splitlines()
+    assert "Traceback" not in res.stderr and len(lines) == 1 and lines[0].startswith(f"{name}.py: "), res.stderr
+    assert res.returncode == 2, res.stderr
+    if "needs" not in lines[0]:  # a tool on the standard library alone runs: it finds no job 4242 there
+        assert name != "diagnose" and "no job '4242'" in lines[0], res.stderr
+    else:  # numpy/requests (diagnose) or a Python 3.11 are missing: the environment is what to make
+        assert "needs the Python package" in lines[0] or "needs Python 3.11" in lines[0], res.stderr
+        assert str(REPO / "utils" / "setup_env.sh") in lines[0] and str(tmp_path / "no-venv") in lines[0]
+
+
+def test_diagnose_with_no_prometheus_binary_is_one_line(ws, tmp_path):
+    res = run(
+        [str(REPO / "utils" / "diagnose.py"), the_job(ws).name],
+        env={"JOB_WORKSPACE": str(ws), "PROMETHEUS_BIN": "/nonexistent"},
+        cwd=tmp_path,
+        timeout=120,
+    )
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 1 and res.stdout == "" and len(lines) == 1, (res.returncode, res.stderr)
+    assert lines[0].startswith("diagnose.py: ") and "PROMETHEUS_BIN=/nonexistent is not an executable" in lines[0]
+
+
+def test_sweep_records_carry_their_schema_and_the_resume_command_is_the_tool(tmp_path):
+    """An interrupted sweep prints `<repo>/utils/sweep.py resume RECORD` (runnable from anywhere); its
+    record says "schema": "sweep/1", and a record written before ("version": 1) still reads."""
+    from diagnosis import sweep
+
+    sw = sweep.Sweep("batch", "tiny", {"model": "tiny", "values": ["1"]}, sweep.Options(tmp_path), ["batch", "tiny"])
+    sw.record, sw.state = tmp_path / "sweeps" / "x-batch.json", "interrupted"
+    rec = sw.to_json()
+    assert rec["schema"] == "sweep/1" and "version" not in rec
+    line = sweep.render(rec).splitlines()[-1]
+    cmd = line.split("continue with: ")[1].split()
+    assert cmd[0] == str(REPO / "utils" / "sweep.py") and cmd[1:] == ["resume", str(sw.record)], line
+    old = {k: v for k, v in rec.items() if k != "schema"} | {"version": 1}
+    for i, r in enumerate((rec, old)):
+        (tmp_path / f"{i}.json").write_text(json.dumps(r))
+        res = run([cmd[0], "show", str(tmp_path / f"{i}.json"), "--json"], cwd=tmp_path, timeout=60)
+        assert res.returncode == 0 and json.loads(res.stdout)["sweep"] == "batch", res.stderr
+    (tmp_path / "2.json").write_text(json.dumps(rec | {"schema": "sweep/2"}))
+    res = run([cmd[0], "show", str(tmp_path / "2.json")], cwd=tmp_path, timeout=60)
+    assert res.returncode == 2 and "is not a sweep record (schema sweep/1)" in res.stderr, res.stderr

@@ -189,7 +189,7 @@ def test_cli_json_text_and_plots(network_job, tmp_path):
     assert json.loads(via_tsdb.stdout)["verdict"] == "network"
     here = cli(".", "--json", cwd=network_job.job_dir)  # from inside the job dir
     assert here.returncode == 0 and "Traceback" not in here.stderr, here.stderr
-    assert json.loads(here.stdout)["job"] == network_job.job_dir.name
+    assert json.loads(here.stdout)["job_name"] == network_job.job_dir.name
     assert tsdb_digest(network_job.job_dir / "prometheus") == before
 
 

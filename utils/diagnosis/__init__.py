@@ -8,8 +8,9 @@ and never run inside a job.
     diagnose         TSDB -> verdict (network, GPU, CPU, I/O, memory, hang, ...) with evidence
     perf             step lines and profiler traces -> TGS, TFLOP/s, MFU, where time goes
     sweep            plan, run and compare sweeps, node bisection and regression replays
+    investigate      triage, then diagnose and perf where the skills hand over: one evidence bundle
     entry            how the thin commands in utils/ start a tool under the project's Python
 
-Users run the thin commands (utils/triage.py, utils/diagnose.py, utils/perf.py, utils/sweep.py);
-tests and benchmarks import the modules.
+Users run the thin commands (utils/triage.py, utils/diagnose.py, utils/perf.py, utils/sweep.py,
+utils/investigate.py); tests and benchmarks import the modules.
 """

@@ -49,6 +49,7 @@ except ImportError:  # pragma: no cover - joblog is part of the repo; without it
     joblog = None
 
 REPO = Path(__file__).resolve().parents[2]
+SCHEMA = "diagnose/1"  # the JSON report's "schema" (docs/diagnose.md); bumped when a field changes meaning
 VERDICTS = (
     "network",
     "gpu_thermal",
@@ -1463,7 +1464,9 @@ def _diagnose(target: Target, vs: Target | None) -> dict:
 
 def _empty(target: Target, t0: float) -> dict:
     return {
-        "job": target.name,
+        "schema": SCHEMA,
+        "job_id": lookup.job_id_of(target.name),
+        "job_name": target.name,
         "tsdb": str(target.tsdb),
         "log": str(target.log) if target.log else None,
         "verdict": "none",
@@ -1508,7 +1511,9 @@ def _assemble(rep: Report, n_queries: int, seconds: float) -> dict:
             else "no incident found: every check with data came out clean"
         ) + (f" (no data for: {', '.join(sorted(rep.missing))})" if rep.missing else "")
     return {
-        "job": d.target.name,
+        "schema": SCHEMA,
+        "job_id": lookup.job_id_of(d.target.name),
+        "job_name": d.target.name,
         "tsdb": str(d.target.tsdb),
         "log": str(d.target.log) if d.target.log else None,
         "verdict": verdict,
@@ -1535,7 +1540,7 @@ def _assemble(rep: Report, n_queries: int, seconds: float) -> dict:
 
 # --- output ---------------------------------------------------------------------------------
 def render(r: dict) -> str:
-    lines = [f"Job {r['job']}  (TSDB {r['tsdb']})"]
+    lines = [f"Job {r['job_name']}  (TSDB {r['tsdb']})"]
     if r["range"]:
         rg = r["range"]
         lines.append(

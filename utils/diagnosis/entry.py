@@ -4,7 +4,7 @@ A command such as utils/triage.py may be run by any python3 (or directly, throug
 `run("triage")` re-executes it with the environment's interpreter when that exists and is not
 the one running ($MAXTEXT_SLURM_VENV, default <repo>/.venv, as utils/setup_env.sh makes it), then
 calls diagnosis.triage.main(). Without the environment a missing library is one line that says
-how to get it, not a traceback. Standard library only, and no syntax newer than Python 3.6, so
+how to get it, exit 2, not a traceback. Standard library only, and no syntax newer than Python 3.6, so
 that an old login-node python3 gets as far as the re-execution.
 """
 
@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+NO_ENVIRONMENT = 2  # cli.BAD_INPUT: nothing was done, the one line says what to set up
 
 
 def venv_dir() -> Path:
@@ -35,20 +36,25 @@ def enter_venv() -> None:
     os.execv(str(python), [str(python), *sys.argv])
 
 
+def no_environment(message: str) -> None:
+    """One line on stderr and exit NO_ENVIRONMENT (no traceback)."""
+    sys.stderr.write(message + "\n")
+    sys.exit(NO_ENVIRONMENT)
+
+
 def run(tool: str) -> None:
     """Run diagnosis.<tool>.main() with this process's arguments and exit with its status."""
     prog = Path(sys.argv[0]).name
     enter_venv()
+    fix = "create the project's environment with {} (or set MAXTEXT_SLURM_VENV to one; looked for {})".format(
+        REPO / "utils" / "setup_env.sh", venv_dir()
+    )
     if sys.version_info < (3, 11):
-        sys.exit(
-            "{}: needs Python 3.11 or newer (this is {}); create the project's environment with "
-            "utils/setup_env.sh".format(prog, sys.version.split()[0])
-        )
+        no_environment("{}: needs Python 3.11 or newer (this is {}); {}".format(prog, sys.version.split()[0], fix))
     try:
         module = importlib.import_module("diagnosis." + tool)
     except ModuleNotFoundError as e:
-        sys.exit(
-            "{}: needs the Python package '{}', which {} lacks; create the project's environment "
-            "with utils/setup_env.sh (or set MAXTEXT_SLURM_VENV to one)".format(prog, e.name, sys.executable)
+        no_environment(
+            "{}: needs the Python package '{}', which {} lacks; {}".format(prog, e.name, sys.executable, fix)
         )
     sys.exit(module.main())

@@ -100,6 +100,13 @@ def job_id_and_name(scan: joblog.Scan, log: Path) -> tuple[str, str]:
     return job_id, ((scan.header.get("job") or "").split(" ") + [""])[1] or log.name.removesuffix(".log")
 
 
+def job_id_of(name: str) -> str | None:
+    """The job id in a job name (`<id>-JAX-<model>[-<tag>]`); None for a name of another form (a TSDB
+    directory given by itself)."""
+    head, sep, _ = name.partition("-JAX-")
+    return head if sep and head else None
+
+
 def log_of(job_dir: Path) -> Path | None:
     """A job directory's log: its `log` link, else `<dir>.log` beside it; for a directory that
     submit.sh moved aside, the log moved aside with it (its `log` link names the new job's log)."""

@@ -31,6 +31,7 @@ from diagnosis.cli import InputError
 from launch import check_config
 
 REPO = Path(__file__).resolve().parents[2]
+SCHEMA = "perf/1"  # the JSON report's "schema" (docs/perf.md); bumped when a field changes meaning
 
 # Peak dense (no sparsity) bf16 matrix TFLOP/s of ONE device as JAX sees it, from the vendors'
 # datasheets (sources in docs/perf.md). Matched in order against --gpu or XLA's device name.
@@ -769,6 +770,7 @@ def perf(
         peak, source = hit[1], f"{where} -> {hit[0]}: {hit[2]}"
 
     rep: dict = {
+        "schema": SCHEMA,
         "job_id": job_id,
         "job_name": job_name,
         "log": str(log),

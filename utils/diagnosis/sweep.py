@@ -54,7 +54,7 @@ from launch import check_config
 REPO = Path(__file__).resolve().parents[2]
 SUBMIT = REPO / "submit.sh"
 PROG = "sweep.py"
-RECORD_VERSION = 1
+SCHEMA = "sweep/1"  # the record's "schema" (docs/sweep.md); records written before it have "version": 1
 OOM_CLASSES = ("oom_device", "oom_host")
 ENDED = {"completed", "failed", "cancelled", "timeout", "unknown", "submit_failed"}
 USABLE_NODE_STATES = {"idle", "alloc", "mix", "comp", "plnd"}
@@ -359,8 +359,8 @@ class Sweep:
     def to_json(self) -> dict:
         """The record, strict JSON (a nan/inf loss as a string: strict())."""
         rec = {
+            "schema": SCHEMA,
             "sweep": self.kind,
-            "version": RECORD_VERSION,
             "state": self.state,
             "model": self.model,
             "record": str(self.record) if self.record else None,
@@ -1203,7 +1203,7 @@ def render(rec: dict) -> str:
     if rec["state"] == "interrupted":
         lines.append(
             "interrupted: the sweep cancelled its unfinished jobs; continue with: "
-            f"{Path(__file__).resolve()} resume {rec['record']}"
+            f"{shlex.quote(str(REPO / 'utils' / 'sweep.py'))} resume {shlex.quote(str(rec['record']))}"
         )
     return "\n".join(lines)
 
@@ -1287,6 +1287,11 @@ RECORD_KEYS = {
 JOB_KEYS = ("label", "command", "status", "job_id", "failure_class", "tgs_steady", "final_loss")
 
 
+def _this_schema(rec: dict) -> bool:
+    """A record of this schema: "schema": "sweep/1", or "version": 1 as records were written before."""
+    return rec.get("schema") == SCHEMA if "schema" in rec else rec.get("version") == 1
+
+
 def load_record(path: Path) -> dict:
     """A sweep record as written by this tool; InputError (one line) for anything else."""
     where = "give a <workspace>/sweeps/<time>-<kind>.json file"
@@ -1298,8 +1303,8 @@ def load_record(path: Path) -> dict:
         rec = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise InputError(f"cannot read record {path}: {getattr(e, 'strerror', None) or e} ({where})") from None
-    if not isinstance(rec, dict) or rec.get("sweep") not in DRIVERS or rec.get("version") != RECORD_VERSION:
-        raise InputError(f"{path} is not a sweep record (version {RECORD_VERSION})")
+    if not isinstance(rec, dict) or rec.get("sweep") not in DRIVERS or not _this_schema(rec):
+        raise InputError(f"{path} is not a sweep record (schema {SCHEMA})")
     bad = [k for k, t in RECORD_KEYS.items() if not isinstance(rec.get(k), t)]
     bad += [
         f"jobs[{i}]"

@@ -26,6 +26,7 @@ from diagnosis import cli, joblog, locate
 from diagnosis import failure_classes as fc
 
 REPO = Path(__file__).resolve().parents[2]
+SCHEMA = "triage/1"  # the JSON report's "schema" (docs/triage.md); bumped when a field changes meaning
 CLASSES = fc.CLASSES
 RUNNING_STATES = {"RUNNING", "PENDING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "STAGE_OUT"}
 
@@ -681,6 +682,7 @@ class Triage:
             for h in self.hosts.values()
         ]
         return {
+            "schema": SCHEMA,
             "job_id": self.job_id,
             "job_name": self.job_name,
             "log": str(self.log),

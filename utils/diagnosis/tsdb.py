@@ -108,15 +108,23 @@ class Served:
         return self
 
     def _first_line(self) -> str:
-        assert self._proc and self._proc.stdout and self._proc.stderr
-        got: list[str] = []
-        reader = threading.Thread(target=lambda: got.append(self._proc.stdout.readline()), daemon=True)
+        proc = self._proc
+        assert proc is not None and proc.stdout and proc.stderr
+        out, got = proc.stdout, []
+
+        def read() -> None:  # the server's own handles: close() may drop self._proc meanwhile
+            try:
+                got.append(out.readline())
+            except (OSError, ValueError):  # closed under it after a timeout
+                got.append("")
+
+        reader = threading.Thread(target=read, daemon=True)
         reader.start()
         reader.join(self.timeout + 30)
         if got and got[0].strip():
             return got[0].strip()
-        _end(self._proc)
-        err = self._proc.stderr.read().strip().splitlines()  # its last line says why (prometheus.sh's die)
+        _end(proc)
+        err = proc.stderr.read().strip().splitlines()  # its last line says why (prometheus.sh's die)
         self.close()
         raise TSDBError(err[-1] if err else "prometheus.sh serve did not start")
 

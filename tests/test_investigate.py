@@ -1,0 +1,205 @@
+"""utils/investigate.py: triage first, then the metrics and the step times where the skills hand over.
+
+On every incident family with a TSDB (tests/helpers/corpus.py), five log-only incidents
+(tests/helpers/logcorpus.py) and a job directory whose log is gone, the bundle's verdict and culprit
+hosts are the injected ones and say which tool decided; the evidence carries file:line for the log
+and PromQL with values for the metrics; --metrics never/always change what is read; the next-step
+commands run as printed from another directory; bad input is one line.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run
+
+from diagnosis import investigate
+from helpers import corpus, logcorpus
+
+TOOL = str(REPO / "utils" / "investigate.py")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _prometheus() -> None:
+    assert shutil.which("prometheus") and shutil.which("promtool"), (
+        "needs prometheus and promtool (apt-get install prometheus)"
+    )
+
+
+def bundle(job: Path, ws: Path, metrics: str = "auto") -> dict:
+    r = investigate.investigate(str(job), ws, metrics, scheduler=False)
+    json.dumps(r)  # every value is JSON
+    return r
+
+
+def cli(*args: str | Path, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return run([TOOL, *map(str, args), "--no-scheduler"], env=env, cwd=cwd, timeout=180)
+
+
+# --- incidents with metrics: every family of the corpus ------------------------------------------
+# where the log names the failure, triage decides (the metrics' verdict is kept beside it); otherwise
+# diagnose does (thread_leak: clean alone, found against the earlier run the corpus puts beside it)
+TRIAGE_DECIDES = {"host_oom": "oom_host", "hang": "hang", "heartbeat_false_positive": "heartbeat_false_positive"}
+TSDB_CASES = [  # ~2 s each (thread_leak ~5 s: two diagnoses): no slow mark
+    pytest.param(
+        f, TRIAGE_DECIDES.get(f, v), "triage" if f in TRIAGE_DECIDES else ("diagnose" if v != "none" else None), id=f
+    )
+    for f, v in corpus.FAMILIES.items()
+]
+
+
+@pytest.mark.parametrize(("family", "verdict", "decided_by"), TSDB_CASES)
+def test_incident_with_metrics(tmp_path, family, verdict, decided_by):
+    inc = corpus.build(family, tmp_path, 1)
+    r = bundle(inc.job_dir, tmp_path)
+    why = json.dumps({k: r[k] for k in ("verdict", "culprit_hosts", "summary", "ran", "not_checked")}, indent=1)
+    assert r["schema"] == "investigate/1" and r["job_name"] == inc.job_dir.name, why
+    assert r["verdict"] == verdict and r["decided_by"] == decided_by, why
+    assert sorted(r["culprit_hosts"]) == sorted(inc.culprits), why
+    ran = [x["tool"] for x in r["ran"]]
+    assert ran[0] == "triage" and "diagnose" in ran, why
+    assert r["metrics_verdict"] == inc.verdict, why  # what diagnose said, also where triage decided
+    metrics = [e for e in r["evidence"] if e["source"] == "diagnose"]
+    if verdict != "none":
+        top = metrics[0]
+        assert top["queries"] and top["values"] and set(inc.culprits) <= set(top["hosts"] or inc.culprits), top
+    if decided_by == "triage":  # the log lines come first, as file:line
+        first = r["evidence"][0]
+        assert first["source"] == "triage" and Path(first["file"]).exists() and first["line"] >= 1, first
+        assert f"the metrics say {inc.verdict}" in r["summary"], r["summary"]
+    if family == "thread_leak":
+        assert "diagnose --vs" in ran and inc.vs is not None and inc.vs.name in r["summary"], why
+    if family == "healthy":
+        checks = {c["check"] for c in r["ruled_out"]}
+        assert {"failure", "network", "gpu_thermal", "memory"} <= checks, checks
+
+
+def test_metrics_never_and_always(tmp_path):
+    inc = corpus.build("rdma_retransmits", tmp_path, 1)
+    r = bundle(inc.job_dir, tmp_path, "never")
+    assert [x["tool"] for x in r["ran"]] == ["triage", "perf"] and r["metrics_verdict"] is None
+    assert r["verdict"] != "network" and any(c["detail"] == "--metrics never" for c in r["not_checked"]), r
+    assert any("utils/diagnose.py" in s and "not read" in s for s in r["next_steps"]), r["next_steps"]
+    # a failure the log explains (oom_device is not handed over): auto reads no metrics, always does
+    log = logcorpus.write_job(logcorpus.Job(job_id="312", failure="oom_device"), tmp_path / "oom")
+    job_dir = log.with_suffix("")
+    assert job_dir.is_dir()
+    shutil.copytree(inc.job_dir / "prometheus", job_dir / "prometheus")
+    r = bundle(log, tmp_path / "oom")
+    assert r["verdict"] == "oom_device" and r["metrics_verdict"] is None and r["tsdb"] == str(job_dir / "prometheus")
+    assert any(c["check"] == "diagnose" and "no hand-over" in c["detail"] for c in r["not_checked"]), r
+    r = bundle(log, tmp_path / "oom", "always")
+    assert r["verdict"] == "oom_device" and r["metrics_verdict"] is not None, r["ran"]
+    assert r["ran"][1] == {"tool": "diagnose", "why": "asked for (--metrics always)", "seconds": r["ran"][1]["seconds"]}
+
+
+def test_a_job_dir_without_its_log_is_read_from_the_metrics(tmp_path):
+    inc = corpus.build("gpu_ecc", tmp_path, 1)
+    inc.log.unlink()
+    (inc.job_dir / "log").unlink(missing_ok=True)
+    r = bundle(inc.job_dir, tmp_path)
+    assert r["verdict"] == "gpu_hardware" and r["decided_by"] == "diagnose" and r["status"] is None, r["summary"]
+    assert sorted(r["culprit_hosts"]) == sorted(inc.culprits) and r["job_id"] == inc.job_dir.name.split("-JAX-")[0]
+    assert [x["tool"] for x in r["ran"]] == ["diagnose"] and "no log to triage" in r["ran"][0]["why"]
+    assert {c["check"] for c in r["not_checked"]} >= {"triage", "perf"}, r["not_checked"]
+
+
+# --- log-only incidents ------------------------------------------------------------------------
+LOG_CASES = [
+    ("oom_device", "oom_device", ["n3"], False),  # explained by the log: no metrics, no step times
+    ("collective_error", "collective_error", ["n3"], False),
+    ("node_failure", "node_failure", ["n3"], False),
+    ("hang", "hang", ["n3"], True),
+    (None, "none", [], True),
+]
+
+
+@pytest.mark.parametrize(("failure", "verdict", "culprits", "perf"), LOG_CASES, ids=[str(c[0]) for c in LOG_CASES])
+def test_log_only_incident(tmp_path, failure, verdict, culprits, perf):
+    job = logcorpus.Job(job_id="311", failure=failure, hosts=["n1", "n2", "n3", "n4"], culprit=2, steps=200)
+    log = logcorpus.write_job(job, tmp_path)
+    r = bundle(log, tmp_path)
+    assert r["verdict"] == verdict and r["culprit_hosts"] == culprits, r["summary"]
+    assert r["decided_by"] == ("triage" if failure else None) and r["tsdb"] is None
+    ran = [x["tool"] for x in r["ran"]]
+    assert ran == (["triage", "perf"] if perf else ["triage"]), r["ran"]
+    assert not any(e["source"] == "diagnose" for e in r["evidence"])
+    if failure:
+        e = r["evidence"][0]
+        assert e["source"] == "triage" and e["file"] and e["line"] >= 1 and e["text"], e
+    else:
+        assert any(e["source"] == "perf" and e["kind"] == "throughput" for e in r["evidence"]), r["evidence"]
+    if failure in ("collective_error", "hang", None):  # handed over to the metrics, but there are none
+        assert any(c["check"] == "diagnose" and "saved no TSDB" in c["detail"] for c in r["not_checked"])
+
+
+# --- the command ---------------------------------------------------------------------------------
+def run_tools_as_printed(r: dict, where: Path, env: dict[str, str]) -> list[str]:
+    """Run every next step that is a tool of this repository, as printed, in WHERE; [commands]."""
+    tools = [s.split("   #")[0] for s in r["next_steps"] if s.startswith(str(REPO / "utils") + "/")]
+    for cmd in tools:
+        res = run(["bash", "-c", cmd], env=env, cwd=where, timeout=180)
+        assert res.returncode == 0, (cmd, res.stderr[-2000:])
+        if cmd.endswith("--json"):
+            out = json.loads(res.stdout)
+            assert out.get("job_name") == r["job_name"], (cmd, out.get("job_name"))
+    return tools
+
+
+def test_log_only_next_steps_run_from_another_directory(tmp_path):
+    ws, elsewhere = tmp_path / "ws", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    log = logcorpus.write_job(logcorpus.Job(job_id="313", hosts=["n1", "n2", "n3"], steps=100), ws)
+    res = cli("313", "--json", cwd=elsewhere, env={"JOB_WORKSPACE": str(ws)})
+    assert res.returncode == 0, res.stderr
+    r = json.loads(res.stdout)
+    assert r["verdict"] == "none" and r["log"] == str(log) and r["status"] == "completed", r["summary"]
+    tools = run_tools_as_printed(r, elsewhere, {"JOB_WORKSPACE": "/nonexistent"})
+    assert {Path(t.split()[0]).name for t in tools} == {"perf.py", "investigate.py"}, tools
+
+
+def test_json_and_next_steps_run_from_another_directory(tmp_path):
+    """`investigate.py NAME --json` from the workspace's shell; then every printed command that is a
+    tool of this repository runs as printed from an unrelated directory and another workspace."""
+    ws = tmp_path / "ws"
+    inc = corpus.build("rdma_retransmits", ws, 1)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    res = cli(inc.job_dir.name, "--json", cwd=elsewhere, env={"JOB_WORKSPACE": str(ws)})
+    assert res.returncode == 0, res.stderr
+    r = json.loads(res.stdout)
+    assert r["verdict"] == "network" and sorted(r["culprit_hosts"]) == sorted(inc.culprits)
+    tools = run_tools_as_printed(r, elsewhere, {"JOB_WORKSPACE": "/nonexistent", "TMPDIR": str(tmp_path)})
+    assert {Path(t.split()[0]).name for t in tools} >= {"diagnose.py", "perf.py", "sweep.py", "investigate.py"}, tools
+    text = cli(inc.job_dir, cwd=elsewhere)
+    assert text.returncode == 0 and "Verdict: network on " in text.stdout and "Next steps:" in text.stdout
+    assert "query: " in text.stdout and "Ruled out:" in text.stdout
+
+
+def test_bad_input_is_one_line(tmp_path):
+    for args, needle in (
+        (["4242"], "no job '4242'"),
+        (["/"], "not a job directory"),
+        (["4242", "--metrics", "sometimes"], "invalid choice: 'sometimes'"),
+    ):
+        res = run([TOOL, *args], env={"JOB_WORKSPACE": str(tmp_path)}, cwd=tmp_path, timeout=60)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 2 and res.stdout == "" and len(lines) == 1, (args, res.stderr)
+        assert lines[0].startswith("investigate.py: ") and needle in lines[0], lines[0]
+
+
+def test_a_reader_that_stops_early_ends_quietly(tmp_path):
+    log = logcorpus.write_job(logcorpus.Job(job_id="9", failure="oom_device"), tmp_path)
+    proc = subprocess.Popen(
+        [TOOL, str(log), "--no-scheduler"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "JOB_WORKSPACE": str(tmp_path)},
+    )
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 0 and err == "", err
