@@ -18,6 +18,7 @@ from conftest import REPO, run
 
 from diagnosis import investigate
 from helpers import corpus, logcorpus
+from launch import check_config
 
 TOOL = str(REPO / "utils" / "investigate.py")
 
@@ -173,7 +174,15 @@ def test_json_and_next_steps_run_from_another_directory(tmp_path):
     r = json.loads(res.stdout)
     assert r["verdict"] == "network" and sorted(r["culprit_hosts"]) == sorted(inc.culprits)
     tools = run_tools_as_printed(r, elsewhere, {"JOB_WORKSPACE": "/nonexistent", "TMPDIR": str(tmp_path)})
-    assert {Path(t.split()[0]).name for t in tools} >= {"diagnose.py", "perf.py", "sweep.py", "investigate.py"}, tools
+    assert {Path(t.split()[0]).name for t in tools} >= {"diagnose.py", "perf.py", "investigate.py"}, tools
+    # bisect runs 2-node jobs: offered only when the model's config allows them, else the reason
+    model = inc.job_dir.name.split("-JAX-", 1)[1]
+    min_nodes = check_config.read_header(str(REPO / "configs" / f"{model}.yml")).min_nodes
+    if min_nodes and min_nodes[1] > 2:
+        assert "sweep.py" not in {Path(t.split()[0]).name for t in tools}, tools
+        assert any(s.startswith("no bisect sweep") and f"at least {min_nodes[1]} nodes" in s for s in r["next_steps"])
+    else:
+        assert "sweep.py" in {Path(t.split()[0]).name for t in tools}, tools
     text = cli(inc.job_dir, cwd=elsewhere)
     assert text.returncode == 0 and "Verdict: network on " in text.stdout and "Next steps:" in text.stdout
     assert "query: " in text.stdout and "Ruled out:" in text.stdout

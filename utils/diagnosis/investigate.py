@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from diagnosis import cli, locate, triage
+from diagnosis import cli, locate, sweep, triage
 from diagnosis.cli import InputError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -262,11 +262,16 @@ def next_steps(job: locate.Job, tri: dict | None, diag: dict | None, verdict: di
         every = [x["host"] for x in (tri or {}).get("hosts") or []] or list((diag or {}).get("hosts") or [])
         peers = [h for h in every if h not in culprits]
         nodes = every if kind == "bisect" else culprits + peers[: max(0, 3 - len(culprits))]
-        add(
-            f"{tool('sweep')} {kind} {shlex.quote(model_of(job.name))} --nodes {shlex.quote(','.join(nodes))} "
-            "--dry-run   # confirm or clear the culprits with controlled jobs (skills/batch-sweep; without "
-            "--dry-run it submits)"
-        )
+        try:  # a sweep's jobs (nodes: 1 node, bisect: 2) must hold the model (its config's minimum nodes)
+            sweep.min_nodes_notes(model_of(job.name), 2 if kind == "bisect" else 1, ignore=False)
+        except InputError as e:
+            add(f"no {kind} sweep to confirm the culprits: {e}")
+        else:
+            add(
+                f"{tool('sweep')} {kind} {shlex.quote(model_of(job.name))} --nodes {shlex.quote(','.join(nodes))} "
+                "--dry-run   # confirm or clear the culprits with controlled jobs (skills/batch-sweep; without "
+                "--dry-run it submits)"
+            )
     add(f"{tool('investigate')} {shlex.quote(str(job.log or job.dir))} --json   # investigate again")
     return out
 
