@@ -35,17 +35,18 @@ def enter_venv() -> None:
     os.execv(str(python), [str(python), *sys.argv])
 
 
-def run(tool: str) -> None:
-    """Run diagnosis.<tool>.main() with this process's arguments and exit with its status."""
+def run(tool: str, package: str = "diagnosis", oldest: tuple = (3, 11)) -> None:
+    """Run <package>.<tool>.main() with this process's arguments and exit with its status; OLDEST
+    is the oldest Python it runs under (the host bridge's client runs in containers, 3.8)."""
     prog = Path(sys.argv[0]).name
     enter_venv()
-    if sys.version_info < (3, 11):
+    if sys.version_info < oldest:
         sys.exit(
-            "{}: needs Python 3.11 or newer (this is {}); create the project's environment with "
-            "utils/setup_env.sh".format(prog, sys.version.split()[0])
+            "{}: needs Python {} or newer (this is {}); create the project's environment with "
+            "utils/setup_env.sh".format(prog, ".".join(map(str, oldest)), sys.version.split()[0])
         )
     try:
-        module = importlib.import_module("diagnosis." + tool)
+        module = importlib.import_module(package + "." + tool)
     except ModuleNotFoundError as e:
         sys.exit(
             "{}: needs the Python package '{}', which {} lacks; create the project's environment "
