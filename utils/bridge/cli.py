@@ -31,7 +31,9 @@ answered, 126 the bridge refused the command; 2 bad usage. Details: docs/host-br
 def parser() -> Parser:
     p = Parser(prog=PROG, description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", metavar="serve|call|stop", parser_class=Parser)
-    s = sub.add_parser("serve", help="start the bridge", description="Start the bridge (foreground; --detach).")
+    s = sub.add_parser(
+        "serve", prog=f"{PROG} serve", help="start the bridge", description="Start the bridge (foreground; --detach)."
+    )
     s.add_argument(
         "--dir",
         metavar="DIR",
@@ -55,6 +57,7 @@ def parser() -> Parser:
     s.add_argument("--detach", action="store_true", help="run in the background (log: DIR/serve.log)")
     c = sub.add_parser(
         "call",
+        prog=f"{PROG} call",
         help="run one command through the bridge",
         description="Run ARGV on the host through the bridge; exit with its status.",
     )
@@ -63,7 +66,7 @@ def parser() -> Parser:
     )
     c.add_argument("--timeout", metavar="S", type=float, default=3600.0, help="give up waiting after S seconds")
     c.add_argument("argv", nargs=argparse.REMAINDER, metavar="ARGV...", help="the command and its arguments")
-    t = sub.add_parser("stop", help="stop the bridge", description="Stop the bridge serving DIR.")
+    t = sub.add_parser("stop", prog=f"{PROG} stop", help="stop the bridge", description="Stop the bridge serving DIR.")
     t.add_argument("--dir", metavar="DIR", help="default $MST_HOST_BRIDGE, else the address file")
     return p
 

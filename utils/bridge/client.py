@@ -24,7 +24,7 @@ MAX_ANSWER = 256 << 20
 
 
 def config_home() -> Path:
-    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "maxtext-slurm"
+    return Path(os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")) / "maxtext-slurm"
 
 
 def address_file() -> Path:
@@ -56,7 +56,10 @@ def call(directory: Path, argv: list[str], timeout: float) -> int:
     sock.settimeout(timeout)
     try:
         sock.connect(str(path))
-        sock.sendall(json.dumps({"argv": argv}).encode() + b"\n")
+        try:
+            sock.sendall(json.dumps({"argv": argv}).encode() + b"\n")
+        except BrokenPipeError:
+            pass  # the bridge answered (a refusal) before it read all: the answer is there to read
         buf = bytearray()
         while len(buf) <= MAX_ANSWER:
             chunk = sock.recv(1 << 20)

@@ -139,7 +139,8 @@ def plan(argv: list[str], policy: Policy) -> Plan:
         return Plan(["scancel", f"--user={policy.owner}", *args], "scancel", limit("scancel"), False, list(args))
     name = tool_name(cmd, policy.repo)
     if name is None:
-        allowed = ", ".join([*SLURM_QUERIES, "scontrol show", *(f"utils/{t}" for t in TOOLS), "submit.sh --dry-run"])
+        tools = [f"utils/{t}" for t in TOOLS if (policy.repo / "utils" / t).is_file()]
+        allowed = ", ".join([*SLURM_QUERIES, "scontrol show", *tools, "submit.sh --dry-run"])
         raise Refused(f"{cmd!r} is not on the allowlist ({allowed})")
     if name == "submit.sh":
         head = args[: args.index("--")] if "--" in args else args

@@ -231,15 +231,17 @@ class Bridge:
             self.audit.write(uid=uid, pid=pid, argv=argv, decision="refused", reason=reason)
             reply(conn, {"exit": None, "refused": reason})
 
-        if uid != os.getuid():
-            print(f"host_bridge: refused a caller with uid {uid} (pid {pid})", file=sys.stderr, flush=True)
-            return refuse(f"uid {uid} is not the bridge's owner (uid {os.getuid()})")
         conn.settimeout(REQUEST_TIMEOUT)
+        argv, bad = None, None
         try:
-            request = json.loads(read_line(conn))
-            argv = request["argv"]
+            argv = json.loads(read_line(conn))["argv"]
         except (ValueError, KeyError, TypeError, OSError) as e:
-            return refuse(f'bad request (one JSON line {{"argv": [...]}} expected): {e}')
+            bad = f'bad request (one JSON line {{"argv": [...]}} expected): {e}'
+        if uid != os.getuid():  # read first, so that the log says what another uid asked for
+            print(f"host_bridge: refused a caller with uid {uid} (pid {pid})", file=sys.stderr, flush=True)
+            return refuse(f"uid {uid} is not the bridge's owner (uid {os.getuid()})", argv)
+        if bad:
+            return refuse(bad)
         try:
             todo = plan(argv, self.policy)
             if todo.runs_repo_code and self.cfg.check_code:
