@@ -167,10 +167,10 @@ class Audit:
 
 
 def code_state(repo: Path) -> dict[str, tuple[int, int, int, int]]:
-    """(inode, size, mtime, ctime) of every file the allowed tools run: the top-level files,
+    """(inode, size, mtime, ctime) of every file the allowed tools run: the top-level scripts,
     utils/ and configs/. ctime moves on any write or rename and cannot be set back."""
     state: dict[str, tuple[int, int, int, int]] = {}
-    tops = [p for p in repo.iterdir() if p.is_file()]
+    tops = [p for p in repo.iterdir() if p.is_file() and p.suffix in (".sh", ".sbatch", ".py")]
     for top in [repo / "utils", repo / "configs", *tops]:
         for root, dirs, files in os.walk(top) if top.is_dir() else [(str(repo), [], [top.name])]:
             dirs[:] = [d for d in dirs if d != "__pycache__"]
