@@ -361,3 +361,43 @@ def test_round_trip_latency(tmp_path):
     times.sort()
     print(f"host_bridge call round trip: median {times[5] * 1000:.0f} ms, max {times[-1] * 1000:.0f} ms")
     assert times[5] < 2.0
+
+
+# --- the policy alone ----------------------------------------------------------------------------
+def test_policy_paths_promql_and_what_the_config_enables(tmp_path):
+    """policy.plan without a server: links out of a workspace are followed (and refused), PromQL
+    keeps its own characters and is not a path, and the config's switches do what they say."""
+    from bridge.policy import Policy, Refused, plan
+
+    ws = tmp_path / "ws"
+    (ws / "job").mkdir(parents=True)
+    (ws / "escape").symlink_to("/etc")
+    policy = Policy("me", [REPO, ws])
+
+    def refused(argv: list[str], p: Policy = policy) -> str:
+        with pytest.raises(Refused) as e:
+            plan(argv, p)
+        return str(e.value)
+
+    assert plan(["utils/triage.py", str(ws / "job")], policy).argv == [
+        str(REPO / "utils" / "triage.py"),
+        str(ws / "job"),
+    ]
+    assert "is outside" in refused(["utils/triage.py", str(ws / "escape" / "passwd")])
+    assert "is outside" in refused(["utils/perf.py", "4242", f"--workspace={ws}/escape"])
+    assert "is outside" in refused(["./submit.sh", "tiny", "--dry-run", "--", "base_output_directory=/var/tmp/x"])
+    assert plan(["submit.sh", "tiny", "--dry-run", "--", "dataset_path=gs://bucket/c4"], policy).kind == "submit"
+    q = plan(["prometheus.sh", "query", "4242", "--time", "1700000000", 'rate(a{h=~"n1|n2"}[1m]) > 0'], policy)
+    assert q.argv[0] == str(REPO / "utils" / "prometheus.sh") and q.timeout_s == 900
+    assert "shell metacharacter ';'" in refused(["prometheus.sh", "query", "4242", "up; id"])
+    assert "shell metacharacter '|'" in refused(["prometheus.sh", "query", "4242", "up", "--time", "a|b"])
+    assert plan(["scontrol", "--help"], policy).argv == ["scontrol", "--help"]
+    assert plan(["scontrol", "show", "node", "n[1-4]", "-o"], policy).timeout_s == 60
+    if not (REPO / "utils" / "investigate.py").exists():  # allowed once it exists
+        assert "not on the allowlist" in refused(["utils/investigate.py"])
+    assert "argv must be a non-empty list" in refused("squeue")  # type: ignore[arg-type]
+    assert "at most 256 arguments" in refused(["squeue", *["-v"] * 300])
+    enabled = Policy("me", [REPO, ws], allow_submit=True, allow_scancel=True, timeout_s=5)
+    assert plan(["submit.sh", "tiny", "-N", "2"], enabled).timeout_s == 5
+    assert plan(["scancel", "12", "13_4"], enabled).argv == ["scancel", "--user=me", "12", "13_4"]
+    assert "job ids only" in refused(["scancel", "--signal=KILL", "12"], enabled)

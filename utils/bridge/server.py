@@ -105,6 +105,8 @@ def load_config(path: Path | None) -> Config:
         if kind is list and not all(isinstance(v, str) and v.startswith("/") for v in value):
             raise BridgeError(f"config {path}: {key} must be a list of absolute paths")
         setattr(cfg, key, value)
+    if cfg.audit_log is not None and not cfg.audit_log.startswith("/"):
+        raise BridgeError(f"config {path}: audit_log must be an absolute path")
     if cfg.timeout_s is not None and cfg.timeout_s <= 0 or cfg.max_output_bytes <= 0:
         raise BridgeError(f"config {path}: timeout_s and max_output_bytes must be positive")
     return cfg
