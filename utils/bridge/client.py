@@ -73,17 +73,17 @@ def call(directory: Path, argv: list[str], timeout: float) -> int:
         sock.close()
     try:
         answer = json.loads(bytes(buf))
-        code = answer["exit"]
-    except (ValueError, KeyError, TypeError):
+        if answer.get("refused"):
+            print(f"host_bridge: refused: {answer['refused']}", file=sys.stderr)
+            return REFUSED
+        code = int(answer["exit"])
+    except (ValueError, KeyError, TypeError, AttributeError):
         print(f"host_bridge: the bridge at {path} gave no answer (stopped while it ran?)", file=sys.stderr)
         return UNREACHABLE
-    if answer.get("refused"):
-        print(f"host_bridge: refused: {answer['refused']}", file=sys.stderr)
-        return REFUSED
     for stream, text in ((sys.stdout, answer.get("stdout", "")), (sys.stderr, answer.get("stderr", ""))):
         try:
             stream.buffer.write(text.encode("utf-8", "surrogateescape"))
             stream.flush()
         except BrokenPipeError:
             pass
-    return int(code)
+    return code

@@ -278,9 +278,12 @@ class Bridge:
 
     def check_owner(self, ids: list[str]) -> None:
         """scancel: every job must be in the queue and be the owner's."""
-        res = subprocess.run(
-            ["squeue", "-h", "-o", "%i %u", "-j", ",".join(ids)], capture_output=True, text=True, timeout=60
-        )
+        try:
+            res = subprocess.run(
+                ["squeue", "-h", "-o", "%i %u", "-j", ",".join(ids)], capture_output=True, text=True, timeout=60
+            )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise Refused(f"cannot check whose jobs these are (squeue: {e}); scancel refused") from None
         owners = dict(line.split(None, 1) for line in res.stdout.splitlines() if " " in line)
         for job in ids:
             if owners.get(job, "").strip() != self.policy.owner:
