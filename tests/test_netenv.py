@@ -18,11 +18,12 @@ import platform
 import resource
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 from conftest import REPO, run
+
+from helpers.podman import private_podman, tiny_image
 
 NETENV = REPO / "utils" / "launch" / "netenv.sh"
 PREFLIGHT = REPO / "utils" / "launch" / "preflight.sh"
@@ -301,35 +302,10 @@ def rdma_container(tmp_path: Path):
         os.mknod(dev / "rdma_cm", 0o666 | 0o020000, os.makedev(1, 5))
     except PermissionError:
         pytest.skip("making device nodes needs root")
-    conf = tmp_path / "podman"
-    conf.mkdir()
-    # conmon's sockets live under runroot: a short path (a Unix socket path has at most 107 bytes; under
-    # pytest's tmp_path podman waits 20 s for a container that exited and conmon could not report)
-    runroot = tempfile.mkdtemp(prefix="mst-", dir="/tmp")
-    (conf / "storage.conf").write_text(f'[storage]\ndriver = "vfs"\ngraphroot = "{conf}/root"\nrunroot = "{runroot}"\n')
-    (conf / "containers.conf").write_text(
-        '[engine]\nruntime = "runc"\n[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]\n'
-    )
-    env = {"CONTAINERS_STORAGE_CONF": str(conf / "storage.conf"), "CONTAINERS_CONF": str(conf / "containers.conf")}
-    rootfs = conf / "rootfs"
-    for prog in ("ls", "cat", "sh"):  # sh: _container.sh runs COMMAND under a small sh (process 1)
-        path = Path(shutil.which(prog) or f"/bin/{prog}").resolve()
-        files = {path} | {
-            Path(p)
-            for p in subprocess.run(["ldd", str(path)], capture_output=True, text=True).stdout.split()
-            if p.startswith("/")
-        }
-        for f in files:
-            dest = rootfs / "bin" / prog if f == path else rootfs / str(f).lstrip("/")
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(f, dest)
-    subprocess.run(["tar", "-C", str(rootfs), "-cf", str(conf / "x.tar"), "."], check=True)
-    res = run(["podman", "import", str(conf / "x.tar"), "localhost/mst-netenv:1"], env=env)
-    assert res.returncode == 0, res.stderr
-    yield {**env, "MST_DEV_ROOT": str(tmp_path / "dev"), "MST_HOST_ROOT": str(HOST_LIBS)}
-    run(["podman", "rm", "-a", "-f"], env=env)
-    run(["podman", "rmi", "-a", "-f"], env=env)
-    shutil.rmtree(runroot, ignore_errors=True)
+    with private_podman(tmp_path) as env:
+        # sh: _container.sh runs COMMAND under a small sh (process 1)
+        tiny_image(env, tmp_path / "rootfs", ["ls", "cat", "sh"], "localhost/mst-netenv:1")
+        yield {**env, "MST_DEV_ROOT": str(tmp_path / "dev"), "MST_HOST_ROOT": str(HOST_LIBS)}
 
 
 def test_container_gets_the_rdma_devices_libraries_and_memlock(rdma_container):

@@ -38,6 +38,10 @@ skill quotes is tested in its --dry-run form. Blocks that are not commands (samp
 checked with shellcheck (warnings and errors) when it is installed. Running every block must
 leave the corpus TSDBs unchanged (the skills' rule: read a copy, never the saved TSDB).
 
+Blocks of the host-commands skill run with MST_HOST_BRIDGE naming a real bridge
+(utils/host_bridge.py serve) that serves the corpus workspace; its own PATH leads with stand-ins
+for squeue, sacct and scontrol that answer (read-only queries), ahead of the refusing ones.
+
 Blocks that run utils/diagnose.py (each serves a job's TSDB through a fresh Prometheus) or pytest
 (the model-config-guide skill's MaxText config check) are marked slow: the fast loop runs the rest.
 
@@ -49,7 +53,10 @@ import os
 import re
 import shutil
 import signal
+import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -264,6 +271,38 @@ def crashed(jobs) -> str:
     return str(job_dir)
 
 
+@pytest.fixture(scope="module")
+def host_bridge(jobs) -> Iterator[str]:
+    """The directory of a host bridge for the host-commands skill (see the module's docstring)."""
+    root = Path(tempfile.mkdtemp(prefix="mst-sk-", dir="/tmp"))  # a short socket path
+    slurm = root / "slurm"
+    slurm.mkdir()
+    answers = {
+        "squeue": "echo '     JOBID PARTITION                           NAME    STATE       TIME NODELIST(REASON)'",
+        "sacct": "echo 'JobID|State|ExitCode|Elapsed|NodeList'",
+        "scontrol": 'echo "JobId=$4 JobState=FAILED"',
+    }
+    for name, body in answers.items():
+        (slurm / name).write_text(f"#!/bin/sh\n{body}\n")
+        (slurm / name).chmod(0o755)
+    env = {**os.environ, **jobs["env"], "PATH": f"{slurm}:{jobs['env']['PATH']}", "XDG_CONFIG_HOME": str(root)}
+    tool = [str(VENV / "bin" / "python"), str(REPO / "utils" / "host_bridge.py")]
+    proc = subprocess.Popen(
+        [*tool, "serve", "--dir", str(root / "b")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout and proc.stdout.readline().strip() == str(root / "b")
+        yield str(root / "b")
+    finally:
+        run([*tool, "stop", "--dir", str(root / "b")], env=env, timeout=60)
+        proc.wait(timeout=30)
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def block_envs(block: Block, jobs: dict, request: pytest.FixtureRequest) -> list[dict[str, str]]:
     """The environments a block runs in: one, and for the triage skill also a failed job without
     metrics (triage exits 0 for it too; the "no TSDB" branch runs)."""
@@ -277,6 +316,8 @@ def block_envs(block: Block, jobs: dict, request: pytest.FixtureRequest) -> list
         env["JOB"] = str(jobs["baseline"])
     if block.file.parent.name == "job-log-triage":
         return [env, {**env, "JOB": str(jobs["failed"])}]
+    if block.file.parent.name == "host-commands":
+        return [{**env, "MST_HOST_BRIDGE": request.getfixturevalue("host_bridge")}]
     if block.file.parent.name == "coredump-debug":
         return [{**env, "JOB": request.getfixturevalue("crashed")}]
     return [env]

@@ -42,17 +42,22 @@ def no_environment(message: str) -> None:
     sys.exit(NO_ENVIRONMENT)
 
 
-def run(tool: str) -> None:
-    """Run diagnosis.<tool>.main() with this process's arguments and exit with its status."""
+def run(tool: str, package: str = "diagnosis", oldest: tuple = (3, 11)) -> None:
+    """Run <package>.<tool>.main() with this process's arguments and exit with its status; OLDEST
+    is the oldest Python it runs under (the host bridge's client runs in containers, 3.8)."""
     prog = Path(sys.argv[0]).name
     enter_venv()
     fix = "create the project's environment with {} (or set MAXTEXT_SLURM_VENV to one; looked for {})".format(
         REPO / "utils" / "setup_env.sh", venv_dir()
     )
-    if sys.version_info < (3, 11):
-        no_environment("{}: needs Python 3.11 or newer (this is {}); {}".format(prog, sys.version.split()[0], fix))
+    if sys.version_info < oldest:
+        no_environment(
+            "{}: needs Python {} or newer (this is {}); {}".format(
+                prog, ".".join(map(str, oldest)), sys.version.split()[0], fix
+            )
+        )
     try:
-        module = importlib.import_module("diagnosis." + tool)
+        module = importlib.import_module(package + "." + tool)
     except ModuleNotFoundError as e:
         no_environment(
             "{}: needs the Python package '{}', which {} lacks; {}".format(prog, e.name, sys.executable, fix)
