@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,72 @@ def test_family_verdict_and_culprits(tmp_path, family, seed):
     assert top["kind"] == inc.verdict and top["queries"] and all(top["queries"]) and top["values"], top
     assert overlaps(top["window"], inc.window), (top["window"], inc.window)
     assert inc.verdict not in {c["check"] for c in r["ruled_out"]}
+    assert (
+        top["verify"] and top["verify"]["query"] and sorted(top["verify"]["expect"]["culprits"]) == sorted(inc.culprits)
+    ), top["verify"]
+    if family == "heartbeat_false_positive":  # the accused were healthy: named, but no culprit
+        assert top["accused_hosts"] == inc.notes["accused"] and top["hosts"] == [], top
+        assert top["suspect_hosts"] == [inc.hosts[0]], top  # the coordinator (node rank 0)
+
+
+# --- findings an agent can check: verify, and the numbers behind a verdict ------------------------
+def skill_block(needle: str) -> str:
+    """The ```bash block of skills/tsdb-diagnosis/SKILL.md that holds needle, as an agent pastes it."""
+    text = (REPO / "skills" / "tsdb-diagnosis" / "SKILL.md").read_text()
+    blocks = [b for b in re.findall(r"^ *```bash\n(.*?)^ *```", text, re.S | re.M) if needle in b]
+    assert len(blocks) == 1, f"{len(blocks)} blocks hold {needle!r}"
+    return textwrap.dedent(blocks[0])
+
+
+def close(a: float | None, b: float | None) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and a == pytest.approx(b, rel=1e-4, abs=1e-9))
+
+
+VERIFY_FAST = {"healthy", "heartbeat_false_positive"}
+
+
+@pytest.mark.parametrize(
+    "family", [pytest.param(f, marks=() if f in VERIFY_FAST else pytest.mark.slow) for f in corpus.FAMILIES]
+)
+def test_skill_verify_step_on_every_family(tmp_path, family):
+    """The skill's check step (step 4), run as written on every family: it reruns the deciding finding's
+    verify query through utils/prometheus.sh, and the per-host values it gets are diagnose's; they show
+    the signal (culprits vs peers, the level vs its baseline). No finding: it says so and exits 0."""
+    inc = corpus.build(family, tmp_path / "ws", 1)
+    r = diag(inc.job_dir)
+    res = run(
+        ["bash", "-euo", "pipefail", "-c", skill_block('include "verify"')],
+        env={"JOB": str(inc.job_dir), "JOB_WORKSPACE": str(tmp_path / "ws"), "TMPDIR": str(tmp_path)},
+        cwd=REPO,
+        timeout=180,
+    )
+    assert res.returncode == 0 and "Traceback" not in res.stderr, (res.stdout, res.stderr)
+    chosen = next((f for f in r["findings"] if f["kind"] == r["verdict"]), r["findings"][0] if r["findings"] else None)
+    if chosen is None:
+        assert res.stdout.strip() == "nothing to check: no finding (verdict none)", res.stdout
+        return
+    v = chosen["verify"]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["match"] is True and out["expect"] == v["expect"], (out, v)
+    got, want = out["got"], v["expect"]
+    assert sorted(got) == sorted(want)
+    for group in ("culprits", "accused"):
+        assert sorted(got.get(group, {})) == sorted(want.get(group, {}))
+        assert all(close(got[group][h], want[group][h]) for h in want.get(group, {})), (got, want)
+    for k in ("peers_median", "hosts_median", "job"):
+        assert close(got.get(k), want.get(k)), (k, got, want)
+    if chosen["kind"] == r["verdict"] != "none":
+        assert sorted(want["culprits"]) == sorted(r["culprit_hosts"])
+    # the values show the deciding signal
+    ref = want.get("peers_median")
+    if want["culprits"] and ref is not None:
+        sign = {"higher": 1, "lower": -1}[v["direction"]]
+        assert all(sign * (x - ref) > 0 for x in want["culprits"].values()), v
+    elif "accused" in want:  # alive like their peers
+        assert v["direction"] == "same" and all(x >= 0.7 * ref for x in want["accused"].values()), v
+    elif v.get("baseline") is not None:
+        level = want.get("hosts_median", want.get("job"))
+        assert (level > v["baseline"]) == (v["direction"] == "higher"), v
 
 
 def test_thread_leak_is_invisible_without_vs(tmp_path):
