@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -181,6 +182,57 @@ def test_heartbeat_claim_without_a_time_is_skipped_not_ruled_out(tmp_path):
     assert "heartbeat_false_positive" in {s["check"] for s in r["skipped"]}, r["skipped"]
     assert "heartbeat_false_positive" not in {c["check"] for c in r["ruled_out"]}
     assert any("heartbeat claim has no absl time stamp" in n for n in r["notes"]), r["notes"]
+
+
+def copy_job(src: Path, name: str, edit: Callable[[str], str] = lambda t: t) -> Path:
+    """Another job in src's workspace with src's metrics: its log and summary.txt passed through edit."""
+    dst = src.with_name(name)
+    shutil.copytree(src, dst, symlinks=True)
+    (dst / "log").unlink()
+    log = dst.with_name(f"{name}.log")
+    log.write_text(edit(src.with_name(f"{src.name}.log").read_text().replace(src.name, name)))
+    (dst / "log").symlink_to(log)
+    (dst / "summary.txt").write_text(edit((src / "summary.txt").read_text().replace(src.name, name)))
+    return dst
+
+
+def test_vs_auto_picks_the_latest_completed_run_of_the_model_on_the_same_hosts(tmp_path):
+    inc = corpus.build("thread_leak", tmp_path, 4)  # the leak job and its clean twin, an hour before it
+    model = inc.notes["model"]
+    # decoys: the same run failed; the same model on other hosts, a minute later (still before the leak
+    # job); the leak job itself under another id (it did not end before the leak job started)
+    copy_job(inc.vs, f"10-JAX-{model}", lambda t: t.replace("status: completed", "status: failed"))
+    other = copy_job(inc.vs, f"11-JAX-{model}", lambda t: re.sub(r"\b(node|gpu|h100-|mi300x-)(\d+)", r"x\1\2", t))
+    for meta in other.glob("prometheus/*/meta.json"):
+        m = json.loads(meta.read_text())
+        meta.write_text(json.dumps({**m, "maxTime": m["maxTime"] + 60_000}))
+    copy_job(inc.job_dir, f"12-JAX-{model}")
+    res = cli(inc.job_dir, "--vs", "auto", "--json")
+    assert res.returncode == 0, res.stderr
+    r = json.loads(res.stdout)
+    assert r["vs"]["other"] == inc.vs.name and r["verdict"] == "cpu_contention", r["summary"]
+    auto = r["vs"]["auto"]
+    assert auto["picked"] == inc.vs.name and auto["shared_hosts"] == len(inc.hosts) and auto["candidates"] == 2
+    assert "shares hosts" in auto["why"]
+    text = cli(inc.job_dir, "--vs", "auto").stdout
+    assert f"Compared with: {inc.vs.name} (--vs auto: the latest completed {model} job" in text, text
+    # without --vs: nothing found, and the report says a baseline exists
+    alone = cli(inc.job_dir, "--json")
+    r = json.loads(alone.stdout)
+    assert r["verdict"] == "none" and f"try --vs auto (it would compare with {inc.vs.name})" in r["summary"]
+    assert any("--vs auto" in n and inc.vs.name in n for n in r["notes"]), r["notes"]
+    assert json.loads(cli(inc.job_dir, "--vs", inc.vs, "--json").stdout)["vs"]["auto"] is None
+    # the twin has no earlier run: no suggestion, and --vs auto is one line
+    first = json.loads(cli(inc.vs, "--json").stdout)
+    assert "--vs auto" not in first["summary"] and not any("--vs auto" in n for n in first["notes"])
+    one_line_error(cli(inc.vs, "--vs", "auto"), "--vs auto: no completed job of the same model", inc.vs.name)
+
+
+def test_vs_with_the_job_itself_is_refused(network_job):
+    job = network_job.job_dir
+    one_line_error(cli(job, "--vs", job), "itself")
+    one_line_error(cli(job, "--vs", "4242", "--workspace", job.parent), "is 4242-JAX-", "itself")
+    one_line_error(cli(job, "--vs", job / "prometheus"), "itself")
 
 
 # --- missing families -------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Usage: diagnose.py JOB [--vs OTHER_JOB] [--json] [--plot DIR] [--workspace DIR]
+"""Usage: diagnose.py JOB [--vs OTHER_JOB|auto] [--json] [--plot DIR] [--workspace DIR]
 
 Diagnoses a job from its metrics: serves the job's Prometheus TSDB once (a private copy, see
 utils/diagnosis/tsdb.py), finds which metric families it holds (hw_*, tb_*, ray_*), runs a few range
@@ -14,7 +14,11 @@ evidence (the PromQL run, the hosts, the time window, the values seen):
   io_pressure, memory       IO stalls (PSI), host OOM kills and memory pressure
   training_dynamics         loss / MoE load-balance loss / grad-norm spikes, systems clean
 and compares every host with its peers for every hw_ family. With --vs OTHER_JOB it ranks every
-family by how much it differs between the two jobs (per host, robust effect size).
+family by how much it differs between the two jobs (per host, robust effect size); --vs auto
+picks OTHER_JOB itself: the latest completed job of the same model (sharing hosts with JOB when
+one does) that ended before JOB started. When nothing is found and such a job exists, the report
+suggests --vs auto. Every finding carries `verify`: one query, range and reducer that show its
+deciding signal, with the values diagnose got per host (docs/diagnose.md).
 
 JOB and OTHER_JOB: a job id or a job name (<id>-JAX-<model>[-<tag>]), looked up in --workspace
 (default $JOB_WORKSPACE or <repo>/outputs), a job dir, its log or a TSDB dir; an id that two jobs
@@ -27,6 +31,8 @@ of the evidence. Exit 0 when diagnosed (even with too little data: it says so), 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import json
 import math
 import re
 import time
@@ -223,6 +229,94 @@ def locate(arg: str, workspace: Path | None = None, what: str = "JOB") -> Target
     job_dir = job.dir or (db.parent if db.name == "prometheus" else None)
     log = job.log or (lookup.log_of(job_dir) if job_dir else None)
     return Target(job_dir.name if job_dir else db.name, db, job_dir, log)
+
+
+@dataclasses.dataclass
+class JobFacts:
+    """What --vs auto needs to know of a job: from its log's JOB header, summary.txt and TSDB blocks."""
+
+    dir: Path
+    model: str | None
+    hosts: list[str]
+    status: str | None
+    first: float | None  # the TSDB's time range (unix s), from its blocks' meta.json
+    last: float | None
+
+
+def _head(log: Path | None) -> dict[str, str]:
+    """The key: value lines of the log's JOB header (its first lines)."""
+    if log is None:
+        return {}
+    try:
+        with log.open(errors="replace") as fh:
+            lines = [ln.rstrip("\n") for ln in itertools.islice(fh, 80)]
+    except OSError:
+        return {}
+    if not lines or not lines[0].startswith("=====") or joblog is None:
+        return {}
+    end = next((i for i, ln in enumerate(lines[1:], 1) if ln.startswith("=====")), len(lines))
+    return joblog.parse_block(lines[1:end])
+
+
+def _span(db: Path) -> tuple[float, float] | None:
+    """The time range the TSDB's blocks hold (unix s); None without a readable block."""
+    lo, hi = math.inf, -math.inf
+    for meta in db.glob("*/meta.json"):
+        try:
+            m = json.loads(meta.read_text())
+            lo, hi = min(lo, m["minTime"] / 1000), max(hi, m["maxTime"] / 1000)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return (lo, hi) if lo <= hi else None
+
+
+def job_facts(job_dir: Path, db: Path | None = None) -> JobFacts:
+    head = _head(lookup.log_of(job_dir))
+    summary = job_dir / "summary.txt"
+    status = None
+    if summary.is_file() and joblog:
+        status = joblog.parse_block(summary.read_text(errors="replace").splitlines()).get("status")
+    nodes = re.search(r"\(([^)]*)\)", head.get("nodes", ""))
+    span = _span(db or job_dir / "prometheus")
+    return JobFacts(
+        job_dir,
+        head.get("model", "").split(" ")[0] or None,
+        nodes.group(1).split() if nodes else [],
+        status,
+        span[0] if span else None,
+        span[1] if span else None,
+    )
+
+
+def pick_baseline(target: Target, workspace: Path | None) -> tuple[Target, dict] | None:
+    """--vs auto: the latest completed job of the same model that ended before the target started,
+    preferring one that shares hosts with it; (its Target, what was picked and why) or None."""
+    if target.job_dir is None:
+        return None
+    me = job_facts(target.job_dir, target.tsdb)
+    ws = workspace if workspace is not None and workspace.is_dir() else target.job_dir.parent
+    if me.model is None or me.first is None:
+        return None
+    cands = []
+    try:
+        entries = [p for p in ws.iterdir() if "-JAX-" in p.name and p.is_dir() and p != target.job_dir]
+    except OSError:
+        return None
+    for p in entries:
+        if lookup.EARLIER.search(p.name) or not tsdb.is_tsdb(p / "prometheus"):
+            continue
+        f = job_facts(p)
+        if f.model == me.model and f.status == "completed" and f.last is not None and f.last <= me.first:
+            cands.append((len(set(f.hosts) & set(me.hosts)), f))
+    if not cands:
+        return None
+    shared = any(n for n, _ in cands)
+    n, best = max(((n, f) for n, f in cands if n or not shared), key=lambda x: x[1].last)
+    why = f"the latest completed {me.model} job that ended before this one started" + (
+        f" and shares hosts with it ({n} of {len(me.hosts)})" if shared else " (none shares hosts with it)"
+    )
+    info = {"picked": best.dir.name, "ended": best.last, "shared_hosts": n, "candidates": len(cands), "why": why}
+    return locate(str(best.dir), ws), info
 
 
 # --- numeric helpers ----------------------------------------------------------------------
@@ -1666,11 +1760,26 @@ def missing_families(d: Data) -> set[str]:
     return out | absent
 
 
-def diagnose(target: Target, vs: Target | None = None) -> dict:
-    """Run every playbook on one job (optionally against another); the JSON report (plus _report)."""
+def diagnose(
+    target: Target, vs: Target | None = None, *, auto: dict | None = None, workspace: Path | None = None
+) -> dict:
+    """Run every playbook on one job (optionally against another); the JSON report (plus _report).
+    auto: how --vs auto picked vs (pick_baseline); workspace: where to look for a baseline to suggest
+    when nothing is found (default: beside the job)."""
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows are expected (gaps, idle hosts)
-        return _diagnose(target, vs)
+        r = _diagnose(target, vs)
+    if r["vs"] is not None:
+        r["vs"]["auto"] = _jsonable(auto)
+    elif r["verdict"] == "none" and not r["insufficient_evidence"]:
+        picked = pick_baseline(target, workspace)
+        if picked:
+            r["notes"].append(
+                f"a baseline exists: {picked[1]['picked']} ({picked[1]['why']}); compare with it: "
+                f"utils/diagnose.py {target.name} --vs auto"
+            )
+            r["summary"] += f"; try --vs auto (it would compare with {picked[1]['picked']})"
+    return r
 
 
 def _diagnose(target: Target, vs: Target | None) -> dict:
@@ -1786,6 +1895,9 @@ def render(r: dict) -> str:
             f"Data: {utc(rg['start'])} .. {utc(rg['end'])} ({dur(rg['end'] - rg['start'])}), "
             f"{len(r['hosts'])} hosts, query step {rg['step']:g} s, scrape ~{rg['interval']:.3g} s"
         )
+    if r.get("vs"):
+        auto = r["vs"].get("auto")
+        lines.append(f"Compared with: {r['vs']['other']}" + (f" (--vs auto: {auto['why']})" if auto else ""))
     head = f"Verdict: {r['verdict']}"
     if r["culprit_hosts"]:
         head += f"   hosts: {' '.join(r['culprit_hosts'])}"
@@ -1918,10 +2030,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = cli.Parser(
         prog="diagnose.py",
         description=__doc__.split("\n", 2)[2],
-        usage="diagnose.py JOB [--vs OTHER_JOB] [--json] [--plot DIR] [--workspace DIR]",
+        usage="diagnose.py JOB [--vs OTHER_JOB|auto] [--json] [--plot DIR] [--workspace DIR]",
     )
     ap.add_argument("job", help="job id, job name, job dir, its log or TSDB dir")
-    ap.add_argument("--vs", metavar="OTHER_JOB", help="compare with this job (as JOB)")
+    ap.add_argument(
+        "--vs",
+        metavar="OTHER_JOB",
+        help="compare with this job (as JOB), or auto: the latest completed job of the same model that ended "
+        "before JOB started (sharing hosts with it when one does)",
+    )
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     ap.add_argument("--plot", metavar="DIR", type=Path, help="write PNG charts of the evidence to DIR")
     ap.add_argument("--workspace", metavar="DIR", type=Path, help="where job ids and names are looked up")
@@ -1931,8 +2048,20 @@ def main(argv: list[str] | None = None) -> int:
         if a.plot is not None:
             check_plot_dir(a.plot)
         target = locate(a.job, ws)
-        other = locate(a.vs, ws, "--vs") if a.vs is not None else None
-        report = diagnose(target, other)
+        other, auto = None, None
+        if a.vs == "auto":
+            picked = pick_baseline(target, ws)
+            if picked is None:
+                raise InputError(
+                    f"--vs auto: no completed job of the same model that ended before {target.name} started "
+                    f"(in {ws}); give --vs OTHER_JOB"
+                )
+            other, auto = picked
+        elif a.vs is not None:
+            other = locate(a.vs, ws, "--vs")
+        if other is not None and other.tsdb.resolve() == target.tsdb.resolve():
+            raise InputError(f"--vs {a.vs} is {target.name} itself: compare with another job (or --vs auto)")
+        report = diagnose(target, other, auto=auto, workspace=ws)
     except InputError as e:
         return cli.fail("diagnose.py", e)
     except tsdb.TSDBError as e:
