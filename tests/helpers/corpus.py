@@ -342,6 +342,7 @@ class _Sim:
             self.spikes.append((first, r.randint(3, 15), 1.0, 0.0, r.uniform(4, 10)))
         if self.spikes:
             first = min(s[0] for s in self.spikes)
+            self.notes["spike_step"] = first
             last = min(max(s[0] + s[1] for s in self.spikes), n - 1)
             self.window = (float(self.step_end[first]), float(self.step_end[last]))
 
