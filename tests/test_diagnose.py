@@ -132,7 +132,7 @@ def test_skill_verify_step_on_every_family(tmp_path, family):
     assert res.returncode == 0 and "Traceback" not in res.stderr, (res.stdout, res.stderr)
     chosen = next((f for f in r["findings"] if f["kind"] == r["verdict"]), r["findings"][0] if r["findings"] else None)
     if chosen is None:
-        assert res.stdout.strip() == "nothing to check: no finding (verdict none)", res.stdout
+        assert res.stdout.strip() == "nothing to check: no finding with a verify query (verdict none)", res.stdout
         return
     v = chosen["verify"]
     out = json.loads(res.stdout.strip().splitlines()[-1])
