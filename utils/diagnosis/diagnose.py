@@ -1776,7 +1776,7 @@ def diagnose(
         r = _diagnose(target, vs)
     if r["vs"] is not None:
         r["vs"]["auto"] = _jsonable(auto)
-    elif r["verdict"] == "none" and not r["insufficient_evidence"]:
+    elif vs is None and r["verdict"] == "none" and not r["insufficient_evidence"]:
         picked = pick_baseline(target, workspace)
         if picked:
             r["notes"].append(
