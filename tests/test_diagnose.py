@@ -11,8 +11,11 @@ import os
 import re
 import shutil
 import subprocess
+import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import REPO, VENV, run
 
@@ -87,6 +90,97 @@ def test_family_verdict_and_culprits(tmp_path, family, seed):
     assert top["kind"] == inc.verdict and top["queries"] and all(top["queries"]) and top["values"], top
     assert overlaps(top["window"], inc.window), (top["window"], inc.window)
     assert inc.verdict not in {c["check"] for c in r["ruled_out"]}
+    assert (
+        top["verify"] and top["verify"]["query"] and sorted(top["verify"]["expect"]["culprits"]) == sorted(inc.culprits)
+    ), top["verify"]
+    if family == "heartbeat_false_positive":  # the accused were healthy: named, but no culprit
+        assert top["accused_hosts"] == inc.notes["accused"] and top["hosts"] == [], top
+        assert top["suspect_hosts"] == [inc.hosts[0]], top  # the coordinator (node rank 0)
+
+
+# --- findings an agent can check: verify, and the numbers behind a verdict ------------------------
+def skill_block(needle: str) -> str:
+    """The ```bash block of skills/tsdb-diagnosis/SKILL.md that holds needle, as an agent pastes it."""
+    text = (REPO / "skills" / "tsdb-diagnosis" / "SKILL.md").read_text()
+    blocks = [b for b in re.findall(r"^ *```bash\n(.*?)^ *```", text, re.S | re.M) if needle in b]
+    assert len(blocks) == 1, f"{len(blocks)} blocks hold {needle!r}"
+    return textwrap.dedent(blocks[0])
+
+
+def close(a: float | None, b: float | None) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and a == pytest.approx(b, rel=1e-4, abs=1e-9))
+
+
+VERIFY_FAST = {"healthy", "heartbeat_false_positive"}
+
+
+@pytest.mark.parametrize(
+    "family", [pytest.param(f, marks=() if f in VERIFY_FAST else pytest.mark.slow) for f in corpus.FAMILIES]
+)
+def test_skill_verify_step_on_every_family(tmp_path, family):
+    """The skill's check step (step 4), run as written on every family: it reruns the deciding finding's
+    verify query through utils/prometheus.sh, and the per-host values it gets are diagnose's; they show
+    the signal (culprits vs peers, the level vs its baseline). No finding: it says so and exits 0."""
+    inc = corpus.build(family, tmp_path / "ws", 1)
+    r = diag(inc.job_dir)
+    res = run(
+        ["bash", "-euo", "pipefail", "-c", skill_block('include "verify"')],
+        env={"JOB": str(inc.job_dir), "JOB_WORKSPACE": str(tmp_path / "ws"), "TMPDIR": str(tmp_path)},
+        cwd=REPO,
+        timeout=180,
+    )
+    assert res.returncode == 0 and "Traceback" not in res.stderr, (res.stdout, res.stderr)
+    chosen = next((f for f in r["findings"] if f["kind"] == r["verdict"]), r["findings"][0] if r["findings"] else None)
+    if chosen is None:
+        assert res.stdout.strip() == "nothing to check: no finding with a verify query (verdict none)", res.stdout
+        return
+    v = chosen["verify"]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["match"] is True and out["expect"] == v["expect"], (out, v)
+    got, want = out["got"], v["expect"]
+    assert sorted(got) == sorted(want)
+    for group in ("culprits", "accused"):
+        assert sorted(got.get(group, {})) == sorted(want.get(group, {}))
+        assert all(close(got[group][h], want[group][h]) for h in want.get(group, {})), (got, want)
+    for k in ("peers_median", "hosts_median", "job"):
+        assert close(got.get(k), want.get(k)), (k, got, want)
+    if chosen["kind"] == r["verdict"] != "none":
+        assert sorted(want["culprits"]) == sorted(r["culprit_hosts"])
+    # the values show the deciding signal
+    ref = want.get("peers_median")
+    if want["culprits"] and ref is not None:
+        sign = {"higher": 1, "lower": -1}[v["direction"]]
+        assert all(sign * (x - ref) > 0 for x in want["culprits"].values()), v
+    elif "accused" in want:  # alive like their peers
+        assert v["direction"] == "same" and all(x >= 0.7 * ref for x in want["accused"].values()), v
+    elif v.get("baseline") is not None:
+        level = want.get("hosts_median", want.get("job"))
+        assert (level > v["baseline"]) == (v["direction"] == "higher"), v
+
+
+STEP_LINE = re.compile(r"completed step: (\d+), seconds: ([\d.]+), TFLOP/s/device: ([\d.]+), Tokens/s/device: ([\d.]+)")
+
+
+@pytest.mark.parametrize(("family", "seed"), [("moe_lb_spike", s) for s in SEEDS] + [("heartbeat_false_positive", 1)])
+def test_corpus_reproduces_the_seed_cases(tmp_path, family, seed):
+    """Step numbers stay below steps=, TFLOP/s is 36-54 % of the GPU's bf16 peak and is 6 * N * tokens/s
+    (+ attention) for the model; the MoE load-balance case runs 12-35 % slower from its first spike on."""
+    inc = corpus.build(family, tmp_path, seed)
+    text = inc.log.read_text()
+    planned = int(re.search(r"^overrides: steps=(\d+)", text, re.M).group(1))
+    rows = [(int(m[1]), float(m[2]), float(m[3]), float(m[4])) for m in STEP_LINE.finditer(text)]
+    assert rows and max(r[0] for r in rows) < planned, (max(r[0] for r in rows), planned)
+    steady = [r for r in rows if r[0] >= 1]
+    peak = corpus.PEAK_TFLOPS[inc.notes["vendor"]]
+    top = float(np.percentile([r[2] for r in steady], 90))
+    assert 0.36 * peak <= top <= 0.55 * peak, (top, peak)
+    per_token = corpus.flops_per_token(inc.notes["model"]) / 1e12
+    assert all(r[2] == pytest.approx(r[3] * per_token, rel=0.01, abs=0.002) for r in steady)
+    if family == "moe_lb_spike":
+        at = inc.notes["spike_step"]
+        before = np.median([r[1] for r in steady if r[0] < at])
+        after = np.median([r[1] for r in steady if r[0] >= at])
+        assert 1.11 <= after / before <= 1.36, (after / before, inc.notes["slower"])
 
 
 def test_thread_leak_is_invisible_without_vs(tmp_path):
@@ -114,6 +208,109 @@ def test_heartbeat_claim_without_a_time_is_skipped_not_ruled_out(tmp_path):
     assert "heartbeat_false_positive" in {s["check"] for s in r["skipped"]}, r["skipped"]
     assert "heartbeat_false_positive" not in {c["check"] for c in r["ruled_out"]}
     assert any("heartbeat claim has no absl time stamp" in n for n in r["notes"]), r["notes"]
+
+
+def test_memory_finding_gives_the_leak_onset_and_rate(tmp_path):
+    inc = corpus.build("host_oom", tmp_path, 2)
+    r = diag(inc.job_dir)
+    (h,) = inc.culprits
+    got = r["findings"][0]["values"]["hosts"][h]
+    onset, oom = inc.notes["leak"]  # the corpus' leak: a straight decline from onset to the OOM kill
+    level = nanmed_available(r, h, onset)
+    rate = level / (oom - onset)  # down to ~0 at the kill
+    assert abs(got["leak_onset"] - onset) <= 0.05 * (oom - onset), (got, onset)
+    assert got["leak_bytes_per_s"] == pytest.approx(rate, rel=0.1), (got, rate)
+    assert got["leak_gib_per_h"] == pytest.approx(got["leak_bytes_per_s"] * 3600 / 2**30, rel=1e-3)
+    assert f"leaking {diagnose.fmt(got['leak_gib_per_h'])} GiB/h from {diagnose.utc(got['leak_onset'])}" in r["summary"]
+
+
+def nanmed_available(r: dict, host: str, before: float) -> float:
+    """The host's available memory before the leak, read back from the TSDB."""
+    with tsdb.Served(r["tsdb"]) as prom:
+        rows = prom.query(f'hw_memory_available_bytes{{host="{host}"}}', before - 60)
+    return float(rows[0]["value"][1])
+
+
+def test_training_spike_cost_decides_incident_or_not(tmp_path):
+    """The MoE case: the run stayed 12-35 % slower from the spike on (training_dynamics, with the cost);
+    a brief grad-norm spike that cost nothing is named but is no incident."""
+    moe = corpus.build("moe_lb_spike", tmp_path / "moe", 1)
+    r = diag(moe.job_dir)
+    top = r["findings"][0]
+    assert r["verdict"] == "training_dynamics" and top["kind"] == "training_dynamics", r["summary"]
+    cost = top["values"]["throughput_cost"]
+    assert cost["pct"] == pytest.approx((1 / moe.notes["slower"] - 1) * 100, abs=2.0), cost
+    assert cost["after"] < cost["before"] and cost["unit"] == "tokens/s/device"
+    assert f"({cost['pct']:+.1f} %)" in top["summary"]
+    brief = corpus.build("grad_spike_brief", tmp_path / "brief", 1)
+    r = diag(brief.job_dir)
+    assert r["verdict"] == "none" and r["culprit_hosts"] == [], r["summary"]
+    (spike,) = [f for f in r["findings"] if f["kind"] == "training_spike"]
+    assert abs(spike["values"]["throughput_cost"]["pct"]) < 2 and "grad_norm" in spike["values"], spike
+    assert overlaps(spike["window"], brief.window)
+    ruled = {c["check"]: c["detail"] for c in r["ruled_out"]}
+    assert ruled["training_dynamics"].startswith("a brief spike that settled and cost no throughput"), ruled
+
+
+def test_text_output_says_when_it_shows_only_some_queries(tmp_path):
+    inc = corpus.build("moe_lb_spike", tmp_path, 1)
+    r = diag(inc.job_dir)
+    n = len(r["findings"][0]["queries"])
+    assert n > 2, r["findings"][0]["queries"]
+    text = diagnose.render(r)
+    assert f"(showing 2 of its {n} queries: --json lists them all)" in text, text
+    assert f"check: max of {r['findings'][0]['verify']['query']}" in text
+
+
+def copy_job(src: Path, name: str, edit: Callable[[str], str] = lambda t: t) -> Path:
+    """Another job in src's workspace with src's metrics: its log and summary.txt passed through edit."""
+    dst = src.with_name(name)
+    shutil.copytree(src, dst, symlinks=True)
+    (dst / "log").unlink()
+    log = dst.with_name(f"{name}.log")
+    log.write_text(edit(src.with_name(f"{src.name}.log").read_text().replace(src.name, name)))
+    (dst / "log").symlink_to(log)
+    (dst / "summary.txt").write_text(edit((src / "summary.txt").read_text().replace(src.name, name)))
+    return dst
+
+
+def test_vs_auto_picks_the_latest_completed_run_of_the_model_on_the_same_hosts(tmp_path):
+    inc = corpus.build("thread_leak", tmp_path, 4)  # the leak job and its clean twin, an hour before it
+    model = inc.notes["model"]
+    # decoys: the same run failed; the same model on other hosts, a minute later (still before the leak
+    # job); the leak job itself under another id (it did not end before the leak job started)
+    copy_job(inc.vs, f"10-JAX-{model}", lambda t: t.replace("status: completed", "status: failed"))
+    other = copy_job(inc.vs, f"11-JAX-{model}", lambda t: re.sub(r"\b(node|gpu|h100-|mi300x-)(\d+)", r"x\1\2", t))
+    for meta in other.glob("prometheus/*/meta.json"):
+        m = json.loads(meta.read_text())
+        meta.write_text(json.dumps({**m, "maxTime": m["maxTime"] + 60_000}))
+    copy_job(inc.job_dir, f"12-JAX-{model}")
+    res = cli(inc.job_dir, "--vs", "auto", "--json")
+    assert res.returncode == 0, res.stderr
+    r = json.loads(res.stdout)
+    assert r["vs"]["other"] == inc.vs.name and r["verdict"] == "cpu_contention", r["summary"]
+    auto = r["vs"]["auto"]
+    assert auto["picked"] == inc.vs.name and auto["shared_hosts"] == len(inc.hosts) and auto["candidates"] == 2
+    assert "shares hosts" in auto["why"]
+    text = cli(inc.job_dir, "--vs", "auto").stdout
+    assert f"Compared with: {inc.vs.name} (--vs auto: the latest completed {model} job" in text, text
+    # without --vs: nothing found, and the report says a baseline exists
+    alone = cli(inc.job_dir, "--json")
+    r = json.loads(alone.stdout)
+    assert r["verdict"] == "none" and f"try --vs auto (it would compare with {inc.vs.name})" in r["summary"]
+    assert any("--vs auto" in n and inc.vs.name in n for n in r["notes"]), r["notes"]
+    assert json.loads(cli(inc.job_dir, "--vs", inc.vs, "--json").stdout)["vs"]["auto"] is None
+    # the twin has no earlier run: no suggestion, and --vs auto is one line
+    first = json.loads(cli(inc.vs, "--json").stdout)
+    assert "--vs auto" not in first["summary"] and not any("--vs auto" in n for n in first["notes"])
+    one_line_error(cli(inc.vs, "--vs", "auto"), "--vs auto: no completed job of the same model", inc.vs.name)
+
+
+def test_vs_with_the_job_itself_is_refused(network_job):
+    job = network_job.job_dir
+    one_line_error(cli(job, "--vs", job), "itself")
+    one_line_error(cli(job, "--vs", "4242", "--workspace", job.parent), "is 4242-JAX-", "itself")
+    one_line_error(cli(job, "--vs", job / "prometheus"), "itself")
 
 
 # --- missing families -------------------------------------------------------------------------

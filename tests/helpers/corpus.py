@@ -15,9 +15,12 @@ Families (FAMILIES maps each to the verdict diagnose.py must give):
   hang                      collective deadlock: steps stop, every GPU at 100 % utilization but standby power
   rdma_retransmits          ~1 host in 6 (4 of 24) retransmits (RoCE retrans / ACK timeouts / TCP) from a
                             change point on; throughput drops there (two phases)
-  heartbeat_false_positive  JAX declares tasks dead, yet they kept logging and drawing full power
+  heartbeat_false_positive  JAX declares tasks dead, yet they kept logging and drawing full power (the
+                            accused hosts are in notes["accused"]; they are healthy, so no culprit)
   thread_leak               run queue +17 on every host, throughput -1 % (found with --vs against `vs`)
-  moe_lb_spike              MoE load-balance loss, loss and grad-norm spikes, every system metric clean
+  moe_lb_spike              MoE load-balance loss, loss and grad-norm spikes, every system metric clean; from
+                            the first spike on the steps are 12-35 % slower (the seed case's decline)
+  grad_spike_brief          one brief grad-norm spike (a few steps) that costs no throughput: no incident
   gpu_thermal               one host's GPUs run hot and clock down (NVIDIA: thermal throttle reasons)
   gpu_power_cap             one host's GPU power limit lowered: power pinned at the cap, clocks down
   gpu_ecc                   one GPU counts ECC/RAS errors and PCIe AER errors
@@ -33,6 +36,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import math
 import os
 import random
 import re
@@ -59,6 +63,7 @@ FAMILIES: dict[str, str] = {
     "cpu_hog": "cpu_contention",
     "io_pressure": "io_pressure",
     "host_oom": "memory",
+    "grad_spike_brief": "none",
 }
 BASE_EPOCH = 1795322400  # 2026-11-22T04:00:00Z, as tests/logcorpus.py
 
@@ -103,6 +108,26 @@ VENDORS = {
 }
 DENSE_MODELS = ("llama3.1-70b", "llama3.1-405b", "qwen3-32b")
 MOE_MODELS = ("mixtral-8x22b", "deepseek3-671b", "qwen3-235b-a22b")
+# Parameters a token passes through (the active ones for MoE; from the models' published configs), for
+# TFLOP/s = 6 * N * tokens/s * (1 + attention share); the attention share is a rough 10 %.
+ACTIVE_PARAMS = {
+    "llama3.1-70b": 70.6e9,
+    "llama3.1-405b": 405.9e9,
+    "qwen3-32b": 32.8e9,
+    "mixtral-8x22b": 39.1e9,
+    "deepseek3-671b": 37.6e9,
+    "qwen3-235b-a22b": 22.2e9,
+}
+ATTENTION_SHARE = 0.10
+# Dense bf16 peak TFLOP/s per GPU (vendor data sheets: MI300X 1307.4, H100 SXM 989.4); the corpus runs at
+# 36-54 % of it (MFU), the range well-tuned large runs report.
+PEAK_TFLOPS = {"amd": 1307.4, "nvidia": 989.4}
+MFU = (0.36, 0.54)
+
+
+def flops_per_token(model: str) -> float:
+    """Training FLOPs per token (forward and backward) of a corpus model."""
+    return 6 * ACTIVE_PARAMS[model] * (1 + ATTENTION_SHARE)
 
 
 @dataclasses.dataclass
@@ -153,13 +178,18 @@ class _Sim:
         if twin is not None:  # a rerun of the twin's job: same hosts, model and speed
             self.hosts, self.vendor, self.model = twin.hosts, twin.vendor, twin.model
             self.step_time, self.tokens, self.t0 = twin.step_time, twin.tokens, twin.t0 + int(scale.hours * 3600) + 3600
+            self.mfu = twin.mfu
         else:
             self.vendor = r.choice(["amd", "nvidia"])
             self.hosts = hosts or host_names(r, scale.hosts, self.vendor)
             self.model = r.choice(MOE_MODELS if family == "moe_lb_spike" else DENSE_MODELS + MOE_MODELS)
             self.step_time = r.uniform(3.0, 6.0)
-            self.tokens = float(r.choice([8192, 16384, 32768]))
+            r.choice([8192, 16384, 32768])  # (was the tokens per step; kept so the seeds draw the same jobs)
             self.t0 = BASE_EPOCH + r.randrange(0, 60) * 86400
+            # tokens per device and step follow from the model size and the MFU the job runs at
+            self.mfu = random.Random(f"{family}/{seed}/mfu").uniform(*MFU)
+            peak = PEAK_TFLOPS[self.vendor] * 1e12
+            self.tokens = float(round(self.mfu * peak * self.step_time / flops_per_token(self.model)))
         self.moe = self.model in MOE_MODELS
         self.spec = VENDORS[self.vendor]
         self.dur = int(scale.hours * 3600)
@@ -172,6 +202,7 @@ class _Sim:
         self.ckpt_dur = (20.0, 45.0)
         self.slow: list[tuple[float, float, float]] = []  # (from, to, factor) on step time
         self.culprits: list[str] = []
+        self.accused: list[str] = []  # hosts a heartbeat claim names
         self.window: tuple[float, float] | None = None
         self.notes: dict = {}
         self.t_hang: float | None = None
@@ -211,7 +242,7 @@ class _Sim:
             self.window = (t, self.t_stop)
             self.notes["counter"] = kind
         elif f == "heartbeat_false_positive":
-            self.culprits = self.pick(r.choice([1, 1, 2]), skip_head=True)
+            self.accused = self.pick(r.choice([1, 1, 2]), skip_head=True)
             self.claim = self.frac(0.4, 0.85)
             self.t_stop = self.claim
             self.t_last = self.claim + r.uniform(30, 90)
@@ -223,6 +254,12 @@ class _Sim:
             self.window = (self.t_train, self.t_stop)
         elif f == "moe_lb_spike":
             self.notes["spikes"] = r.randint(1, 3)
+            # the seed case: the run got slower from the first spike on and stayed slower
+            self.t_spike = self.frac(0.15, 0.8)
+            self.notes["slower"] = r.uniform(1.12, 1.35)
+            self.slow.append((self.t_spike, np.inf, self.notes["slower"]))
+        elif f == "grad_spike_brief":
+            self.t_spike = self.frac(0.2, 0.8)
         elif f in ("gpu_thermal", "gpu_power_cap", "gpu_ecc", "cpu_hog", "host_oom"):
             self.culprits = self.pick(1)
             h = self.culprits[0]
@@ -246,6 +283,7 @@ class _Sim:
             else:
                 self.oom = self.frac(0.5, 0.9)
                 self.host_fx[h]["leak"] = (self.frac(0.1, 0.3), self.oom)
+                self.notes["leak"] = self.host_fx[h]["leak"]  # (onset, OOM kill): linear decline in between
                 self.t_stop = self.oom
                 self.t_last = self.oom + r.uniform(60, 120)
                 self.window = (self.oom - 600, self.oom)
@@ -292,12 +330,19 @@ class _Sim:
         self.step_end = np.array(ends)
         self.step_dur = np.array(durs)
         self.steps = np.arange(len(ends))
+        n = len(ends)
         if self.family == "moe_lb_spike":
-            n = len(ends)
-            for _ in range(self.notes["spikes"]):
-                at = r.randrange(n // 8, n - n // 10)
+            first = min(int(np.searchsorted(self.step_end, self.t_spike)), n - n // 10 - 1)
+            self.spikes.append((first, r.randint(20, 300), r.uniform(5, 30), r.uniform(0.2, 1.0), r.uniform(4, 15)))
+            for _ in range(self.notes["spikes"] - 1):
+                at = r.randrange(first, n - n // 10)
                 self.spikes.append((at, r.randint(20, 300), r.uniform(5, 30), r.uniform(0.2, 1.0), r.uniform(4, 15)))
+        elif self.family == "grad_spike_brief":  # grad norm only, x4-10 for 3-15 steps
+            first = min(int(np.searchsorted(self.step_end, self.t_spike)), n - 20)
+            self.spikes.append((first, r.randint(3, 15), 1.0, 0.0, r.uniform(4, 10)))
+        if self.spikes:
             first = min(s[0] for s in self.spikes)
+            self.notes["spike_step"] = first
             last = min(max(s[0] + s[1] for s in self.spikes), n - 1)
             self.window = (float(self.step_end[first]), float(self.step_end[last]))
 
@@ -617,13 +662,14 @@ def tb_columns(sim: _Sim) -> dict[str, np.ndarray]:
         "tb_learning_current_learning_rate": np.full(len(steps), 3e-4),
         "tb_perf_step_time_seconds": dur,
         "tb_perf_per_device_tokens_per_sec": sim.tokens / dur,
-        "tb_perf_per_device_tflops_per_sec": sim.tokens * 0.0121 / dur,
+        "tb_perf_per_device_tflops_per_sec": sim.tokens * flops_per_token(sim.model) / dur / 1e12,
     }
 
 
 # --- the log ------------------------------------------------------------------------------
 _LOSS = re.compile(r"loss: [-\d.]+, lm_loss: [-\d.]+")
 _LB = re.compile(r"moe_lb_loss: [\d.]+")
+_TFLOPS = re.compile(r"TFLOP/s/device: [\d.]+")
 
 
 def _step_line(job: lc.Job, w: lc._Writer, host: str, step: int, t: float, dur: float, cols: dict) -> str:
@@ -631,6 +677,7 @@ def _step_line(job: lc.Job, w: lc._Writer, host: str, step: int, t: float, dur: 
     line = _LOSS.sub(
         f"loss: {cols['tb_learning_loss'][step]:.3f}, lm_loss: {cols['tb_learning_lm_loss'][step]:.3f}", line, count=1
     )
+    line = _TFLOPS.sub(f"TFLOP/s/device: {cols['tb_perf_per_device_tflops_per_sec'][step]:.3f}", line, count=1)
     return _LB.sub(f"moe_lb_loss: {cols['tb_learning_moe_lb_loss'][step]:.3f}", line, count=1)
 
 
@@ -661,11 +708,11 @@ def _log(sim: _Sim, job: lc.Job, workspace: Path) -> tuple[list[str], dict, str,
         records = {h: (143, "stopped") for h in hosts}
         status = "cancelled"
     elif sim.family == "heartbeat_false_positive":
-        tasks = [hosts.index(h) for h in sim.culprits]
+        tasks = [hosts.index(h) for h in sim.accused]
         for s in range(max(0, n - 3), n):  # every host's last steps before the claim
             for h in hosts:
                 out.append(_step_line(job, w, h, s, sim.step_end[s], sim.step_dur[s], cols))
-        for h in sim.culprits:  # the accused kept training after the claim
+        for h in sim.accused:  # the accused kept training after the claim
             for k in range(1, 3):
                 out.append(
                     _step_line(
@@ -680,7 +727,7 @@ def _log(sim: _Sim, job: lc.Job, workspace: Path) -> tuple[list[str], dict, str,
                 )
         out += lc.unhealthy_block(w, head, sim.claim, tasks, coordinator=True)
         for h in hosts[1:]:
-            out += lc.unhealthy_block(w, h, sim.claim + (5 if h in sim.culprits else 0.01), tasks, coordinator=False)
+            out += lc.unhealthy_block(w, h, sim.claim + (5 if h in sim.accused else 0.01), tasks, coordinator=False)
         out.append(f"srun: error: {head}: task 0: Exited with exit code 134")
         records = {h: (134, "exit") for h in hosts}
         status = "failed"
@@ -738,6 +785,16 @@ def _write_job_files(sim: _Sim, job: lc.Job, workspace: Path) -> tuple[Path, Pat
     return job_dir, log
 
 
+STOPPED_EARLY = ("hang", "heartbeat_false_positive", "host_oom")
+
+
+def planned_steps(sim: _Sim) -> int:
+    """The job's steps= : a completed job ran all of them (steps 0 .. steps-1); one that stopped early was
+    set to run more (a round number above every step it logged)."""
+    n = len(sim.steps)
+    return n if sim.family not in STOPPED_EARLY else int(math.ceil((n + 3) * 1.25 / 100) * 100)
+
+
 def _materialise(sim: _Sim, job_id: str, workspace: Path) -> tuple[Path, Path]:
     job = lc.Job(
         hosts=sim.hosts,
@@ -748,7 +805,7 @@ def _materialise(sim: _Sim, job_id: str, workspace: Path) -> tuple[Path, Path]:
         tokens_per_step=sim.tokens,
         seed=sim.seed,
         config_lines=3,
-        total_steps=len(sim.steps),
+        total_steps=planned_steps(sim),
     )
     if (workspace / job.name).exists():
         raise FileExistsError(f"{workspace / job.name} exists")
@@ -802,6 +859,8 @@ def build(
             "vendor": sim.vendor,
             "model": sim.model,
             "steps": int(len(sim.steps)),
+            "planned_steps": planned_steps(sim),
+            "accused": list(sim.accused),
             "t_hang": sim.t_hang,
             "claim": sim.claim,
         },

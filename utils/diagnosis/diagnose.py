@@ -1,4 +1,4 @@
-"""Usage: diagnose.py JOB [--vs OTHER_JOB] [--json] [--plot DIR] [--workspace DIR]
+"""Usage: diagnose.py JOB [--vs OTHER_JOB|auto] [--json] [--plot DIR] [--workspace DIR]
 
 Diagnoses a job from its metrics: serves the job's Prometheus TSDB once (a private copy, see
 utils/diagnosis/tsdb.py), finds which metric families it holds (hw_*, tb_*, ray_*), runs a few range
@@ -14,7 +14,11 @@ evidence (the PromQL run, the hosts, the time window, the values seen):
   io_pressure, memory       IO stalls (PSI), host OOM kills and memory pressure
   training_dynamics         loss / MoE load-balance loss / grad-norm spikes, systems clean
 and compares every host with its peers for every hw_ family. With --vs OTHER_JOB it ranks every
-family by how much it differs between the two jobs (per host, robust effect size).
+family by how much it differs between the two jobs (per host, robust effect size); --vs auto
+picks OTHER_JOB itself: the latest completed job of the same model (sharing hosts with JOB when
+one does) that ended before JOB started. When nothing is found and such a job exists, the report
+suggests --vs auto. Every finding carries `verify`: one query, range and reducer that show its
+deciding signal, with the values diagnose got per host (docs/diagnose.md).
 
 JOB and OTHER_JOB: a job id or a job name (<id>-JAX-<model>[-<tag>]), looked up in --workspace
 (default $JOB_WORKSPACE or <repo>/outputs), a job dir, its log or a TSDB dir; an id that two jobs
@@ -27,6 +31,8 @@ of the evidence. Exit 0 when diagnosed (even with too little data: it says so), 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import json
 import math
 import re
 import time
@@ -66,6 +72,7 @@ VERDICTS = (
 POINTS = 480  # target points per range query (step = range / POINTS, at least the scrape interval)
 MAX_SAMPLES = 20_000  # samples per series in the range above which the step doubles (a long job at 5 s)
 HB_TIMEOUT = 100.0  # JAX's default heartbeat timeout, seconds
+TRAIN_COST_PCT = 5.0  # a training-scalar spike is an incident when tokens/s fell by more than this from it on
 
 # The checks and the families each needs (any one of them is enough to run it).
 NEEDS: dict[str, tuple[str, ...]] = {
@@ -108,6 +115,8 @@ class Finding:
     score: float  # ranking; findings that may decide the verdict have decides=True
     decides: bool = True
     plot: dict | None = None  # {"title", "unit", "series": {host: (t, y)}, "highlight": [hosts]}
+    extra: dict = dataclasses.field(default_factory=dict)  # more top-level fields (accused_hosts, ...)
+    verify: dict | None = None  # how to check the deciding signal yourself (see add_verify)
 
     def as_json(self) -> dict:
         w = {"start": round(self.window[0], 3), "end": round(self.window[1], 3)} if self.window else None
@@ -115,10 +124,12 @@ class Finding:
             "kind": self.kind,
             "summary": self.summary,
             "hosts": self.hosts,
+            **self.extra,
             "window": w,
             "queries": self.queries,
             "values": _jsonable(self.values),
             "score": round(self.score, 3),
+            "verify": _jsonable(self.verify),
         }
 
 
@@ -211,6 +222,94 @@ def locate(arg: str, workspace: Path | None = None, what: str = "JOB") -> Target
     job_dir = job.dir or (db.parent if db.name == "prometheus" else None)
     log = job.log or (lookup.log_of(job_dir) if job_dir else None)
     return Target(job_dir.name if job_dir else db.name, db, job_dir, log)
+
+
+@dataclasses.dataclass
+class JobFacts:
+    """What --vs auto needs to know of a job: from its log's JOB header, summary.txt and TSDB blocks."""
+
+    dir: Path
+    model: str | None
+    hosts: list[str]
+    status: str | None
+    first: float | None  # the TSDB's time range (unix s), from its blocks' meta.json
+    last: float | None
+
+
+def _head(log: Path | None) -> dict[str, str]:
+    """The key: value lines of the log's JOB header (its first lines)."""
+    if log is None:
+        return {}
+    try:
+        with log.open(errors="replace") as fh:
+            lines = [ln.rstrip("\n") for ln in itertools.islice(fh, 80)]
+    except OSError:
+        return {}
+    if not lines or not lines[0].startswith("=====") or joblog is None:
+        return {}
+    end = next((i for i, ln in enumerate(lines[1:], 1) if ln.startswith("=====")), len(lines))
+    return joblog.parse_block(lines[1:end])
+
+
+def _span(db: Path) -> tuple[float, float] | None:
+    """The time range the TSDB's blocks hold (unix s); None without a readable block."""
+    lo, hi = math.inf, -math.inf
+    for meta in db.glob("*/meta.json"):
+        try:
+            m = json.loads(meta.read_text())
+            lo, hi = min(lo, m["minTime"] / 1000), max(hi, m["maxTime"] / 1000)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return (lo, hi) if lo <= hi else None
+
+
+def job_facts(job_dir: Path, db: Path | None = None) -> JobFacts:
+    head = _head(lookup.log_of(job_dir))
+    summary = job_dir / "summary.txt"
+    status = None
+    if summary.is_file() and joblog:
+        status = joblog.parse_block(summary.read_text(errors="replace").splitlines()).get("status")
+    nodes = re.search(r"\(([^)]*)\)", head.get("nodes", ""))
+    span = _span(db or job_dir / "prometheus")
+    return JobFacts(
+        job_dir,
+        head.get("model", "").split(" ")[0] or None,
+        nodes.group(1).split() if nodes else [],
+        status,
+        span[0] if span else None,
+        span[1] if span else None,
+    )
+
+
+def pick_baseline(target: Target, workspace: Path | None) -> tuple[Target, dict] | None:
+    """--vs auto: the latest completed job of the same model that ended before the target started,
+    preferring one that shares hosts with it; (its Target, what was picked and why) or None."""
+    if target.job_dir is None:
+        return None
+    me = job_facts(target.job_dir, target.tsdb)
+    ws = workspace if workspace is not None and workspace.is_dir() else target.job_dir.parent
+    if me.model is None or me.first is None:
+        return None
+    cands = []
+    try:
+        entries = [p for p in ws.iterdir() if "-JAX-" in p.name and p.is_dir() and p != target.job_dir]
+    except OSError:
+        return None
+    for p in entries:
+        if lookup.EARLIER.search(p.name) or not tsdb.is_tsdb(p / "prometheus"):
+            continue
+        f = job_facts(p)
+        if f.model == me.model and f.status == "completed" and f.last is not None and f.last <= me.first:
+            cands.append((len(set(f.hosts) & set(me.hosts)), f))
+    if not cands:
+        return None
+    shared = any(n for n, _ in cands)
+    n, best = max(((n, f) for n, f in cands if n or not shared), key=lambda x: x[1].last)
+    why = f"the latest completed {me.model} job that ended before this one started" + (
+        f" and shares hosts with it ({n} of {len(me.hosts)})" if shared else " (none shares hosts with it)"
+    )
+    info = {"picked": best.dir.name, "ended": best.last, "shared_hosts": n, "candidates": len(cands), "why": why}
+    return locate(str(best.dir), ws), info
 
 
 # --- numeric helpers ----------------------------------------------------------------------
@@ -676,12 +775,13 @@ def check_heartbeat(d: Data, rep: Report, prom: tsdb.Served) -> None:
                 + (f"; the last step {t_claim - last_tb:.0f} s before it" if steps_to_claim else "")
                 + f"): the heartbeats were lost, not the hosts (look at the coordinator {claim.coordinator or '?'} "
                 "and the network around that time)",
-                accused,
+                [],  # the accused hosts were healthy: no culprit
                 win,
                 queries,
                 vals,
                 0.96,
                 plot=series_plot("GPU power per host (max GPU)", "W", power, d, accused) if power else None,
+                extra={"accused_hosts": accused, "suspect_hosts": [claim.coordinator] if claim.coordinator else []},
             )
         )
     elif dead:
@@ -697,6 +797,7 @@ def check_heartbeat(d: Data, rep: Report, prom: tsdb.Served) -> None:
                 vals,
                 0.5,
                 decides=False,
+                extra={"accused_hosts": accused, "suspect_hosts": dead},
             )
         )
         rep.clean(
@@ -1107,15 +1208,24 @@ def check_memory(d: Data, rep: Report) -> None:
             "oom_kills": kills.get(h, 0.0),
             "min_available_pct": float(np.nanmin(avail[h] / total[h]) * 100) if h in avail and h in total else math.nan,
             "memory_pressure_full_peak_pct": float(np.nanmax(mfull[h])) if h in mfull else math.nan,
+            **_leak(d, avail.get(h)),
         }
         for h in bad
     }
     what = "the kernel OOM killer killed a process" if killed else "host memory ran out (no OOM kill recorded)"
+
+    def leak_text(v: dict) -> str:
+        if v["leak_onset"] is None:
+            return ""
+        return f", leaking {fmt(v['leak_gib_per_h'])} GiB/h from {utc(v['leak_onset'])}"
+
     rep.findings.append(
         Finding(
             "memory",
             f"{what} on {', '.join(bad)}: "
-            + "; ".join(f"{h} available memory down to {fmt(v['min_available_pct'])} %" for h, v in vals.items()),
+            + "; ".join(
+                f"{h} available memory down to {fmt(v['min_available_pct'])} %{leak_text(v)}" for h, v in vals.items()
+            ),
             bad,
             window_of(d.grid, hit, d.step) or d.train,
             [
@@ -1127,6 +1237,37 @@ def check_memory(d: Data, rep: Report) -> None:
             plot=series_plot("hw_memory_available_bytes per host", "B", avail, d, bad) if ref is not None else None,
         )
     )
+
+
+def _leak(d: Data, avail: np.ndarray | None) -> dict:
+    """When a host's available memory began its decline to the minimum and how fast it fell: a line fitted
+    to the decline (from the first quarter of the drop to the minimum) and traced back to the level it
+    left (the median of the training window's first tenth). None/NaN without a decline of >= 5 %."""
+    none = {"leak_onset": None, "leak_bytes_per_s": math.nan, "leak_gib_per_h": math.nan}
+    if avail is None:
+        return none
+    ok = np.flatnonzero(d.mask() & np.isfinite(avail))
+    if ok.size < 6:
+        return none
+    t, y = d.grid[ok], avail[ok]
+    low = int(np.argmin(y))
+    level = float(np.median(y[: max(3, y.size // 10)]))
+    drop = level - float(y[low])
+    if low < 3 or drop < 0.05 * level:
+        return none
+    above = np.flatnonzero(y[:low] >= level - 0.25 * drop)
+    first = int(above[-1]) if above.size else 0
+    if low - first < 2:
+        return none
+    slope, icept = np.polyfit(t[first : low + 1] - t[0], y[first : low + 1], 1)
+    if slope >= 0:
+        return none
+    onset = min(max(t[0] + (level - icept) / slope, float(t[0])), float(t[low]))
+    return {
+        "leak_onset": float(onset),
+        "leak_bytes_per_s": float(-slope),
+        "leak_gib_per_h": float(-slope * 3600 / 2**30),
+    }
 
 
 def _spikes(d: Data, key: str, ratio: float) -> tuple[np.ndarray, np.ndarray]:
@@ -1176,20 +1317,36 @@ def check_training(d: Data, rep: Report) -> None:
             "training_dynamics", "no loss, MoE load-balance loss or grad-norm spike", NEEDS["training_dynamics"]
         )
     key = max(found, key=lambda k: found[k]["peak"] / max(found[k]["baseline"], 1e-12))
+    win = window_of(d.grid, anyhit, d.step)
+    cost = _throughput_cost(d, win)
+    m = d.mask()
+    back = all(_settled(k, d.tb[k][m], v["baseline"]) for k, v in found.items())
+    # A spike that cost no throughput and settled back is worth knowing, not an incident.
+    brief = cost is not None and cost["pct"] > -TRAIN_COST_PCT and back
+    text = "; ".join(
+        f"{k} {fmt(v['peak'])} vs baseline {fmt(v['baseline'])} at {utc(v['at'])}"
+        + (f" (step ~{v['step']:.0f})" if v["step"] is not None else "")
+        for k, v in found.items()
+    )
+    costs = (
+        f"; tokens/s {fmt(cost['before'])} before, {fmt(cost['after'])} from the spike on ({cost['pct']:+.1f} %)"
+        if cost
+        else "; no tokens/s to tell its throughput cost"
+    )
+    if brief:
+        rep.clean("training_dynamics", f"a brief spike that settled and cost no throughput ({text}{costs})", present)
     rep.findings.append(
         Finding(
-            "training_dynamics",
-            "training scalars spiked: "
-            + "; ".join(
-                f"{k} {fmt(v['peak'])} vs baseline {fmt(v['baseline'])} at {utc(v['at'])}"
-                + (f" (step ~{v['step']:.0f})" if v["step"] is not None else "")
-                for k, v in found.items()
-            ),
+            "training_spike" if brief else "training_dynamics",
+            ("a brief training-scalar spike, no throughput cost: " if brief else "training scalars spiked: ")
+            + text
+            + costs,
             [],
-            window_of(d.grid, anyhit, d.step),
+            win,
             [d.queries[f"tb:{k}"] for k in found],
-            found,
-            0.45,
+            {**found, "throughput_cost": cost},
+            0.4 if brief else 0.45,
+            decides=not brief,
             plot={
                 "title": f"{key} (max per window)",
                 "unit": "",
@@ -1198,6 +1355,27 @@ def check_training(d: Data, rep: Report) -> None:
             },
         )
     )
+
+
+def _throughput_cost(d: Data, win: tuple[float, float] | None) -> dict | None:
+    """Median tokens/s/device over the training window before a spike and from the spike on."""
+    tok = d.tb.get("tokens")
+    if tok is None or win is None:
+        return None
+    m = d.mask() & np.isfinite(tok)
+    before, after = nanmed(tok[m & (d.grid < win[0])]), nanmed(tok[m & (d.grid >= win[0])])
+    if not (math.isfinite(before) and math.isfinite(after)) or before <= 0:
+        return None
+    return {"before": before, "after": after, "pct": (after / before - 1) * 100, "unit": "tokens/s/device"}
+
+
+def _settled(key: str, y: np.ndarray, baseline: float) -> bool:
+    """Whether a scalar ended the run back near the level it spiked from."""
+    ok = y[np.isfinite(y)]
+    if not ok.size:
+        return True
+    end = float(np.median(ok[-max(3, ok.size // 20) :]))
+    return end <= baseline + 0.1 if key == "loss" else end <= 1.5 * baseline
 
 
 # --- per-host outliers and the comparison of two jobs ---------------------------------------
@@ -1409,6 +1587,168 @@ def _vs_category(key: str, eff: dict[str, float], rel: dict[str, float]) -> tupl
     return None
 
 
+# --- verify: one query that shows each finding's deciding signal --------------------------------
+REDUCERS: dict[str, Callable[[list[float]], float]] = {
+    "max": max,
+    "min": min,
+    "mean": lambda v: sum(v) / len(v),
+    "median": lambda v: float(np.median(v)),
+    "last": lambda v: v[-1],
+    "delta": lambda v: v[-1] - v[0],
+}
+
+
+def _family_query(d: Data, key: str) -> tuple[str, str] | None:
+    """(PromQL by host, unit) for a family key of d.gauges / d.rates / d.tb (tb_<name>: job level)."""
+    if key in d.gauges:
+        return f"max by (host) ({key})", ""
+    if key in d.rates:
+        return f"sum by (host) (rate({key}[{int(max(d.step, 4 * d.interval))}s]))", "/s"
+    if key.startswith("tb_") and f"tb:{key[3:]}" in d.queries:
+        return d.queries[f"tb:{key[3:]}"], ""
+    return None
+
+
+def _spec(query: str, window: tuple[float, float], reducer: str, direction: str, unit: str, shows: str, **kw) -> dict:
+    return {"query": query, "window": window, "reducer": reducer, "direction": direction, "unit": unit,
+            "shows": shows, **kw}  # fmt: skip
+
+
+def _vspec(d: Data, f: Finding) -> dict | None:
+    """What add_verify runs for a finding: query, window, reducer and how to read the values."""
+    w = f.window or d.train or (d.start, d.end)
+    whole = (d.start, d.end)
+    v, k = f.values, f.kind
+    rate = f"{int(max(d.step, 4 * d.interval))}s"
+    if "family" in v or "families" in v:  # host_outlier, vs_difference and the --vs findings
+        row = v["families"][0] if "families" in v else v
+        fq = _family_query(d, row["family"])
+        if fq is None:
+            return None
+        this, other = row.get("host_median", row.get("this_median")), row.get("hosts_median", row.get("other_median"))
+        up = (this or 0) >= (other or 0)
+        vs = "other_median" in row
+        shows = f"{row['family']} per host" + (" (the baseline: the other job's median)" if vs else "")
+        return _spec(
+            fq[0], w, "median", "higher" if up else "lower", fq[1], shows, **({"baseline": other} if vs else {})
+        )
+    if k == "hang":
+        full = nanmed(list(v.get("power_full_w", {}).values()))
+        shows = (
+            "GPU power per host after the steps stopped: standby power (the baseline is full power while training) "
+            "although every GPU stayed 100 % busy"
+        )
+        return _spec("max by (host) (hw_gpu_power_watts)", w, "median", "lower", "W", shows, baseline=full)
+    if k in ("heartbeat_false_positive", "heartbeat_timeout"):
+        if "hw_gpu_power_watts" not in d.gauges:
+            return None
+        near, alive = v["near_seconds"], k == "heartbeat_false_positive"
+        shows = f"GPU power per host in the {near:.0f} s before JAX's heartbeat claim: " + (
+            "the accused hosts drew full power like their peers (alive)"
+            if alive
+            else "the stopped hosts had dropped to idle power"
+        )
+        win = (v["claim_time"] - near, v["claim_time"])
+        return _spec(
+            "max by (host) (hw_gpu_power_watts)",
+            win,
+            "min",
+            "same" if alive else "lower",
+            "W",
+            shows,
+            step=nice_step(max(d.interval, 1.0)),
+            accused=f.extra.get("accused_hosts", []),
+        )
+    if k == "network" and "signal" in v:
+        sig = v["signal"]
+        return _spec(f"sum by (host) (rate({sig}[{rate}]))", w, "mean", "higher", "/s", f"rate of {sig} per host")
+    if k == "gpu_thermal" and v.get("sensor"):
+        return _spec(f"max by (host) ({v['sensor']})", w, "median", "higher", "C", "hottest GPU temperature per host")
+    if k == "gpu_power":
+        if "hw_gpu_power_limit_watts" in d.gpu_min:
+            q = "min by (host) (hw_gpu_power_limit_watts)"
+            return _spec(q, w, "median", "lower", "W", "lowest GPU power limit per host")
+        q = d.queries["throttle:power"]
+        return _spec(q, w, "median", "higher", "GPUs", "GPUs with power-cap throttle bits per host")
+    if k == "gpu_hardware":
+        errs = [e for h in f.hosts for e in v["errors"].get(h, [])]
+        errs.sort(key=lambda e: not re.search(r"\{(ue|fatal|nonfatal)\}", e))
+        m = re.match(r"(hw_gpu_\w+_total)\{(\w+)\}", errs[0]) if errs else None
+        if m:
+            label = "kind" if m.group(1).startswith("hw_gpu_ras") else "severity"
+            q = f'sum by (host) ({m.group(1)}{{{label}="{m.group(2)}"}})'
+            return _spec(q, whole, "delta", "higher", "errors", f"{m.group(1)} ({label} {m.group(2)}) per host, job")
+        q = "min by (host) (hw_gpu_pcie_link_width)"
+        return _spec(q, w, "median", "lower", "lanes", "narrowest GPU PCIe link per host")
+    if k == "cpu_contention":
+        if "before" in v:
+            base = nanmed(list(v["before"].values()))
+            shows = "run queue per host after throughput dropped (the baseline: the median before)"
+            return _spec("max by (host) (hw_procs_running)", w, "median", "higher", "tasks", shows, baseline=base)
+        return _spec("max by (host) (hw_procs_running)", w, "median", "higher", "tasks", "run queue per host")
+    if k == "io_pressure" and "peak:hw_io_pressure_full_pct" in d.queries:
+        q = d.queries["peak:hw_io_pressure_full_pct"]
+        return _spec(q, w, "max", "higher", "%", "peak IO pressure (PSI full) per host", threshold=25.0)
+    if k == "memory":
+        if any(x["oom_kills"] >= 1 for x in v["hosts"].values()):
+            q = "sum by (host) (hw_oom_kills_total)"
+            return _spec(q, whole, "delta", "higher", "kills", "OOM kills per host over the job")
+        q = "min by (host) (hw_memory_available_bytes) / max by (host) (hw_memory_total_bytes) * 100"
+        return _spec(q, whole, "min", "lower", "%", "lowest available memory per host, % of total", threshold=3.0)
+    if k in ("training_dynamics", "training_spike"):
+        tb = [x for x in v if x in d.tb and isinstance(v[x], dict)]
+        if not tb:
+            return None
+        key = max(tb, key=lambda x: v[x]["peak"] / max(v[x]["baseline"], 1e-12))
+        shows = f"peak of {key} (job level) over the spike's window"
+        return _spec(d.queries[f"tb:{key}"], w, "max", "higher", "", shows, baseline=v[key]["baseline"])
+    return None
+
+
+def add_verify(d: Data, rep: Report, prom: tsdb.Served) -> None:
+    """Give every finding a `verify` object: the query, range and reducer that show its deciding signal
+    and the values they give (culprits, accused hosts, the peers' or every host's median, or the job's).
+    The queries run 4 at a time; one Prometheus refuses leaves its finding without verify (and a note)."""
+    specs = [(f, spec) for f in rep.findings if (spec := _vspec(d, f)) is not None]
+    ranges = []
+    for _, spec in specs:
+        lo, hi = spec.pop("window")
+        step = spec.pop("step", d.step)
+        start = math.floor(lo)
+        ranges.append((start, max(math.ceil(hi), start + int(step)), step))
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futs = [pool.submit(prom.query_range, spec["query"], *rg) for (_, spec), rg in zip(specs, ranges, strict=True)]
+        for (f, spec), (start, end, step), fut in zip(specs, ranges, futs, strict=True):
+            try:
+                rows = fut.result()
+            except tsdb.TSDBError as e:
+                rep.notes.append(f"the verify query of the {f.kind} finding failed: {e}")
+                continue
+            f.verify = _verify(f, spec, rows, start, end, step)
+
+
+def _verify(f: Finding, spec: dict, rows: list[dict], start: int, end: int, step: float) -> dict:
+    red = REDUCERS[spec["reducer"]]
+    got = {}
+    for r in rows:
+        xs = [x for x in (float(p[1]) for p in r["values"]) if math.isfinite(x)]
+        if xs:
+            got[r["metric"].get("host", "")] = red(xs)
+    accused = spec.pop("accused", [])
+    expect: dict = {"culprits": {h: got.get(h) for h in f.hosts}}
+    if accused:
+        expect["accused"] = {h: got.get(h) for h in accused}
+    if set(got) == {""}:
+        expect["job"] = got[""]
+    elif (f.hosts or accused) and set(got) - set(f.hosts) - set(accused):
+        peers = [x for h, x in got.items() if h not in f.hosts and h not in accused]
+        expect["peers_median"] = float(np.median(peers))
+    else:  # no culprit, or every host is one: the level of every host (compare with the baseline)
+        expect["hosts_median"] = float(np.median(list(got.values()))) if got else None
+    return {"query": spec.pop("query"), "start": start, "end": end, "step": step, "reducer": spec.pop("reducer"),
+            "expect": expect, **spec}  # fmt: skip
+
+
 # --- the whole diagnosis --------------------------------------------------------------------
 def missing_families(d: Data) -> set[str]:
     """Families the checks use that the TSDB lacks (whole plugins collapse to a pattern)."""
@@ -1425,11 +1765,26 @@ def missing_families(d: Data) -> set[str]:
     return out | absent
 
 
-def diagnose(target: Target, vs: Target | None = None) -> dict:
-    """Run every playbook on one job (optionally against another); the JSON report (plus _report)."""
+def diagnose(
+    target: Target, vs: Target | None = None, *, auto: dict | None = None, workspace: Path | None = None
+) -> dict:
+    """Run every playbook on one job (optionally against another); the JSON report (plus _report).
+    auto: how --vs auto picked vs (pick_baseline); workspace: where to look for a baseline to suggest
+    when nothing is found (default: beside the job)."""
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows are expected (gaps, idle hosts)
-        return _diagnose(target, vs)
+        r = _diagnose(target, vs)
+    if r["vs"] is not None:
+        r["vs"]["auto"] = _jsonable(auto)
+    elif vs is None and r["verdict"] == "none" and not r["insufficient_evidence"]:
+        picked = pick_baseline(target, workspace)
+        if picked:
+            r["notes"].append(
+                f"a baseline exists: {picked[1]['picked']} ({picked[1]['why']}); compare with it: "
+                f"utils/diagnose.py {target.name} --vs auto"
+            )
+            r["summary"] += f"; try --vs auto (it would compare with {picked[1]['picked']})"
+    return r
 
 
 def _diagnose(target: Target, vs: Target | None) -> dict:
@@ -1450,14 +1805,16 @@ def _diagnose(target: Target, vs: Target | None) -> dict:
         check_memory(d, rep)
         check_training(d, rep)
         check_outliers(d, rep)
-        n = prom.queries
-    if vs is not None:
-        with tsdb.Served(vs.tsdb) as other:
-            if other.first is None:
-                rep.notes.append(f"{vs.name} holds no samples: no comparison")
-            else:
-                compare(d, load(vs, other), rep)
-                n += other.queries
+        n = 0
+        if vs is not None:
+            with tsdb.Served(vs.tsdb) as other:
+                if other.first is None:
+                    rep.notes.append(f"{vs.name} holds no samples: no comparison")
+                else:
+                    compare(d, load(vs, other), rep)
+                    n += other.queries
+        add_verify(d, rep, prom)
+        n += prom.queries
     rep.missing |= missing_families(d)
     return _assemble(rep, n, time.monotonic() - t0)
 
@@ -1547,6 +1904,9 @@ def render(r: dict) -> str:
             f"Data: {utc(rg['start'])} .. {utc(rg['end'])} ({dur(rg['end'] - rg['start'])}), "
             f"{len(r['hosts'])} hosts, query step {rg['step']:g} s, scrape ~{rg['interval']:.3g} s"
         )
+    if r.get("vs"):
+        auto = r["vs"].get("auto")
+        lines.append(f"Compared with: {r['vs']['other']}" + (f" (--vs auto: {auto['why']})" if auto else ""))
     head = f"Verdict: {r['verdict']}"
     if r["culprit_hosts"]:
         head += f"   hosts: {' '.join(r['culprit_hosts'])}"
@@ -1565,9 +1925,30 @@ def render(r: dict) -> str:
             when = f"  [{utc(w['start'])} .. {utc(w['end'])}]" if w else ""
             lines.append(f" {i:2d}. {f['kind']}{when}")
             lines.append(f"     {f['summary']}")
-            for q in f["queries"][:2]:
-                if q:
-                    lines.append(f"     query: {q}")
+            shown = [q for q in f["queries"] if q]
+            for q in shown[:2]:
+                lines.append(f"     query: {q}")
+            if len(shown) > 2:
+                lines.append(f"     (showing 2 of its {len(shown)} queries: --json lists them all)")
+            v = f.get("verify")
+            if v:
+                e = v["expect"]
+                got = ", ".join(
+                    f"{h} {fmt(x if x is not None else math.nan)}" for h, x in list(e["culprits"].items())[:4]
+                )
+                got += f" (+{len(e['culprits']) - 4} more)" if len(e["culprits"]) > 4 else ""
+                ref = next(
+                    (
+                        f"{k} {fmt(e[k] if e[k] is not None else math.nan)}"
+                        for k in ("peers_median", "hosts_median", "job")
+                        if k in e
+                    ),
+                    "",
+                )
+                lines.append(
+                    f"     check: {v['reducer']} of {v['query']} -> {'; '.join(x for x in (got, ref) if x)}"
+                    + (f" {v['unit']}" if v.get("unit") else "")
+                )
     if r["ruled_out"]:
         lines.append("Ruled out:")
         lines += [f"  - {c['check']}: {c['detail']}" for c in r["ruled_out"]]
@@ -1661,10 +2042,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = cli.Parser(
         prog="diagnose.py",
         description=__doc__.split("\n", 2)[2],
-        usage="diagnose.py JOB [--vs OTHER_JOB] [--json] [--plot DIR] [--workspace DIR]",
+        usage="diagnose.py JOB [--vs OTHER_JOB|auto] [--json] [--plot DIR] [--workspace DIR]",
     )
     ap.add_argument("job", help="job id, job name, job dir, its log or TSDB dir")
-    ap.add_argument("--vs", metavar="OTHER_JOB", help="compare with this job (as JOB)")
+    ap.add_argument(
+        "--vs",
+        metavar="OTHER_JOB",
+        help="compare with this job (as JOB), or auto: the latest completed job of the same model that ended "
+        "before JOB started (sharing hosts with it when one does)",
+    )
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     ap.add_argument("--plot", metavar="DIR", type=Path, help="write PNG charts of the evidence to DIR")
     ap.add_argument("--workspace", metavar="DIR", type=Path, help="where job ids and names are looked up")
@@ -1674,8 +2060,20 @@ def main(argv: list[str] | None = None) -> int:
         if a.plot is not None:
             check_plot_dir(a.plot)
         target = locate(a.job, ws)
-        other = locate(a.vs, ws, "--vs") if a.vs is not None else None
-        report = diagnose(target, other)
+        other, auto = None, None
+        if a.vs == "auto":
+            picked = pick_baseline(target, ws)
+            if picked is None:
+                raise InputError(
+                    f"--vs auto: no completed job of the same model that ended before {target.name} started "
+                    f"(in {ws}); give --vs OTHER_JOB"
+                )
+            other, auto = picked
+        elif a.vs is not None:
+            other = locate(a.vs, ws, "--vs")
+        if other is not None and other.tsdb.resolve() == target.tsdb.resolve():
+            raise InputError(f"--vs {a.vs} is {target.name} itself: compare with another job (or --vs auto)")
+        report = diagnose(target, other, auto=auto, workspace=ws)
     except InputError as e:
         return cli.fail("diagnose.py", e)
     except tsdb.TSDBError as e:
