@@ -82,12 +82,16 @@ def test_failure_class(failure, fmt, tmp_path):
         "collective_error",
         "python_exception",
         "heartbeat_timeout",
-        "heartbeat_false_positive",
         "node_failure",
         "killed_gloo",
         "gpu_health",
     ):
         assert r["culprit_hosts"] == [culprit], r
+    if failure == "heartbeat_false_positive":  # the accused was alive: named, no culprit; the coordinator suspected
+        assert r["culprit_hosts"] == [] and r["accused_hosts"] == [culprit], r
+        assert r["suspect_hosts"] == [kw["hosts"][0]], r
+    if failure == "heartbeat_timeout":
+        assert r["accused_hosts"] == r["suspect_hosts"] == [culprit], r
     if failure == "hang" and len(kw["hosts"]) > 1:
         assert r["culprit_hosts"] == [culprit], r  # the rank that is one step behind
     if failure in ("cancelled", "stage_timeout", "time_limit"):
@@ -198,7 +202,8 @@ def test_heartbeat_claim_maps_task_to_host_by_node_rank(tmp_path):
 def test_heartbeat_false_positive_needs_activity_after_the_claim(tmp_path):
     job, log = job_for("heartbeat_false_positive", tmp_path)
     r = report(log)
-    assert r["failure_class"] == "heartbeat_false_positive" and r["culprit_hosts"] == ["n2"]
+    assert r["failure_class"] == "heartbeat_false_positive" and r["culprit_hosts"] == []
+    assert r["accused_hosts"] == ["n2"] and r["suspect_hosts"] == ["n1"]
     whys = [e["why"] for e in r["evidence"]]
     assert any("after the claimed time" in w for w in whys) and any("own death notice" in w for w in whys)
     # the same claim without the accused's later lines is a real heartbeat timeout

@@ -115,10 +115,12 @@ def on_job_heartbeat(t: Triage, status: str) -> Verdict | None:
         if later or notice:
             alive.append(h)
     names = [h.name for h in accused]
-    if len(alive) == len(accused):
+    t.accused_hosts = names
+    if len(alive) == len(accused):  # the accused were healthy: no culprit; look at the coordinator
+        t.suspect_hosts = [claim.coordinator] if claim.coordinator else []
         return (
             "heartbeat_false_positive",
-            names,
+            [],
             explain(
                 "heartbeat_false_positive",
                 accused=", ".join(names),
@@ -128,6 +130,7 @@ def on_job_heartbeat(t: Triage, status: str) -> Verdict | None:
             "high",
         )
     dead = [h for h in accused if h not in alive]
+    t.suspect_hosts = [h.name for h in dead]
     for h in dead:
         t.cite_last_step(h, "the accused host's last step")
         t.cite_record(h, "exit record")
@@ -623,7 +626,7 @@ REGISTRY: tuple[FailureClass, ...] = (
         ),
         decided_by="JAX's `tasks are unhealthy (stopped sending heartbeats)` / `Task N heartbeat timeout`, and every "
         "accused host logged a step or its own death notice after the claim",
-        culprit="the accused hosts (they were alive)",
+        culprit="none (the accused were alive: `accused_hosts`); `suspect_hosts` is the coordinator",
         check_next=f"The coordinator (node rank 0) and the network; with a TSDB, {TSDB} checks the accused hosts' "
         "GPU power at the claim time.",
     ),

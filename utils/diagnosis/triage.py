@@ -180,6 +180,8 @@ class Triage:
         self.stage = s.summary.get("stage") or (list(self.records)[-1] if self.records else None)
         self.job_id, self.job_name = locate.job_id_and_name(s, log)
         self.sched = None
+        self.accused_hosts: list[str] = []  # the hosts a heartbeat claim named (failure_classes.on_job_heartbeat)
+        self.suspect_hosts: list[str] = []  # where to look after a heartbeat claim
         if opts.scheduler and not s.summary and s.header.get("scheduler") == "slurm":
             self.sched = scheduler_state(self.job_id)
         self.hosts = self._hosts()
@@ -692,6 +694,8 @@ class Triage:
             "status": status,
             "failure_class": cls,
             "culprit_hosts": culprits,
+            "accused_hosts": self.accused_hosts,
+            "suspect_hosts": self.suspect_hosts,
             "confidence": conf,
             "summary": summary,
             "evidence": self.evidence,
