@@ -4,8 +4,9 @@
 # Inject a fault on one node of the local cluster (utils/local_cluster.sh up N --netns), to rehearse
 # an incident and see what utils/triage.py and utils/diagnose.py say about it. NODE defaults to n2;
 # the cluster is ${LOCAL_CLUSTER_DIR:-<repo>/.local_cluster}. Needs root (like --netns).
-#   net --loss PCT   drop PCT % (0.1 .. 100) of the packets to and from NODE: an nftables rule on
-#                    NODE's port of the cluster's bridge (numgen random); TCP retransmits on NODE
+#   net --loss PCT   drop PCT % (0.1 .. 100) of the packets NODE sends (a bad NIC or cable): an
+#                    nftables rule on NODE's port of the cluster's bridge (numgen random); TCP
+#                    retransmits on NODE, its peers' counters stay near zero
 #   net --delay MS   delay NODE's packets with tc netem (refused when the kernel has no sch_netem)
 #   io [--seconds S] heavy IO on the workspace (JOB_WORKSPACE or --dir DIR) from NODE's cgroup:
 #                    parallel writers with fsync for S seconds (default 60); IO pressure on NODE
@@ -151,12 +152,11 @@ case "$fault" in
     drop="numgen random mod 1000 < $per_mille counter drop"
     nft -f - <<EOF || die "nft could not add the loss rule on $veth"
 table bridge $table {
-  chain forward { type filter hook forward priority 0; iifname "$veth" $drop; oifname "$veth" $drop; }
+  chain forward { type filter hook forward priority 0; iifname "$veth" $drop; }
   chain input { type filter hook input priority 0; iifname "$veth" $drop; }
-  chain output { type filter hook output priority 0; oifname "$veth" $drop; }
 }
 EOF
-    echo "drill: $node: dropping $loss % of its packets (nft table bridge $table on $veth); undo: $0 clear"
+    echo "drill: $node: dropping $loss % of the packets it sends (nft table bridge $table on $veth); undo: $0 clear"
     ;;
   io)
     [[ -n "$wdir" ]] || bad_args "io needs the workspace: set JOB_WORKSPACE or pass --dir DIR"
