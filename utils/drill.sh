@@ -9,7 +9,7 @@
 #                    retransmits on NODE, its peers' counters stay near zero
 #   net --delay MS   delay NODE's packets with tc netem (refused when the kernel has no sch_netem)
 #   io [--seconds S] heavy IO on the workspace (JOB_WORKSPACE or --dir DIR) from NODE's cgroup:
-#                    parallel writers with fsync for S seconds (default 60); IO pressure on NODE
+#                    8 writers with direct IO for S seconds (default 60); IO pressure on NODE
 #   oom              NODE's trainer into a memory cgroup (v1) limited to 256 MiB plus a memory hog:
 #                    the kernel OOM-kills the trainer
 #   freeze | thaw | kill   SIGSTOP / SIGCONT / SIGKILL to NODE's trainer
@@ -162,20 +162,23 @@ EOF
     [[ -n "$wdir" ]] || bad_args "io needs the workspace: set JOB_WORKSPACE or pass --dir DIR"
     [[ -d "$wdir" && -w "$wdir" ]] || die "io: '$wdir' is not a writable directory"
     io_dir=$(mktemp -d "$wdir/.drill-io.XXXXXX")
-    # 4 writers in NODE's cgroup, each rewriting 128 MiB with fsync until S seconds are up;
-    # setsid: one process group that `clear` (or the end of S) stops.
+    # 8 writers in NODE's cgroup, each rewriting 64 MiB with direct IO (past the page cache; with
+    # fsync where the file system refuses O_DIRECT) until S seconds are up; setsid: one process
+    # group that `clear` stops.
     # shellcheck disable=SC2016 # expanded by the inner sh
     setsid sh -c 'echo $$ >"$1/cgroup.procs" || exit 1
       end=$(($(date +%s) + $3))
-      for w in 1 2 3 4; do
+      flag=oflag=direct
+      dd if=/dev/zero of="$2/probe" bs=1M count=1 $flag status=none 2>/dev/null || flag=conv=fsync
+      for w in 1 2 3 4 5 6 7 8; do
         (while [ "$(date +%s)" -lt "$end" ]; do
-          dd if=/dev/zero of="$2/w$w" bs=1M count=128 conv=fsync status=none 2>/dev/null || break
+          dd if=/dev/zero of="$2/w$w" bs=1M count=64 $flag status=none 2>/dev/null || break
         done) &
       done
       wait
       rm -rf "$2"' sh "$cg" "$io_dir" "$seconds" </dev/null >/dev/null 2>&1 &
     echo $! >"$state/io-$node.pid"
-    echo "drill: $node: heavy IO on $wdir for $seconds s (4 writers with fsync, pid $!); stop early: $0 clear"
+    echo "drill: $node: heavy IO on $wdir for $seconds s (8 direct-IO writers, pid $!); stop early: $0 clear"
     ;;
   oom)
     pid=$(trainer)
