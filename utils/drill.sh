@@ -13,8 +13,8 @@
 #   oom              NODE's trainer into a memory cgroup (v1) limited to 256 MiB plus a memory hog:
 #                    the kernel OOM-kills the trainer
 #   freeze | thaw | kill   SIGSTOP / SIGCONT / SIGKILL to NODE's trainer
-#   clear            undo every fault of this cluster: rules, delay, IO writers, memory cgroups
-#                    (a frozen trainer is thawed)
+#   clear            undo every fault on this cluster: rules, delay, IO writers, memory cgroups
+#                    (a frozen trainer is thawed); another cluster's drills are left alone
 #   --job ID         the trainer of job ID (default: the only trainer on NODE)
 # A fault stays until `clear` (io ends by itself after S seconds). Exit 1: the cluster or the
 # trainer is not there, or the kernel cannot do it; exit 2: bad arguments.
@@ -83,7 +83,7 @@ if [[ "$fault" != clear ]]; then
   read -r _ _ veth _ cg < <(awk -v n="$node" '$1 == n' "$nodes") || true
   [[ -n "${cg:-}" ]] || die "the cluster in $dir has no node $node ($(cut -d' ' -f1 "$nodes" | tr '\n' ' '))"
 fi
-mkdir -p "$state"
+[[ ! -d "$dir/run" ]] || mkdir -p "$state"
 tag=$(awk 'NR == 1 { sub(/^mst-/, "", $2); sub(/-n[0-9]+$/, "", $2); print $2 }' "$nodes" 2>/dev/null || true)
 table=mst_drill_${tag:-none}
 
@@ -111,10 +111,8 @@ memcg() {
 
 clear_all() {
   local f pid d
-  if command -v nft >/dev/null; then
-    nft list tables bridge 2>/dev/null | awk '$3 ~ /^mst_drill_/ { print $3 }' | while read -r t; do
-      nft delete table bridge "$t"
-    done
+  if [[ -n "$tag" ]] && command -v nft >/dev/null && nft list table bridge "$table" >/dev/null 2>&1; then
+    nft delete table bridge "$table"
   fi
   [[ ! -s "$nodes" ]] || while read -r _ _ veth _ _; do
     tc qdisc del dev "$veth" root 2>/dev/null || true
@@ -130,7 +128,7 @@ clear_all() {
     kill -CONT "$(cat "$f")" 2>/dev/null || true
     rm -f "$f"
   done
-  for d in /sys/fs/cgroup/memory/*/mst-drill-* /sys/fs/cgroup/memory/mst-drill-* /sys/fs/cgroup/memory/*/*/mst-drill-*; do
+  for d in /sys/fs/cgroup/memory{,/*,/*/*}/mst-drill-"$tag"-*; do
     [[ -d "$d" ]] || continue
     while read -r pid; do kill -KILL "$pid" 2>/dev/null || true; done <"$d/cgroup.procs"
     rmdir "$d" 2>/dev/null || true
@@ -141,6 +139,7 @@ clear_all() {
 case "$fault" in
   clear) clear_all ;;
   net)
+    [[ -e "/sys/class/net/$veth" ]] || die "$node's port $veth is gone: is the cluster in $dir still up?"
     if [[ -n "$delay" ]]; then
       tc qdisc add dev "$veth" root netem delay "${delay}ms" 2>/dev/null ||
         die "--delay needs tc netem, which this kernel lacks (no sch_netem module); use --loss"
@@ -182,7 +181,7 @@ EOF
     ;;
   oom)
     pid=$(trainer)
-    d=$(memcg)/mst-drill-$node
+    d=$(memcg)/mst-drill-$tag-$node
     mkdir -p "$d"
     echo $((256 << 20)) >"$d/memory.limit_in_bytes"
     echo "$pid" >"$d/cgroup.procs" || die "could not move the trainer (pid $pid) into $d"
