@@ -190,3 +190,64 @@ def test_private_cluster_lifecycle():
         r = local_cluster("status", env=env)
         assert r.returncode == 1 and "down" in r.stdout
         assert local_cluster("down", env=env).returncode == 0  # safe when nothing is up
+
+
+def test_netns_cluster_gives_each_node_its_own_network_and_pressure():
+    """up 2 --netns (root): each node has its own address on the cluster's bridge, resolves the
+    others to theirs, reaches them, reads its own cgroup's PSI as /proc/pressure, and down leaves
+    no namespace, bridge or cgroup. net --delay is applied with netem or refused in one line."""
+    with tempfile.TemporaryDirectory(prefix="lc-") as tmp:
+        os.chmod(tmp, 0o755)
+        env = {**os.environ, "LOCAL_CLUSTER_DIR": f"{tmp}/c"}
+        senv = {**env, "SLURM_CONF": f"{tmp}/c/slurm.conf"}
+        try:
+            r = local_cluster("up", "2", "--netns", env=env)
+            assert r.returncode == 0, r.stderr
+            rows = [line.split() for line in Path(tmp, "c", "run", "netns").read_text().splitlines()]
+            assert [row[0] for row in rows] == ["n1", "n2"]
+            addr = {row[0]: row[3] for row in rows}
+            subnet = addr["n1"].rsplit(".", 1)[0]
+            assert addr == {"n1": f"{subnet}.11", "n2": f"{subnet}.12"} and subnet.startswith("10.")
+            script = (
+                'echo "$(hostname) $(ip -o -4 addr show eth0 | awk "{print \\$4}") $(getent hosts n1 | cut -d" " -f1)'
+                ' $(cat /proc/self/cgroup | tail -1)"; exec 3<>/dev/tcp/n1/1 2>/dev/null; echo "n1 port 1: $?"'
+            )
+            r = run(["srun", "-N2", "--immediate=10", "bash", "-c", script], senv)
+            assert r.returncode == 0, r.stderr
+            got = sorted(line for line in r.stdout.splitlines() if not line.startswith("n1 port"))
+            tag = rows[0][1].split("-")[1]
+            assert got == [f"n{i} {subnet}.{10 + i}/24 {subnet}.11 0::/mst-{tag}/n{i}" for i in (1, 2)], r.stdout
+            # n1 is reachable from both nodes: a refused connection (exit 1), not a timeout or no route
+            assert r.stdout.count("n1 port 1: 1") == 2, r.stdout
+
+            # n2's /proc/pressure is its cgroup's: its 'some' total is the cgroup's (a young cgroup's, far
+            # below the machine's), not the machine's
+            def some_total(text: str) -> int:
+                return int(text.splitlines()[0].rsplit("total=", 1)[1])
+
+            r = run(["srun", "-N1", "-w", "n2", "--immediate=10", "cat", "/proc/pressure/cpu"], senv)
+            node = some_total(r.stdout)
+            cgroup = some_total(Path(rows[1][4], "cpu.pressure").read_text())
+            machine = some_total(Path("/proc/pressure/cpu").read_text())
+            assert node <= cgroup < machine, (node, cgroup, machine)
+            r = subprocess.run(
+                [str(REPO / "utils/drill.sh"), "net", "--delay", "20", "--node", "n2"],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=30,
+            )
+            qdisc = subprocess.run(["tc", "qdisc", "show", "dev", rows[1][2]], capture_output=True, text=True).stdout
+            if r.returncode == 0:
+                assert "netem" in qdisc and "delay 20ms" in qdisc, qdisc
+            else:
+                assert r.returncode == 1 and r.stderr.splitlines() == [
+                    "drill.sh: --delay needs tc netem, which this kernel lacks (no sch_netem module); use --loss"
+                ], r.stderr
+                assert "netem" not in qdisc
+        finally:
+            subprocess.run([str(REPO / "utils/drill.sh"), "clear"], capture_output=True, env=env, timeout=30)
+            r = local_cluster("down", env=env)
+        assert r.returncode == 0
+        assert not [row for row in rows if Path("/run/netns", row[1]).exists() or Path(row[4]).exists()]
+        assert not Path("/sys/class/net", f"mst{tag}").exists()
