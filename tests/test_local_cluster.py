@@ -147,6 +147,8 @@ def test_up_is_idempotent_and_refuses_another_node_count(cluster_env):
         ["up", "two"],
         ["up", "1.5"],
         ["up", "2", "3"],
+        ["up", "--netns", "x"],
+        ["up", "2", "--netns", "3"],
         ["frob"],
         [],
         ["down", "now"],
@@ -160,6 +162,22 @@ def test_bad_input_exits_2_with_one_line_and_starts_nothing(args):
         assert r.returncode == 2
         assert r.stdout == "" and len(r.stderr.splitlines()) == 1 and r.stderr.startswith("local_cluster.sh: ")
         assert not d.exists()
+
+
+def test_netns_as_another_user_is_bad_input(tmp_path):
+    tmp_path.chmod(0o755)
+    r = subprocess.run(
+        ["runuser", "-u", "nobody", "--", str(SCRIPT), "up", "2", "--netns"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "LOCAL_CLUSTER_DIR": str(tmp_path / "c")},
+        timeout=60,
+    )
+    assert (
+        r.returncode == 2
+        and r.stderr == "local_cluster.sh: --netns needs root (network namespaces, a bridge, cgroups)\n"
+    )
+    assert not (tmp_path / "c").exists()
 
 
 def test_too_long_dir_is_bad_input():
