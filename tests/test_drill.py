@@ -26,7 +26,7 @@ def fake_cluster(tmp_path: Path) -> Path:
         cg = tmp_path / f"cg{i}"
         cg.mkdir()
         (cg / "cgroup.procs").write_text("")
-        rows.append(f"n{i} mst-abc-n{i} mstabcn{i} 10.1.2.{10 + i} {cg}\n")
+        rows.append(f"n{i} mstabcn{i} 10.1.2.{10 + i} {cg}\n")
     (d / "run" / "netns").write_text("".join(rows))
     return d
 

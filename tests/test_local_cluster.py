@@ -222,8 +222,10 @@ def test_netns_cluster_gives_each_node_its_own_network_and_pressure():
             r = local_cluster("up", "2", "--netns", env=env)
             assert r.returncode == 0, r.stderr
             rows = [line.split() for line in Path(tmp, "c", "run", "netns").read_text().splitlines()]
+            names = [p.name for p in Path("/run/netns").glob("mst-*")] if Path("/run/netns").is_dir() else []
+            names = [n for n in names if n.startswith(f"mst-{rows[0][1][3:-2]}-")]
             assert [row[0] for row in rows] == ["n1", "n2"]
-            addr = {row[0]: row[3] for row in rows}
+            addr = {row[0]: row[2] for row in rows}
             subnet = addr["n1"].rsplit(".", 1)[0]
             assert addr == {"n1": f"{subnet}.11", "n2": f"{subnet}.12"} and subnet.startswith("10.")
             script = (
@@ -233,7 +235,7 @@ def test_netns_cluster_gives_each_node_its_own_network_and_pressure():
             r = run(["srun", "-N2", "--immediate=10", "bash", "-c", script], senv)
             assert r.returncode == 0, r.stderr
             got = sorted(line for line in r.stdout.splitlines() if not line.startswith("n1 port"))
-            tag = rows[0][1].split("-")[1]
+            tag = rows[0][1][len("mst") : -len("n1")]
             assert got == [f"n{i} {subnet}.{10 + i}/24 {subnet}.11 0::/mst-{tag}/n{i}" for i in (1, 2)], r.stdout
             # n1 is reachable from both nodes: a refused connection (exit 1), not a timeout or no route
             assert r.stdout.count("n1 port 1: 1") == 2, r.stdout
@@ -245,7 +247,7 @@ def test_netns_cluster_gives_each_node_its_own_network_and_pressure():
 
             r = run(["srun", "-N1", "-w", "n2", "--immediate=10", "cat", "/proc/pressure/cpu"], senv)
             node = some_total(r.stdout)
-            cgroup = some_total(Path(rows[1][4], "cpu.pressure").read_text())
+            cgroup = some_total(Path(rows[1][3], "cpu.pressure").read_text())
             machine = some_total(Path("/proc/pressure/cpu").read_text())
             assert node <= cgroup < machine, (node, cgroup, machine)
             r = subprocess.run(
@@ -255,7 +257,7 @@ def test_netns_cluster_gives_each_node_its_own_network_and_pressure():
                 env=env,
                 timeout=30,
             )
-            qdisc = subprocess.run(["tc", "qdisc", "show", "dev", rows[1][2]], capture_output=True, text=True).stdout
+            qdisc = subprocess.run(["tc", "qdisc", "show", "dev", rows[1][1]], capture_output=True, text=True).stdout
             if r.returncode == 0:
                 assert "netem" in qdisc and "delay 20ms" in qdisc, qdisc
             else:
@@ -267,5 +269,6 @@ def test_netns_cluster_gives_each_node_its_own_network_and_pressure():
             subprocess.run([str(REPO / "utils/drill.sh"), "clear"], capture_output=True, env=env, timeout=30)
             r = local_cluster("down", env=env)
         assert r.returncode == 0
-        assert not [row for row in rows if Path("/run/netns", row[1]).exists() or Path(row[4]).exists()]
-        assert not Path("/sys/class/net", f"mst{tag}").exists()
+        # no cgroup, veth (the namespaces' ends) or bridge left, no namespace name at any time after up
+        assert not [row for row in rows if Path("/sys/class/net", row[1]).exists() or Path(row[3]).exists()]
+        assert not Path("/sys/class/net", f"mst{tag}").exists() and not names, names

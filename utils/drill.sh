@@ -75,16 +75,16 @@ fi
 [[ "$seconds" =~ ^[1-9][0-9]{0,4}$ ]] || bad_args "--seconds must be a whole number of seconds (1 .. 99999), got '$seconds'"
 
 (($(id -u) == 0)) || die "needs root (nftables, cgroups, other users' processes)"
-# The node table utils/local_cluster.sh up --netns writes: NODE NETNS VETH ADDRESS CGROUP.
+# The node table utils/local_cluster.sh up --netns writes: NODE VETH ADDRESS CGROUP.
 nodes=$dir/run/netns
 state=$dir/run/drill
 if [[ "$fault" != clear ]]; then
   [[ -s "$nodes" ]] || die "no local cluster started with --netns in $dir (utils/local_cluster.sh up N --netns)"
-  read -r _ _ veth _ cg < <(awk -v n="$node" '$1 == n' "$nodes") || true
+  read -r _ veth _ cg < <(awk -v n="$node" '$1 == n' "$nodes") || true
   [[ -n "${cg:-}" ]] || die "the cluster in $dir has no node $node ($(cut -d' ' -f1 "$nodes" | tr '\n' ' '))"
 fi
 [[ ! -d "$dir/run" ]] || mkdir -p "$state"
-tag=$(awk 'NR == 1 { sub(/^mst-/, "", $2); sub(/-n[0-9]+$/, "", $2); print $2 }' "$nodes" 2>/dev/null || true)
+tag=$(awk 'NR == 1 { sub(/^mst/, "", $2); sub(/n[0-9]+$/, "", $2); print $2 }' "$nodes" 2>/dev/null || true)
 table=mst_drill_${tag:-none}
 
 # trainer: the pid of the node's trainer (of --job), from the node's cgroup; exactly one.
@@ -114,7 +114,7 @@ clear_all() {
   if [[ -n "$tag" ]] && command -v nft >/dev/null && nft list table bridge "$table" >/dev/null 2>&1; then
     nft delete table bridge "$table"
   fi
-  [[ ! -s "$nodes" ]] || while read -r _ _ veth _ _; do
+  [[ ! -s "$nodes" ]] || while read -r _ veth _ _; do
     tc qdisc del dev "$veth" root 2>/dev/null || true
   done <"$nodes"
   for f in "$state"/io-*.pid; do

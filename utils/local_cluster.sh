@@ -13,7 +13,7 @@
 #               a veth on the cluster's own bridge with address 10.A.B.(10+I) (A.B from a hash of
 #               the cluster dir; the bridge is 10.A.B.1), and its own cgroup v2 whose pressure
 #               files are mounted over /proc/pressure/*, so a node's TCP counters and PSI are its
-#               own; <dir>/run/netns lists "NODE NETNS VETH ADDRESS CGROUP" (utils/drill.sh reads it).
+#               own; <dir>/run/netns lists "NODE VETH ADDRESS CGROUP" (utils/drill.sh reads it).
 #               `down` kills what is left in the node cgroups and removes the namespaces and bridge.
 #   down        cancel its jobs, stop the daemons it started (pid files); safe when not up
 #   status      print the node states; exit 0 if up and every node is idle/alloc/mix/comp
@@ -73,38 +73,49 @@ netns_plan() {
 }
 
 # netns_down: kill what is left in the node cgroups (processes that left slurmd's tree, e.g. Ray's
-# daemons), remove the namespaces, the bridge and the cgroups; silent when there is none.
+# daemons), then remove the cgroups, veths, bridge and any namespace name left; silent when none.
 netns_down() {
-  local f ns veth addr cgdir pids end
+  local f veth cgdir end cmds=() ns
   f=$dir/run/netns
   [[ -s "$f" ]] || return 0
-  while read -r _ ns veth addr cgdir; do
+  while read -r _ veth _ cgdir; do
     [[ -d "$cgdir" ]] || continue
     if [[ -e "$cgdir/cgroup.kill" ]]; then
       echo 1 >"$cgdir/cgroup.kill" 2>/dev/null || true
     else
-      pids=$(cat "$cgdir/cgroup.procs" 2>/dev/null || true)
-      # shellcheck disable=SC2086 # one pid per word
-      [[ -z "$pids" ]] || kill -KILL $pids 2>/dev/null || true
+      xargs -r kill -KILL <"$cgdir/cgroup.procs" 2>/dev/null || true
     fi
   done <"$f"
   end=$((SECONDS + STOP_TIMEOUT))
-  while read -r _ ns veth addr cgdir; do
-    while [[ -s "$cgdir/cgroup.procs" ]] && ((SECONDS < end)); do sleep 0.05; done
+  while read -r _ veth _ cgdir; do
+    # cgroup.procs always has size 0: wait on cgroup.events' "populated 0" instead
+    while grep -qx 'populated 1' "$cgdir/cgroup.events" 2>/dev/null && ((SECONDS < end)); do sleep 0.05; done
     rmdir "$cgdir" 2>/dev/null || true
-    ip netns del "$ns" 2>/dev/null || true
+    ns=mst-${veth#mst}
+    ns=${ns%n*}-n${veth##*n}
+    [[ ! -e "/run/netns/$ns" ]] || cmds+=("netns del $ns")
+    # the host end: deleting it removes the pair even if something still pins the namespace
+    [[ ! -e "/sys/class/net/$veth" ]] || cmds+=("link del $veth")
   done <"$f"
-  read -r _ _ veth _ cgdir <"$f"
-  ip link del "${veth%n*}" 2>/dev/null || true # the bridge: the veth name less its nI suffix
+  read -r _ veth _ cgdir <"$f"
+  [[ ! -e "/sys/class/net/${veth%n*}" ]] || cmds+=("link del ${veth%n*}") # the bridge: the veth name less nI
+  ((${#cmds[@]} == 0)) || printf '%s\n' "${cmds[@]}" | ip -force -batch - 2>/dev/null || true
   rmdir "${cgdir%/*}" 2>/dev/null || true
   rm -f "$f"
 }
 
-# netns_up NODES: the bridge, one namespace + veth + cgroup per node, written to run/netns.
+# netns_up NODES: the bridge, one namespace + veth + cgroup per node, written to run/netns. The
+# namespaces are named (/run/netns/mst-<tag>-nI) only until their slurmd runs in them (netns_unname).
 netns_up() {
   local n=$1 i ns
-  # leftovers of a cluster that was not taken down
-  [[ ! -e "/sys/class/net/$bridge" ]] || ip link del "$bridge" 2>/dev/null || true
+  {
+    # leftovers of a cluster that was not taken down
+    [[ ! -e "/sys/class/net/$bridge" ]] || echo "link del $bridge"
+    for ((i = 1; i <= n; i++)); do
+      [[ ! -e "/sys/class/net/mst${tag}n$i" ]] || echo "link del mst${tag}n$i"
+      [[ ! -e "/run/netns/mst-$tag-n$i" ]] || echo "netns del mst-$tag-n$i"
+    done
+  } | ip -force -batch - 2>/dev/null || true
   mkdir -p "$cg"
   {
     echo "link add $bridge type bridge"
@@ -112,7 +123,6 @@ netns_up() {
     echo "link set $bridge up"
     for ((i = 1; i <= n; i++)); do
       ns=mst-$tag-n$i
-      [[ ! -e "/run/netns/$ns" ]] || ip netns del "$ns" 2>/dev/null || true
       echo "netns add $ns"
       echo "link add mst${tag}n$i type veth peer name eth0 netns $ns"
       echo "link set mst${tag}n$i master $bridge up"
@@ -124,8 +134,16 @@ netns_up() {
     printf '%s\n' "addr add $subnet.$((10 + i))/24 dev eth0" "link set eth0 up" "link set lo up" |
       ip -n "$ns" -batch - || die "could not configure node n$i's namespace $ns"
     mkdir -p "$cg/n$i"
-    echo "n$i $ns mst${tag}n$i $subnet.$((10 + i)) $cg/n$i" >>"$dir/run/netns"
+    echo "n$i mst${tag}n$i $subnet.$((10 + i)) $cg/n$i" >>"$dir/run/netns"
   done
+}
+
+# netns_unname NODES: drop the namespaces' names once each slurmd holds its own. A name is a bind
+# mount that every mount namespace made meanwhile (another cluster's nodes, a container) copies
+# and keeps, pinning the namespace and its veth long after `down`.
+netns_unname() {
+  local i
+  for ((i = 1; i <= $1; i++)); do echo "netns del mst-$tag-n$i"; done | ip -force -batch - 2>/dev/null || true
 }
 
 ctld_up() { live_pid "$dir/run/slurmctld.pid" slurmctld >/dev/null; }
@@ -295,6 +313,7 @@ up() {
       sh "n$i" "$conf" "$dir/hosts" "$( ((!netns)) || echo "$cg/n$i")" 9>&- 2>>"$log" ||
       fail "slurmd n$i did not start" "$log"
   done
+  ((!netns)) || netns_unname "$n"
 
   end=$((SECONDS + UP_TIMEOUT))
   while :; do
