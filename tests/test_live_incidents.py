@@ -30,13 +30,15 @@ def netns_cluster() -> Iterator[dict[str, str]]:
     os.chmod(top, 0o755)  # munged insists that every parent of its socket is a+x
     d = f"{top}/c"
     env = {"LOCAL_CLUSTER_DIR": d}
-    res = run([TOOL, "up", "2", "--netns"], env=env, timeout=120)
-    assert res.returncode == 0, f"--netns cluster did not come up: {res.stdout}{res.stderr}"
-    env["SLURM_CONF"] = f"{d}/slurm.conf"
-    yield env
-    run([DRILL, "clear"], env=env)
-    run([TOOL, "down"], env=env, timeout=120)
-    shutil.rmtree(top, ignore_errors=True)
+    try:
+        res = run([TOOL, "up", "2", "--netns"], env=env, timeout=120)
+        assert res.returncode == 0, f"--netns cluster did not come up: {res.stdout}{res.stderr}"
+        env["SLURM_CONF"] = f"{d}/slurm.conf"
+        yield env
+    finally:
+        run([DRILL, "clear"], env=env)
+        run([TOOL, "down"], env=env, timeout=120)
+        shutil.rmtree(top, ignore_errors=True)
 
 
 def drill(cluster: dict[str, str], *args: str, **env: str) -> None:
