@@ -147,6 +147,8 @@ def test_up_is_idempotent_and_refuses_another_node_count(cluster_env):
         ["up", "two"],
         ["up", "1.5"],
         ["up", "2", "3"],
+        ["up", "--netns", "x"],
+        ["up", "2", "--netns", "3"],
         ["frob"],
         [],
         ["down", "now"],
@@ -160,6 +162,22 @@ def test_bad_input_exits_2_with_one_line_and_starts_nothing(args):
         assert r.returncode == 2
         assert r.stdout == "" and len(r.stderr.splitlines()) == 1 and r.stderr.startswith("local_cluster.sh: ")
         assert not d.exists()
+
+
+def test_netns_as_another_user_is_bad_input(tmp_path):
+    tmp_path.chmod(0o755)
+    r = subprocess.run(
+        ["runuser", "-u", "nobody", "--", str(SCRIPT), "up", "2", "--netns"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "LOCAL_CLUSTER_DIR": str(tmp_path / "c")},
+        timeout=60,
+    )
+    assert (
+        r.returncode == 2
+        and r.stderr == "local_cluster.sh: --netns needs root (network namespaces, a bridge, cgroups)\n"
+    )
+    assert not (tmp_path / "c").exists()
 
 
 def test_too_long_dir_is_bad_input():
@@ -190,3 +208,67 @@ def test_private_cluster_lifecycle():
         r = local_cluster("status", env=env)
         assert r.returncode == 1 and "down" in r.stdout
         assert local_cluster("down", env=env).returncode == 0  # safe when nothing is up
+
+
+def test_netns_cluster_gives_each_node_its_own_network_and_pressure():
+    """up 2 --netns (root): each node has its own address on the cluster's bridge, resolves the
+    others to theirs, reaches them, reads its own cgroup's PSI as /proc/pressure, and down leaves
+    no namespace, bridge or cgroup. net --delay is applied with netem or refused in one line."""
+    with tempfile.TemporaryDirectory(prefix="lc-") as tmp:
+        os.chmod(tmp, 0o755)
+        env = {**os.environ, "LOCAL_CLUSTER_DIR": f"{tmp}/c"}
+        senv = {**env, "SLURM_CONF": f"{tmp}/c/slurm.conf"}
+        try:
+            r = local_cluster("up", "2", "--netns", env=env)
+            assert r.returncode == 0, r.stderr
+            rows = [line.split() for line in Path(tmp, "c", "run", "netns").read_text().splitlines()]
+            names = [p.name for p in Path("/run/netns").glob("mst-*")] if Path("/run/netns").is_dir() else []
+            names = [n for n in names if n.startswith(f"mst-{rows[0][1][3:-2]}-")]
+            assert [row[0] for row in rows] == ["n1", "n2"]
+            addr = {row[0]: row[2] for row in rows}
+            subnet = addr["n1"].rsplit(".", 1)[0]
+            assert addr == {"n1": f"{subnet}.11", "n2": f"{subnet}.12"} and subnet.startswith("10.")
+            script = (
+                'echo "$(hostname) $(ip -o -4 addr show eth0 | awk "{print \\$4}") $(getent hosts n1 | cut -d" " -f1)'
+                ' $(cat /proc/self/cgroup | tail -1)"; exec 3<>/dev/tcp/n1/1 2>/dev/null; echo "n1 port 1: $?"'
+            )
+            r = run(["srun", "-N2", "--immediate=10", "bash", "-c", script], senv)
+            assert r.returncode == 0, r.stderr
+            got = sorted(line for line in r.stdout.splitlines() if not line.startswith("n1 port"))
+            tag = rows[0][1][len("mst") : -len("n1")]
+            assert got == [f"n{i} {subnet}.{10 + i}/24 {subnet}.11 0::/mst-{tag}/n{i}" for i in (1, 2)], r.stdout
+            # n1 is reachable from both nodes: a refused connection (exit 1), not a timeout or no route
+            assert r.stdout.count("n1 port 1: 1") == 2, r.stdout
+
+            # n2's /proc/pressure is its cgroup's: its 'some' total is the cgroup's (a young cgroup's, far
+            # below the machine's), not the machine's
+            def some_total(text: str) -> int:
+                return int(text.splitlines()[0].rsplit("total=", 1)[1])
+
+            r = run(["srun", "-N1", "-w", "n2", "--immediate=10", "cat", "/proc/pressure/cpu"], senv)
+            node = some_total(r.stdout)
+            cgroup = some_total(Path(rows[1][3], "cpu.pressure").read_text())
+            machine = some_total(Path("/proc/pressure/cpu").read_text())
+            assert node <= cgroup < machine, (node, cgroup, machine)
+            r = subprocess.run(
+                [str(REPO / "utils/drill.sh"), "net", "--delay", "20", "--node", "n2"],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=30,
+            )
+            qdisc = subprocess.run(["tc", "qdisc", "show", "dev", rows[1][1]], capture_output=True, text=True).stdout
+            if r.returncode == 0:
+                assert "netem" in qdisc and "delay 20ms" in qdisc, qdisc
+            else:
+                assert r.returncode == 1 and r.stderr.splitlines() == [
+                    "drill.sh: --delay needs tc netem, which this kernel lacks (no sch_netem module); use --loss"
+                ], r.stderr
+                assert "netem" not in qdisc
+        finally:
+            subprocess.run([str(REPO / "utils/drill.sh"), "clear"], capture_output=True, env=env, timeout=30)
+            r = local_cluster("down", env=env)
+        assert r.returncode == 0
+        # no cgroup, veth (the namespaces' ends) or bridge left, no namespace name at any time after up
+        assert not [row for row in rows if Path("/sys/class/net", row[1]).exists() or Path(row[3]).exists()]
+        assert not Path("/sys/class/net", f"mst{tag}").exists() and not names, names

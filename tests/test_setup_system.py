@@ -68,9 +68,11 @@ def test_a_user_without_the_packages_is_told_what_to_install():
 def test_check_as_root_names_what_is_missing_and_installs_nothing():
     before = APT_HISTORY.stat().st_size if APT_HISTORY.exists() else None
     res = run(without_sbin([INSTALLER, "--check"]), env={"PATH": "/usr/bin:/bin"})
-    # runc lives in /usr/sbin too
-    line = assert_one_line(res, "setup_system.sh", "for cluster observe tests containers: munge runc slurmctld slurmd;")
-    assert line.endswith("install them: apt-get install --no-install-recommends munge runc slurmctld slurmd")
+    # runc and nft (nftables) live in /usr/sbin too
+    line = assert_one_line(
+        res, "setup_system.sh", "for cluster observe tests containers: munge nftables runc slurmctld slurmd;"
+    )
+    assert line.endswith("install them: apt-get install --no-install-recommends munge nftables runc slurmctld slurmd")
     assert (APT_HISTORY.stat().st_size if APT_HISTORY.exists() else None) == before
 
 

@@ -830,6 +830,24 @@ def _network_signals(d: Data) -> dict[str, tuple[dict[str, np.ndarray], float]]:
     return out
 
 
+def _network_bursts(d: Data, per: dict[str, np.ndarray], floor: float, m: np.ndarray) -> dict[str, np.ndarray]:
+    """Hosts whose rate was at least the floor and 4x the median of the other hosts at the same
+    moments, for 3 or more grid points of the training window: a fault for part of the run (no
+    throughput phases found, the whole-run mean diluted). host -> those grid points."""
+    out = {}
+    for h, v in per.items():
+        rest = [per[o] for o in per if o != h]
+        if not rest:
+            continue
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            om = np.nan_to_num(np.nanmedian(np.vstack(rest), axis=0))
+        hit = m & (np.nan_to_num(v) >= np.maximum(floor, 4 * om))
+        if hit.sum() >= 3:
+            out[h] = hit
+    return out if len(out) <= max(1, len(per) // 2) else {}
+
+
 def check_network(d: Data, rep: Report) -> None:
     signals = _network_signals(d)
     if not signals:
@@ -844,11 +862,13 @@ def check_network(d: Data, rep: Report) -> None:
             r_slow = {h: float(np.nanmean(v[ms])) if ms.any() else math.nan for h, v in per.items()}
             z = robust_z(r_slow, floor / 4)
             peer = nanmed(list(r_slow.values()))
+            # each host against the median of the OTHER hosts (with 2 hosts the culprit is half the median)
+            others = {h: nanmed([r for o, r in r_slow.items() if o != h]) for h in r_slow}
             bad = [
                 h
                 for h in d.hosts
                 if h in r_slow
-                and r_slow[h] >= max(floor, 4 * peer)
+                and r_slow[h] >= max(floor, 4 * np.nan_to_num(others[h]))
                 and r_slow[h] >= 4 * r_fast.get(h, 0) + floor / 2
                 and (z[h] >= 4 or len(per) < 3)
             ]
@@ -868,8 +888,19 @@ def check_network(d: Data, rep: Report) -> None:
             peer = nanmed(list(r_slow.values()))
             bad = [h for h in d.hosts if h in r_slow and r_slow[h] >= max(4 * floor, 10 * peer) and z[h] >= 6]
             score, win, how = 0.65, d.train, "are far above their peers over the whole run"
+            burst = {} if bad else _network_bursts(d, per, floor, m)
+            if burst:
+                hit = np.logical_or.reduce(list(burst.values()))
+                bad = [h for h in d.hosts if h in burst]
+                r_slow = {h: float(np.nanmean(v[hit])) for h, v in per.items()}
+                peer = nanmed([r for h, r in r_slow.items() if h not in bad])
+                w = window_of(d.grid, hit, d.step)
+                score, win = 0.75, w or d.train
+                how = f"burst above every peer ({utc(win[0])} .. {utc(win[1])})"
         if not bad or len(bad) > max(1, len(per) // 2):
             continue
+        rest = nanmed([r for h, r in r_slow.items() if h not in bad])
+        peer = rest if math.isfinite(rest) else peer  # the peers: the hosts not accused
         rate = sum(r_slow[h] for h in bad)
         if best is None or rate / floor > best.values["_weight"]:
             q = f"sum by (host) (rate({key}[{int(max(d.step, 4 * d.interval))}s]))"

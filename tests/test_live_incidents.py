@@ -1,0 +1,120 @@
+"""Live incidents: a real RAY=1 job on a 2-node local cluster whose nodes have their own network
+namespace and PSI (`local_cluster.sh up 2 --netns`), one fault injected on n2 with utils/drill.sh,
+then both tools asked what happened: diagnose's verdict and culprit and triage's. A killed and a
+frozen rank are in tests/test_ray_job.py. Each test prints the time from the end of the job to each
+tool's answer (run with -s to see it)."""
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run
+
+from helpers.jobs import job_state, log_has, submit, triage, wait_for, wait_job_end
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+TOOL = str(REPO / "utils/local_cluster.sh")
+DRILL = str(REPO / "utils/drill.sh")
+
+
+@pytest.fixture(scope="module")
+def netns_cluster() -> Iterator[dict[str, str]]:
+    """A 2-node --netns cluster of this module's own (its own dir, bridge and subnet), taken down after."""
+    top = tempfile.mkdtemp(prefix="mstlive.", dir="/tmp")  # short: Unix sockets live under it
+    os.chmod(top, 0o755)  # munged insists that every parent of its socket is a+x
+    d = f"{top}/c"
+    env = {"LOCAL_CLUSTER_DIR": d}
+    try:
+        res = run([TOOL, "up", "2", "--netns"], env=env, timeout=120)
+        assert res.returncode == 0, f"--netns cluster did not come up: {res.stdout}{res.stderr}"
+        env["SLURM_CONF"] = f"{d}/slurm.conf"
+        yield env
+    finally:
+        run([DRILL, "clear"], env=env)
+        run([TOOL, "down"], env=env, timeout=120)
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def drill(cluster: dict[str, str], *args: str, **env: str) -> None:
+    res = run([DRILL, *args], env={**cluster, **env})
+    assert res.returncode == 0, res.stderr
+
+
+def start(cluster: dict[str, str], workspace: Path, steps: int) -> tuple[str, Path]:
+    """A RAY=1 job of `steps` steps, scraped every 2 s; returns once n2 has done step 40."""
+    job_id, log = submit(
+        cluster, workspace, "tiny", "-N", "2", "--", f"steps={steps}", "log_period=5", RAY="1", METRICS_INTERVAL="2"
+    )
+    wait_for(lambda: log_has(log, r"^n2: .*completed step: 40,"), 240, "n2 to train")
+    return job_id, log
+
+
+def answers(cluster: dict[str, str], venv: Path, job_id: str, log: Path, name: str) -> tuple[dict, dict]:
+    """Wait for the job's end, then diagnose --json and triage --json, timed from the end."""
+    try:
+        state = wait_job_end(cluster, job_id, 300)
+    finally:
+        if job_state(cluster, job_id) in ("PENDING", "RUNNING"):
+            run(["scancel", job_id], env=cluster)
+    ended = time.monotonic()
+    res = run([str(venv / "bin/python"), str(REPO / "utils/diagnose.py"), str(log.with_suffix("")), "--json"])
+    took_d = time.monotonic() - ended
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    d = json.loads(res.stdout)
+    t0 = time.monotonic()
+    t = triage(log, cluster)
+    took_t = time.monotonic() - t0
+    print(
+        f"\nlive {name}: job {state}; diagnose {d['verdict']} {d['culprit_hosts']} {took_d:.1f} s after the end;"
+        f" triage {t['status']}/{t.get('failure_class')} {t.get('culprit_hosts')} {took_t:.1f} s; {d['summary']}"
+    )
+    return d, t
+
+
+def test_packet_loss_on_one_node_is_a_network_incident_there(netns_cluster, workspace, venv):
+    """5 % of what n2 sends dropped for 20 s: the job slows down, n2 retransmits, n1 does not;
+    diagnose blames the network on n2; the job itself completes (triage: completed)."""
+    job_id, log = start(netns_cluster, workspace, 300)
+    drill(netns_cluster, "net", "--loss", "5", "--node", "n2")
+    try:
+        time.sleep(20)
+    finally:
+        drill(netns_cluster, "clear")
+    d, t = answers(netns_cluster, venv, job_id, log, "net --loss 5")
+    assert d["verdict"] == "network" and d["culprit_hosts"] == ["n2"], d["summary"]
+    net = next(f for f in d["findings"] if f["kind"] == "network")
+    assert "hw_tcp_retransmits_total" in net["values"]["signal"]
+    assert net["values"]["rate_per_s"]["n2"] > 4 * net["values"]["peer_median_per_s"], net["values"]
+    assert t["status"] == "completed" and t["failure_class"] is None, t["summary"]
+
+
+def test_heavy_io_on_the_workspace_is_io_pressure_on_that_node(netns_cluster, workspace, venv):
+    """20 s of direct-IO writers in n2's cgroup: n2's own PSI (not the machine's) shows the stall."""
+    job_id, log = start(netns_cluster, workspace, 300)
+    drill(netns_cluster, "io", "--seconds", "20", "--node", "n2", JOB_WORKSPACE=str(workspace))
+    d, t = answers(netns_cluster, venv, job_id, log, "io")
+    assert d["verdict"] == "io_pressure" and d["culprit_hosts"] == ["n2"], d["summary"]
+    assert t["status"] == "completed" and t["failure_class"] is None, t["summary"]
+    assert not [p for p in workspace.iterdir() if p.name.startswith(".drill-io")], "the IO drill left its files"
+
+
+def test_memory_limit_oom_kills_the_trainer_of_one_node(netns_cluster, workspace, venv):
+    """n2's trainer in a 256 MiB memory cgroup with a hog: the kernel OOM-kills it, the job fails;
+    triage blames n2 (oom_host); diagnose finds the OOM kill (the kernel's oom_kill counter is the
+    machine's, so every local node shows it: n2 must be among the culprits)."""
+    job_id, log = start(netns_cluster, workspace, 5000)
+    drill(netns_cluster, "oom", "--node", "n2")
+    try:
+        d, t = answers(netns_cluster, venv, job_id, log, "oom")
+    finally:
+        drill(netns_cluster, "clear")
+    assert t["status"] == "failed" and t["failure_class"] == "oom_host" and t["culprit_hosts"] == ["n2"], t["summary"]
+    assert d["verdict"] == "memory" and "n2" in d["culprit_hosts"], d["summary"]
+    mem = next(f for f in d["findings"] if f["kind"] == "memory")
+    assert mem["values"]["hosts"]["n2"]["oom_kills"] >= 1, mem["values"]
