@@ -5,6 +5,7 @@ import json
 import math
 import os
 import pwd
+import shlex
 import signal
 import subprocess
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, VENV, launcher_env, run
 
-from diagnosis import joblog, sweep
+from diagnosis import joblog, sweep, sweep_policy
 from helpers.jobs import job_state, wait_for
 
 TOOL = str(REPO / "utils" / "sweep.py")
@@ -30,6 +31,13 @@ def sweep_run(workspace: Path, *args: str, env: dict[str, str] | None = None, ti
 def as_json(res) -> dict:
     assert res.stdout.strip(), res.stderr
     return json.loads(res.stdout)
+
+
+def dry_json(workspace: Path, *args: str) -> dict:
+    """A --dry-run --json sweep that must succeed: its record."""
+    res = sweep_run(workspace, *args, "--dry-run", "--json")
+    assert res.returncode == 0, res.stderr
+    return as_json(res)
 
 
 def commands(rec: dict) -> list[str]:
@@ -391,7 +399,9 @@ class FakeSweep(sweep.Sweep):
         return True
 
     def finish(self, job):
-        job.status, job.failure_class, job.tgs_steady = self.outcomes[job.label]
+        status, cls, rate, *culprits = self.outcomes[job.label]
+        job.status, job.failure_class, job.tgs_steady = status, cls, rate
+        job.culprit_hosts = list(culprits)
 
 
 def test_batch_stops_going_up_at_the_first_oom(tmp_path):
@@ -417,6 +427,119 @@ def test_batch_stops_going_up_at_the_first_oom(tmp_path):
     assert r["best"]["value"] == "2" and r["largest_fitting"] == "2"
     assert r["first_oom"] == {"value": "4", "job_id": "3", "failure_class": "oom_device"} and r["skipped"] == ["8"]
     assert "ran out of memory" in sw.jobs[3].note
+
+
+# --- the failure policy (utils/diagnosis/sweep_policy.py) ------------------------------------------
+@pytest.mark.parametrize(
+    "status, cls, culprits, retried, earlier, action",
+    [
+        ("completed", None, [], False, [], "keep"),
+        ("failed", "oom_device", [], False, [], "skip_value"),
+        ("failed", "oom_host", [], False, ["oom_host"], "skip_value"),  # larger values failing too is expected
+        ("failed", "gpu_health", ["n3"], False, [], "exclude_node_retry"),
+        ("failed", "node_failure", ["n3"], False, [], "exclude_node_retry"),
+        ("failed", "node_failure", ["n3", "n4"], False, [], "mark_failed"),  # not one culprit
+        ("failed", "gpu_health", ["n3"], True, [], "mark_failed"),  # once only
+        ("failed", "config_error", [], False, [], "stop"),
+        ("failed", "hang", [], False, [], "retry"),
+        ("timeout", None, [], False, [], "retry"),  # cancelled at --timeout: a hang
+        ("timeout", None, [], True, [], "mark_failed"),
+        ("failed", "python_exception", [], False, [], "mark_failed"),
+        ("failed", "python_exception", [], False, ["python_exception"], "stop"),  # every job the same
+        ("failed", "python_exception", [], False, ["segfault"], "mark_failed"),
+    ],
+)
+def test_failure_policy_per_class(status, cls, culprits, retried, earlier, action):
+    d = sweep_policy.decide(status, cls, culprits, retried, earlier)
+    assert d["action"] == action, d
+    assert d["reason"]
+
+
+def test_failure_policy_is_documented():
+    doc = (REPO / "docs" / "sweep.md").read_text()
+    for cls, action, _why in sweep_policy.table():
+        assert f"| `{cls}` | `{action}` |" in doc, (cls, action)
+
+
+def test_candidate_only_failures():
+    base = {"a": True, "b": True, "c": False, "d": True}
+    cand = {"a": False, "b": False, "c": False, "d": True}
+    assert sweep_policy.candidate_only_failures(base, cand) == ["a", "b"]
+
+
+def batch_params(values, key="per_device_batch_size"):
+    return {
+        "model": "tiny",
+        "tag": "",
+        "sbatch": [],
+        "overrides": [],
+        "values": values,
+        "key": key,
+        "nodes": 1,
+        "steps": 5,
+    }
+
+
+def test_policy_in_a_sweep_excludes_a_bad_node_and_retries_once(tmp_path):
+    outcomes = {
+        "bs1": ("completed", None, 100.0),
+        "bs2": ("failed", "gpu_health", None, "n7"),
+        "bs2-retry": ("completed", None, 120.0),
+        "bs4": ("timeout", None, None),
+        "bs4-retry": ("timeout", None, None),
+    }
+    sw = FakeSweep("batch", batch_params(["1", "2", "4"]), outcomes, tmp_path)
+    sweep.drive_batch(sw)
+    assert sw.submitted == ["bs1", "bs2", "bs4", "bs2-retry", "bs4-retry"]
+    retry = next(j for j in sw.jobs if j.label == "bs2-retry")
+    assert "--exclude=n7 --" in retry.command and retry.info["retry_of"] == "bs2"
+    acts = [(d["label"], d["action"]) for d in sw.decisions]
+    assert acts == [("bs2", "exclude_node_retry"), ("bs4", "retry"), ("bs4-retry", "mark_failed")]
+    assert sw.decisions[0]["excluded_node"] == "n7" and sw.decisions[0]["culprit_hosts"] == ["n7"]
+    assert sw.result["best"]["value"] == "2" and sw.stop_reason is None
+    assert [r["value"] for r in sw.result["values"]] == ["1", "2", "4"]  # a retried job counts by its retry
+
+
+def test_policy_stops_the_sweep_on_a_config_error(tmp_path):
+    outcomes = {"bs1": ("failed", "config_error", None)}
+    sw = FakeSweep("batch", batch_params(["1", "2", "4"]), outcomes, tmp_path)
+    sweep.drive_batch(sw)
+    assert sw.submitted == ["bs1"] and "config does not load" in (sw.stop_reason or "")
+    assert [j.status for j in sw.jobs] == ["failed", "skipped", "skipped"]
+    assert sw.decisions[0]["action"] == "stop" and sw.to_json()["decisions"][0]["label"] == "bs1"
+
+
+def test_policy_does_not_retry_what_nodes_measures(tmp_path):
+    outcomes = {"node-a1": ("failed", "gpu_health", None, "a1"), "node-a2": ("completed", None, 100.0)}
+    p = {**batch_params([]), "nodes": ["a1", "a2"], "unavailable": [], "z": 3.5, "min_deviation_pct": 5.0}
+    sw = FakeSweep("nodes", p, outcomes, tmp_path)
+    sweep.drive_nodes(sw)
+    assert sw.submitted == ["node-a1", "node-a2"] and sw.decisions[0]["action"] == "mark_failed"
+
+
+def test_dry_run_env_sweep_keeps_each_value_one_token(workspace):
+    flags = ["--xla_gpu_enable_latency_hiding_scheduler=true --xla_foo='a b'", "--xla_gpu_enable_triton_gemm=false"]
+    rec = dry_json(
+        workspace,
+        "batch",
+        "tiny",
+        "--key",
+        "_env_XLA_FLAGS",
+        f"--value={flags[0]}",
+        f"--value={flags[1]}",
+        "--steps",
+        "3",
+    )
+    assert [j["label"] for j in rec["jobs"]] == ["v1", "v2"] and [j["value"] for j in rec["jobs"]] == flags
+    for job, v in zip(rec["jobs"], flags, strict=True):
+        argv = shlex.split(job["command"])
+        assert argv[:4] == [SUBMIT, f"tiny:{job['label']}", "-N", "1"]
+        assert argv[argv.index("--") + 1 :] == [f"_env_XLA_FLAGS={v}", "steps=3"]
+    # free-form values are for _env_ keys; numbers go through --values
+    bad = sweep_run(workspace, "batch", "tiny", "--value", "x", "--dry-run")
+    assert bad.returncode == 2 and "_env_" in bad.stderr
+    bad = sweep_run(workspace, "batch", "tiny", "--dry-run")
+    assert bad.returncode == 2 and "--values" in bad.stderr
 
 
 def test_regress_sees_a_diverged_loss(tmp_path):

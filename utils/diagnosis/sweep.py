@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from diagnosis import cli, locate, triage
+from diagnosis import cli, locate, sweep_policy, triage
 from diagnosis.cli import InputError
 from launch import check_config
 
@@ -294,6 +294,7 @@ class Job:
     note: str = ""
     timed_out: bool = False  # cancelled by the sweep at --timeout
     previous_job_ids: list[str] = dataclasses.field(default_factory=list)
+    culprit_hosts: list[str] = dataclasses.field(default_factory=list)
     _t0: float | None = dataclasses.field(default=None, repr=False)
 
     def to_json(self) -> dict:
@@ -329,6 +330,7 @@ def read_result(job: Job) -> None:
         return
     job.status = r["status"] if r["status"] in ENDED else "unknown"
     job.failure_class, job.summary = r["failure_class"], r["summary"]
+    job.culprit_hosts = list(r.get("culprit_hosts") or [])
     job.tgs_steady, job.last_step = r["tgs"]["steady"], r["progress"]["last_step"]
     job.final_loss = t.scan.steps.final_loss()
 
@@ -354,6 +356,8 @@ class Sweep:
         self.record: Path | None = None
         self.started_at = time.time()
         self.stop_requested: int | None = None
+        self.decisions: list[dict] = []
+        self.stop_reason: str | None = None
 
     # record ------------------------------------------------------------------------------
     def to_json(self) -> dict:
@@ -372,6 +376,8 @@ class Sweep:
             "params": self.params,
             "jobs": [j.to_json() for j in self.jobs],
             "result": self.result,
+            "decisions": self.decisions,
+            "stop_reason": self.stop_reason,
             "notes": list(self.params.get("notes", [])),
         }
         return strict(rec)  # type: ignore[return-value]
@@ -441,8 +447,62 @@ class Sweep:
                     self.finish(job)
                     if after:
                         after(job)
+                    retry = self.apply_policy(job)
+                    if retry is not None:
+                        queue.append(retry)
+                    if self.stop_reason:
+                        self.cancel_active(self.stop_reason)
+                        return
             if queue or active:
                 self.sleep(self.opts.poll)
+
+    def apply_policy(self, job: Job) -> Job | None:
+        """The failure policy (sweep_policy.decide) on an ended job: record the decision with its
+        evidence; returns the retry to queue, if any; sets stop_reason to stop the sweep."""
+        if job.status == "completed" or job.status not in ENDED:
+            return None
+        earlier = [
+            j.failure_class or j.status
+            for j in self.jobs
+            if j is not job and j.status in ENDED and j.status not in ("completed", "skipped")
+        ]
+        if any(j.status == "completed" for j in self.jobs):
+            earlier = []  # something worked: not the same failure on every job
+        d = sweep_policy.decide(
+            job.status, job.failure_class, job.culprit_hosts, bool(job.info.get("retry_of")), earlier
+        )
+        if not self.policy_retries and d["action"] in (sweep_policy.RETRY, sweep_policy.EXCLUDE_NODE_RETRY):
+            d = {
+                "action": sweep_policy.MARK_FAILED,
+                "reason": f"{self.kind} pins its nodes: the failure is the finding",
+            }
+        entry = {
+            "label": job.label,
+            "job_id": job.job_id,
+            "status": job.status,
+            "failure_class": job.failure_class,
+            "culprit_hosts": job.culprit_hosts,
+            "evidence": job.summary or job.note,
+            **d,
+        }
+        self.decisions.append(entry)
+        say(f"{job.label}: policy: {d['action']} ({d['reason']})")
+        retry = None
+        if d["action"] == sweep_policy.STOP:
+            self.stop_reason = f"{job.label}: {d['reason']}"
+        elif d["action"] in (sweep_policy.RETRY, sweep_policy.EXCLUDE_NODE_RETRY):
+            argv = shlex.split(job.command)
+            if d["action"] == sweep_policy.EXCLUDE_NODE_RETRY:
+                cut = argv.index("--") if "--" in argv else len(argv)
+                argv[cut:cut] = [f"--exclude={job.culprit_hosts[0]}"]
+                entry["excluded_node"] = job.culprit_hosts[0]
+            retry = Job(label=f"{job.label}-retry", command=shlex.join(argv), info={**job.info, "retry_of": job.label})
+            job.info["retried_as"] = retry.label
+            self.jobs.append(retry)
+        self.save()
+        return retry
+
+    policy_retries = True  # nodes/bisect set it False on their sweeps (their failures are findings)
 
     def sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -559,20 +619,32 @@ def mad_outliers(rates: dict[str, float], z: float, min_deviation: float) -> dic
 
 
 # --- batch ------------------------------------------------------------------------------------
+def numeric(values: list[str]) -> bool:
+    return all(re.fullmatch(r"\d+(\.\d+)?|\.\d+", v) for v in values)
+
+
+def batch_label(p: dict, i: int, v: str) -> str:
+    """bs<value> for numbers; v<n> (1-based, in the given order) for free-form values (_env_)."""
+    return f"bs{v}" if numeric(p["values"]) else f"v{i + 1}"
+
+
 def drive_batch(sw: Sweep) -> None:
     p = sw.params
-    for v in p["values"]:
+    for i, v in enumerate(p["values"]):
         overrides = [f"{p['key']}={v}", f"steps={p['steps']}", *p["overrides"]]
+        label = batch_label(p, i, v)
         sw.plan(
-            f"bs{v}",
-            submit_command(p["model"], join_tag(p["tag"], f"bs{v}"), p["nodes"], p["sbatch"], overrides),
+            label,
+            submit_command(p["model"], join_tag(p["tag"], label), p["nodes"], p["sbatch"], overrides),
             value=v,
         )
     if sw.opts.dry_run:
         return
+    ordered = numeric(p["values"])
 
     def after(job: Job) -> None:
-        if job.failure_class in OOM_CLASSES:  # larger values would not fit either
+        # failure policy: out of memory -> skip the value; larger numeric values would not fit either
+        if job.failure_class in OOM_CLASSES and ordered:
             for other in sw.jobs:
                 if other.status == "planned" and float(other.info["value"]) > float(job.info["value"]):
                     other.status = "skipped"
@@ -584,6 +656,8 @@ def drive_batch(sw: Sweep) -> None:
 
 
 def batch_result(jobs: list[Job], key: str) -> dict:
+    jobs = [j for j in jobs if not j.info.get("retried_as")]  # a retried job counts by its retry
+    order = (lambda j: float(j.info["value"])) if numeric([j.info["value"] for j in jobs]) else None
     rows = [
         {
             "value": j.info["value"],
@@ -597,8 +671,9 @@ def batch_result(jobs: list[Job], key: str) -> dict:
     ]
     done = [j for j in jobs if j.measured]
     best = max(done, key=lambda j: j.tgs_steady or 0.0, default=None)
-    fits = max(done, key=lambda j: float(j.info["value"]), default=None)
-    oom = min((j for j in jobs if j.failure_class in OOM_CLASSES), key=lambda j: float(j.info["value"]), default=None)
+    fits = max(done, key=order, default=None) if order else None
+    ooms = [j for j in jobs if j.failure_class in OOM_CLASSES]
+    oom = min(ooms, key=order, default=None) if order else next(iter(ooms), None)
     skipped = [j.info["value"] for j in jobs if j.status == "skipped"]
     parts = []
     if best:
@@ -633,6 +708,7 @@ def batch_result(jobs: list[Job], key: str) -> dict:
 # --- nodes ------------------------------------------------------------------------------------
 def drive_nodes(sw: Sweep) -> None:
     p = sw.params
+    sw.policy_retries = False
     for node in p["nodes"]:
         cmd = submit_command(
             p["model"],
@@ -706,6 +782,7 @@ def pair_command(p: dict, a: str, b: str) -> list[str]:
 
 
 def drive_bisect(sw: Sweep) -> None:
+    sw.policy_retries = False
     p = sw.params
     round1 = [sw.plan(f"r1-{a}-{b}", pair_command(p, a, b), round=1, nodes=[a, b]) for a, b in first_pairs(p["nodes"])]
     if sw.opts.dry_run:
@@ -1049,7 +1126,15 @@ def batch_params(a: argparse.Namespace, passthrough: list[str]) -> dict:
     check_sbatch_flags(p["sbatch"], NODE_FLAGS)
     check_overrides(p["overrides"], {a.key: "use --values", "steps": "use --steps"})
     notes = min_nodes_notes(p["model"], a.num_nodes, a.ignore_min_nodes)
-    return {**p, "values": parse_values(a.values), "key": a.key, "nodes": a.num_nodes, "steps": a.steps, "notes": notes}
+    if (a.values is None) == (not a.value):
+        raise InputError("give the values with --values 1,2,4 (numbers) or --value V once per value (any text)")
+    if a.value:
+        if not is_env(a.key):
+            raise InputError(f"--value (free-form values) is for _env_ keys; '{a.key}' takes --values 1,2,4")
+        values = list(dict.fromkeys(a.value))  # as given, each one token: never through a shell
+    else:
+        values = parse_values(a.values)
+    return {**p, "values": values, "key": a.key, "nodes": a.num_nodes, "steps": a.steps, "notes": notes}
 
 
 def nodes_params(a: argparse.Namespace, passthrough: list[str]) -> dict:
@@ -1252,7 +1337,7 @@ def execute(sw: Sweep, as_json: bool) -> int:
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         driver(sw)
-        sw.state = "done"
+        sw.state = "stopped" if sw.stop_reason else "done"
     except Interrupted as e:
         for s in old:
             signal.signal(s, signal.SIG_IGN)  # finish the clean-up whatever arrives now
@@ -1367,7 +1452,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = add_kind(sub, "batch", "batch-size search", common)
     b.add_argument("model", metavar="MODEL[:TAG]")
-    b.add_argument("--values", required=True, help="comma-separated values, e.g. 1,2,4,8")
+    b.add_argument("--values", help="comma-separated numbers, e.g. 1,2,4,8")
+    b.add_argument(
+        "--value",
+        action="append",
+        default=[],
+        help="one value, any text (repeat; --value=V when V starts with -); for --key _env_NAME",
+    )
     b.add_argument("-N", dest="num_nodes", type=cli.positive_int, default=1, help="nodes per job (default 1)")
     b.add_argument("--steps", type=cli.positive_int, default=30, help="training steps per job (default 30)")
     b.add_argument(
