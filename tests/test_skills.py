@@ -28,7 +28,7 @@ Slurm is stubbed on PATH: `sinfo` lists the incident's hosts (idle); `sbatch`, `
 `scancel`, `scontrol` and `squeue` refuse and exit 97, so no block can submit, cancel or reach a
 real cluster.
 
-Blocks that would submit jobs (a `utils/sweep.py` batch/nodes/bisect/regress/resume or a
+Blocks that would submit jobs (a `utils/sweep.py` batch/nodes/bisect/regress/models/resume or a
 `submit.sh` line without `--dry-run`) are never run. Instead their test asserts that the same
 file has a --dry-run twin: a block with the same text but `--dry-run` on each such line (ignoring
 `--json` and a trailing `| jq ...`); the twin is run as its own test. So every sweep command a
@@ -74,7 +74,7 @@ ROUTING = [REPO / "CLAUDE.md", REPO / "AGENTS.md"]
 MAX_LINES = 400
 BLOCK_TIMEOUT = 180
 FENCE = re.compile(r"^(\s*)```\s*([\w+-]*)\s*$")
-SUBMITS = re.compile(r"utils/sweep\.py\s+(batch|nodes|bisect|regress|resume)\b|submit\.sh\b")
+SUBMITS = re.compile(r"utils/sweep\.py\s+(batch|nodes|bisect|regress|models|resume)\b|submit\.sh\b")
 FORBIDDEN = re.compile(r"(^|[\s;&|(])(kill|pkill|killall|scancel|sbatch|salloc|srun)\b|--storage\.tsdb\.path")
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 REFUSE = ("sbatch", "srun", "salloc", "scancel", "scontrol", "squeue")

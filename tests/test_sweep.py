@@ -82,7 +82,7 @@ def fake_job(workspace: Path, job_id: str, command: str, model: str = "tiny") ->
 def test_help_runs_with_the_shebang():
     res = run([TOOL, "--help"], timeout=30)
     assert res.returncode == 0 and "Usage: sweep.py" in res.stdout, res.stderr
-    for kind in ("batch", "nodes", "bisect", "regress"):
+    for kind in ("batch", "nodes", "bisect", "regress", "models"):
         assert kind in res.stdout
 
 
@@ -540,6 +540,77 @@ def test_dry_run_env_sweep_keeps_each_value_one_token(workspace):
     assert bad.returncode == 2 and "_env_" in bad.stderr
     bad = sweep_run(workspace, "batch", "tiny", "--dry-run")
     assert bad.returncode == 2 and "--values" in bad.stderr
+
+
+# --- models: every config at its documented node count, one or two commits -------------------------
+def test_dry_run_models_plan(workspace):
+    rec = dry_json(workspace, "models", "--models", "tiny,llama3.1-70b", "--nodes", "a1,a2,a3,a4,a5", "--steps", "4")
+    assert rec["params"]["nodes_per_model"] == {"tiny": 1, "llama3.1-70b": 4}  # the header's 80 GB minimum
+    assert rec["params"]["node_lists"] == {"tiny": ["a1"], "llama3.1-70b": ["a1", "a2", "a3", "a4"]}
+    assert commands(rec) == [
+        f"{SUBMIT} tiny:models -N 1 -w a1 -- steps=4 dataset_type=synthetic",
+        f"{SUBMIT} llama3.1-70b:models -N 4 -w a1,a2,a3,a4 -- steps=4 dataset_type=synthetic",
+    ]
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    rec = dry_json(workspace, "models", "--models", "tiny", "--commits", f"{head},HEAD~1")
+    base, cand = rec["params"]["commits"]
+    assert base == head and len(cand) == 40
+    assert [j["commit"] for j in rec["jobs"]] == [base, cand]
+    assert commands(rec)[0].startswith(f"{workspace}/sweeps/checkouts/{base[:12]}/submit.sh tiny:c{base[:8]} -N 1 --")
+    assert not (workspace / "sweeps").exists(), "a dry run makes no checkout"
+    for bad, why in (
+        (["--commits", "nosuchref"], "not a commit"),
+        (["--nodes", "a1,a2", "--models", "llama3.1-70b"], "needs 4 node(s)"),
+        (["--", "--", "dataset_type=hf"], "synthetic"),
+    ):
+        res = sweep_run(workspace, "models", "--models", "tiny", "--dry-run", *bad)
+        assert res.returncode == 2 and why in res.stderr, (bad, res.stderr)
+
+
+def models_params(commits):
+    return {
+        "model": "tiny,qwen3-8b,llama3.1-8b",
+        "models": ["tiny", "qwen3-8b", "llama3.1-8b"],
+        "tag": "",
+        "commits": commits,
+        "nodes_per_model": {"tiny": 1, "qwen3-8b": 1, "llama3.1-8b": 1},
+        "node_lists": {},
+        "steps": 5,
+        "sbatch": [],
+        "overrides": [],
+    }
+
+
+def test_models_side_by_side_table_and_early_stop(tmp_path, monkeypatch):
+    monkeypatch.setattr(sweep, "checkout_of", lambda sw, sha: tmp_path / sha)
+    a, b = "a" * 40, "b" * 40
+    outcomes = {
+        f"tiny@{a[:8]}": ("completed", None, 100.0),
+        f"tiny@{b[:8]}": ("completed", None, 90.0),
+        f"qwen3-8b@{a[:8]}": ("completed", None, 50.0),
+        f"qwen3-8b@{b[:8]}": ("failed", "python_exception", None),
+        f"llama3.1-8b@{a[:8]}": ("completed", None, 40.0),
+        f"llama3.1-8b@{b[:8]}": ("failed", "segfault", None),
+    }
+    sw = FakeSweep("models", models_params([a, b]), outcomes, tmp_path)
+    sweep.drive_models(sw)
+    assert sw.jobs[1].command.startswith(
+        f"{tmp_path / b}/submit.sh tiny:c{b[:8]} -N 1 -- steps=5 dataset_type=synthetic"
+    )
+    rows = {r["model"]: r for r in sw.result["models"]}
+    assert rows["tiny"]["tgs_delta_pct"] == -10.0 and rows["qwen3-8b"]["tgs_delta_pct"] is None
+    assert "qwen3-8b" in (sw.stop_reason or "") and "llama3.1-8b" in sw.stop_reason  # two candidate-only failures
+    table = "\n".join(sweep.models_table(sw.result))
+    assert "-10.00%" in table and "python_exception" in table and "segfault" in table
+
+
+def test_models_one_commit_has_no_delta(tmp_path):
+    outcomes = {m: ("completed", None, 10.0) for m in ("tiny", "qwen3-8b", "llama3.1-8b")}
+    sw = FakeSweep("models", models_params([]), outcomes, tmp_path)
+    sweep.drive_models(sw)
+    assert sw.submitted == ["tiny", "qwen3-8b", "llama3.1-8b"] and sw.stop_reason is None
+    assert all(r["tgs_delta_pct"] is None for r in sw.result["models"])
+    assert "3 of 3 job(s) measured" in sw.result["conclusion"]
 
 
 def test_regress_sees_a_diverged_loss(tmp_path):
