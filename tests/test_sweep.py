@@ -783,6 +783,95 @@ def test_nodes_real(cluster, workspace, venv):
 
 
 @pytest.mark.cluster
+@pytest.mark.slow
+def test_models_two_commits_real(cluster, workspace, venv):
+    """tiny (the config that runs on CPU) on two commits, each from its scratch clone: a side-by-side table."""
+    res = sweep_run(
+        workspace,
+        "models",
+        "--models",
+        "tiny",
+        "--commits",
+        "HEAD~1,HEAD",
+        "--steps",
+        "5",
+        "--nodes",
+        "n1",
+        "--max-parallel",
+        "2",
+        *FAST,
+        env=cluster,
+    )
+    assert res.returncode == 0, res.stderr
+    rec = json.loads(
+        sweep_run(workspace, "show", str(next((workspace / "sweeps").glob("*-models.json"))), "--json").stdout
+    )
+    assert rec["state"] == "done", rec
+    row = rec["result"]["models"][0]
+    assert [r["status"] for r in row["runs"]] == ["completed", "completed"], rec["jobs"]
+    assert row["tgs_delta_pct"] is not None and row["node_list"] == ["n1"]
+    for job in rec["jobs"]:  # each job ran the code of its own commit
+        git = (Path(job["job_dir"]) / "artifact" / ".submit" / "git.txt").read_text()
+        assert f"commit: {job['commit']}" in git, git
+    text = sweep_run(workspace, "show", rec["record"]).stdout
+    assert "delta" in text and f"{row['tgs_delta_pct']:+.2f}%" in text, text
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_a_config_error_stops_the_sweep_real(cluster, workspace, venv):
+    res = sweep_run(
+        workspace,
+        "batch",
+        "tiny",
+        "--values",
+        "1,2",
+        "--steps",
+        "3",
+        "--json",
+        *FAST,
+        "--",
+        "--",
+        "enable_streaming_diloco=true",
+        env=cluster,
+    )
+    rec = as_json(res)
+    assert rec["state"] == "stopped" and "config does not load" in rec["stop_reason"], rec
+    assert [(j["status"], j["failure_class"]) for j in rec["jobs"]] == [("failed", "config_error"), ("skipped", None)]
+    assert rec["decisions"][0]["action"] == "stop" and rec["decisions"][0]["evidence"]
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_env_sweep_real(cluster, workspace, venv):
+    values = [
+        "--xla_force_host_platform_device_count=1",
+        "--xla_force_host_platform_device_count=1 --xla_dump_hlo_as_text",
+    ]
+    res = sweep_run(
+        workspace,
+        "batch",
+        "tiny",
+        "--key",
+        "_env_XLA_FLAGS",
+        *(f"--value={v}" for v in values),
+        "--steps",
+        "3",
+        "--max-parallel",
+        "2",
+        "--json",
+        *FAST,
+        env=cluster,
+    )
+    assert res.returncode == 0, res.stderr
+    rec = as_json(res)
+    assert [j["status"] for j in rec["jobs"]] == ["completed", "completed"], rec["jobs"]
+    for job, v in zip(rec["jobs"], values, strict=True):  # the value reached submit.sh as one argument
+        cmd = (Path(job["job_dir"]) / "artifact" / ".submit" / "command.txt").read_text()
+        assert f"_env_XLA_FLAGS={v}" in shlex.split(cmd), cmd
+
+
+@pytest.mark.cluster
 def test_regress_real(cluster, batch_run):
     ws, first = batch_run
     base = next(j for j in as_json(first)["jobs"] if j["value"] == "1")
