@@ -782,30 +782,21 @@ def test_nodes_real(cluster, workspace, venv):
     assert rec["result"]["failing"] == [] and "outliers need at least 3" in rec["result"]["conclusion"]
 
 
+def real_sweep(workspace: Path, cluster: dict[str, str], args: str, *extra: str):
+    """A short sweep on the local cluster: ARGS (shell words) and EXTRA (tokens kept whole)."""
+    return sweep_run(workspace, *shlex.split(args), *FAST, *extra, env=cluster)
+
+
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_models_two_commits_real(cluster, workspace, venv):
     """tiny (the config that runs on CPU) on two commits, each from its scratch clone: a side-by-side table."""
-    res = sweep_run(
-        workspace,
-        "models",
-        "--models",
-        "tiny",
-        "--commits",
-        "HEAD~1,HEAD",
-        "--steps",
-        "5",
-        "--nodes",
-        "n1",
-        "--max-parallel",
-        "2",
-        *FAST,
-        env=cluster,
+    res = real_sweep(
+        workspace, cluster, "models --models tiny --commits HEAD~1,HEAD --steps 5 --nodes n1 --max-parallel 2"
     )
     assert res.returncode == 0, res.stderr
-    rec = json.loads(
-        sweep_run(workspace, "show", str(next((workspace / "sweeps").glob("*-models.json"))), "--json").stdout
-    )
+    record = next((workspace / "sweeps").glob("*-models.json"))
+    rec = json.loads(sweep_run(workspace, "show", str(record), "--json").stdout)
     assert rec["state"] == "done", rec
     row = rec["result"]["models"][0]
     assert [r["status"] for r in row["runs"]] == ["completed", "completed"], rec["jobs"]
@@ -813,27 +804,15 @@ def test_models_two_commits_real(cluster, workspace, venv):
     for job in rec["jobs"]:  # each job ran the code of its own commit
         git = (Path(job["job_dir"]) / "artifact" / ".submit" / "git.txt").read_text()
         assert f"commit: {job['commit']}" in git, git
-    text = sweep_run(workspace, "show", rec["record"]).stdout
+    text = sweep_run(workspace, "show", str(record)).stdout
     assert "delta" in text and f"{row['tgs_delta_pct']:+.2f}%" in text, text
 
 
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_a_config_error_stops_the_sweep_real(cluster, workspace, venv):
-    res = sweep_run(
-        workspace,
-        "batch",
-        "tiny",
-        "--values",
-        "1,2",
-        "--steps",
-        "3",
-        "--json",
-        *FAST,
-        "--",
-        "--",
-        "enable_streaming_diloco=true",
-        env=cluster,
+    res = real_sweep(
+        workspace, cluster, "batch tiny --values 1,2 --steps 3 --json", "--", "--", "enable_streaming_diloco=true"
     )
     rec = as_json(res)
     assert rec["state"] == "stopped" and "config does not load" in rec["stop_reason"], rec
@@ -848,21 +827,8 @@ def test_env_sweep_real(cluster, workspace, venv):
         "--xla_force_host_platform_device_count=1",
         "--xla_force_host_platform_device_count=1 --xla_dump_hlo_as_text",
     ]
-    res = sweep_run(
-        workspace,
-        "batch",
-        "tiny",
-        "--key",
-        "_env_XLA_FLAGS",
-        *(f"--value={v}" for v in values),
-        "--steps",
-        "3",
-        "--max-parallel",
-        "2",
-        "--json",
-        *FAST,
-        env=cluster,
-    )
+    args = "batch tiny --key _env_XLA_FLAGS --steps 3 --max-parallel 2 --json"
+    res = real_sweep(workspace, cluster, args, *(f"--value={v}" for v in values))
     assert res.returncode == 0, res.stderr
     rec = as_json(res)
     assert [j["status"] for j in rec["jobs"]] == ["completed", "completed"], rec["jobs"]
