@@ -447,6 +447,8 @@ def test_batch_stops_going_up_at_the_first_oom(tmp_path):
         ("failed", "python_exception", [], False, [], "mark_failed"),
         ("failed", "python_exception", [], False, ["python_exception"], "stop"),  # every job the same
         ("failed", "python_exception", [], False, ["segfault"], "mark_failed"),
+        ("submit_failed", None, [], False, ["submit_failed"], "stop"),  # compared by status without a class
+        ("failed", "hang", [], False, ["hang"], "stop"),
     ],
 )
 def test_failure_policy_per_class(status, cls, culprits, retried, earlier, action):
@@ -498,6 +500,22 @@ def test_policy_in_a_sweep_excludes_a_bad_node_and_retries_once(tmp_path):
     assert sw.decisions[0]["excluded_node"] == "n7" and sw.decisions[0]["culprit_hosts"] == ["n7"]
     assert sw.result["best"]["value"] == "2" and sw.stop_reason is None
     assert [r["value"] for r in sw.result["values"]] == ["1", "2", "4"]  # a retried job counts by its retry
+
+
+def test_policy_every_value_hanging_twice_stops_the_sweep(tmp_path):
+    outcomes = {label: ("failed", "hang", None) for v in "124" for label in (f"bs{v}", f"bs{v}-retry")}
+    sw = FakeSweep("batch", batch_params(["1", "2", "4"]), outcomes, tmp_path)
+    sweep.drive_batch(sw)
+    # each value is retried once (a job and its retry count once), then two hung values stop it
+    assert [(d["label"], d["action"]) for d in sw.decisions] == [
+        ("bs1", "retry"),
+        ("bs2", "retry"),
+        ("bs4", "retry"),
+        ("bs1-retry", "mark_failed"),
+        ("bs2-retry", "stop"),
+    ]
+    assert "every job so far failed the same way (hang" in (sw.stop_reason or "")
+    assert next(j for j in sw.jobs if j.label == "bs4-retry").status == "skipped"
 
 
 def test_policy_stops_the_sweep_on_a_config_error(tmp_path):

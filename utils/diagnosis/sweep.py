@@ -467,8 +467,8 @@ class Sweep:
         earlier = [
             j.failure_class or j.status
             for j in self.jobs
-            if j is not job and j.status in ENDED and j.status not in ("completed", "skipped")
-        ]
+            if j is not job and j.status in ENDED and j.status != "completed" and not j.info.get("retried_as")
+        ]  # a retried job counts once, by its retry
         if any(j.status == "completed" for j in self.jobs):
             earlier = []  # something worked: not the same failure on every job
         d = sweep_policy.decide(
@@ -1585,6 +1585,7 @@ def resume(a: argparse.Namespace) -> int:
     )
     sw = Sweep(rec["sweep"], rec["model"], rec["params"], opts, rec["argv"])
     sw.jobs = [Job.from_json(j) for j in rec["jobs"]]
+    sw.decisions = list(rec.get("decisions") or [])  # kept; a stopped sweep resumed runs its skipped jobs
     for j in sw.jobs:
         if j.status == "submitted":
             j._t0 = time.time()

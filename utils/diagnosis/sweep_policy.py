@@ -38,8 +38,8 @@ def decide(
     """The sweep's action for one ended job.
 
     status/failure_class/culprits: the job's triage result; retried: the job is already a retry;
-    earlier_classes: the failure classes of the sweep's other ended jobs (none completed), to see
-    the same failure on every job. Returns {action, reason}.
+    earlier_classes: the failure class (else the status) of each of the sweep's other ended jobs,
+    empty once any job completed: the same failure on every job stops the sweep. Returns {action, reason}.
     """
     if status == "completed":
         return {"action": "keep", "reason": "completed"}
@@ -49,9 +49,10 @@ def decide(
         action, why = MARK_FAILED, f"{cls} without exactly one culprit node ({len(culprits)}): kept as a failure"
     if action in (EXCLUDE_NODE_RETRY, RETRY) and retried:
         action, why = MARK_FAILED, f"{cls} again on the retry: kept as a failure"
-    if action != STOP and cls and len(earlier_classes) >= 1 and all(c == cls for c in earlier_classes):
-        if action not in (SKIP_VALUE,):  # larger values failing OOM is expected, not a broken setup
-            action, why = STOP, f"every job so far failed the same way ({cls}, {len(earlier_classes) + 1} jobs)"
+    same = cls or status  # a job without a class (submit_failed, unknown) compares by its status
+    if action not in (STOP, SKIP_VALUE) and earlier_classes and all(c == same for c in earlier_classes):
+        # (larger values running out of memory too is expected, not a broken setup)
+        action, why = STOP, f"every job so far failed the same way ({same}, {len(earlier_classes) + 1} jobs)"
     return {"action": action, "reason": why}
 
 
