@@ -3,7 +3,9 @@ when the --netns cluster, the node or the trainer is not there (exit 1, one line
 themselves run in tests/test_live_incidents.py (and net --delay in tests/test_local_cluster.py)."""
 
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -110,3 +112,18 @@ def test_clear_without_a_cluster_is_safe(tmp_path):
     r = drill("clear", cluster_dir=tmp_path / "nothing")
     assert r.returncode == 0 and r.stdout.startswith("drill: cleared"), r.stderr
     assert not (tmp_path / "nothing").exists()
+
+
+def test_io_refuses_a_directory_in_memory(tmp_path):
+    """Writes to a tmpfs never wait on a disk: no IO pressure to see, so the drill says so and
+    writes nothing (the tmpfs here is /dev/shm, which every Linux machine mounts)."""
+    shm = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    try:
+        r = drill("io", "--dir", str(shm), cluster_dir=fake_cluster(tmp_path))
+        assert r.returncode == 1 and r.stdout == "", r.stderr
+        assert r.stderr.splitlines() == [
+            f"drill.sh: io: '{shm}' is in memory (tmpfs): writes there never wait on a disk; pass --dir DIR on a disk"
+        ]
+        assert list(shm.iterdir()) == []
+    finally:
+        shutil.rmtree(shm)

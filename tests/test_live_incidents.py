@@ -7,6 +7,7 @@ tool's answer (run with -s to see it)."""
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -39,6 +40,27 @@ def netns_cluster() -> Iterator[dict[str, str]]:
         run([DRILL, "clear"], env=env)
         run([TOOL, "down"], env=env, timeout=120)
         shutil.rmtree(top, ignore_errors=True)
+
+
+def findings(d: dict) -> str:
+    """Every finding of a diagnose --json answer, one per line, for a failing assertion."""
+    return d["summary"] + "".join(f"\n  {f['kind']} {f['score']} {f['hosts']}: {f['summary']}" for f in d["findings"])
+
+
+@pytest.fixture()
+def disk_workspace(workspace: Path) -> Iterator[Path]:
+    """The job workspace on a disk: the IO drill refuses a directory in memory (a tmpfs /tmp), so
+    then the workspace goes under the repository's outputs/ (ignored by git)."""
+    fs = subprocess.run(["stat", "-f", "-c", "%T", str(workspace)], capture_output=True, text=True).stdout.strip()
+    if fs not in ("tmpfs", "ramfs"):
+        yield workspace
+        return
+    (REPO / "outputs").mkdir(exist_ok=True)
+    ws = Path(tempfile.mkdtemp(prefix="live-io.", dir=REPO / "outputs"))
+    try:
+        yield ws
+    finally:
+        shutil.rmtree(ws, ignore_errors=True)
 
 
 def drill(cluster: dict[str, str], *args: str, **env: str) -> None:
@@ -87,19 +109,21 @@ def test_packet_loss_on_one_node_is_a_network_incident_there(netns_cluster, work
     finally:
         drill(netns_cluster, "clear")
     d, t = answers(netns_cluster, venv, job_id, log, "net --loss 5")
-    assert d["verdict"] == "network" and d["culprit_hosts"] == ["n2"], d["summary"]
+    assert d["verdict"] == "network" and d["culprit_hosts"] == ["n2"], findings(d)
     net = next(f for f in d["findings"] if f["kind"] == "network")
     assert "hw_tcp_retransmits_total" in net["values"]["signal"]
     assert net["values"]["rate_per_s"]["n2"] > 4 * net["values"]["peer_median_per_s"], net["values"]
     assert t["status"] == "completed" and t["failure_class"] is None, t["summary"]
 
 
-def test_heavy_io_on_the_workspace_is_io_pressure_on_that_node(netns_cluster, workspace, venv):
-    """20 s of direct-IO writers in n2's cgroup: n2's own PSI (not the machine's) shows the stall."""
+def test_heavy_io_on_the_workspace_is_io_pressure_on_that_node(netns_cluster, disk_workspace, venv):
+    """20 s of direct-IO writers in n2's cgroup, throttled like a slow disk: n2's own PSI (not the
+    machine's) shows the stall."""
+    workspace = disk_workspace
     job_id, log = start(netns_cluster, workspace, 300)
     drill(netns_cluster, "io", "--seconds", "20", "--node", "n2", JOB_WORKSPACE=str(workspace))
     d, t = answers(netns_cluster, venv, job_id, log, "io")
-    assert d["verdict"] == "io_pressure" and d["culprit_hosts"] == ["n2"], d["summary"]
+    assert d["verdict"] == "io_pressure" and d["culprit_hosts"] == ["n2"], findings(d)
     assert t["status"] == "completed" and t["failure_class"] is None, t["summary"]
     assert not [p for p in workspace.iterdir() if p.name.startswith(".drill-io")], "the IO drill left its files"
 
@@ -115,6 +139,6 @@ def test_memory_limit_oom_kills_the_trainer_of_one_node(netns_cluster, workspace
     finally:
         drill(netns_cluster, "clear")
     assert t["status"] == "failed" and t["failure_class"] == "oom_host" and t["culprit_hosts"] == ["n2"], t["summary"]
-    assert d["verdict"] == "memory" and "n2" in d["culprit_hosts"], d["summary"]
+    assert d["verdict"] == "memory" and "n2" in d["culprit_hosts"], findings(d)
     mem = next(f for f in d["findings"] if f["kind"] == "memory")
     assert mem["values"]["hosts"]["n2"]["oom_kills"] >= 1, mem["values"]

@@ -9,11 +9,14 @@
 #                    retransmits on NODE, its peers' counters stay near zero
 #   net --delay MS   delay NODE's packets with tc netem (refused when the kernel has no sch_netem)
 #   io [--seconds S] heavy IO on the workspace (JOB_WORKSPACE or --dir DIR) from NODE's cgroup:
-#                    8 writers with direct IO for S seconds (default 60); IO pressure on NODE
+#                    8 writers with direct IO for S seconds (default 60), throttled together to
+#                    8 MB/s (a cgroup v1 blkio limit on the disk under DIR: a slow disk, so the
+#                    stall shows however fast the real one is); IO pressure on NODE. A DIR in
+#                    memory (tmpfs, ramfs) is refused: writes there never wait on a disk
 #   oom              NODE's trainer into a memory cgroup (v1) limited to 256 MiB plus a memory hog:
 #                    the kernel OOM-kills the trainer
 #   freeze | thaw | kill   SIGSTOP / SIGCONT / SIGKILL to NODE's trainer
-#   clear            undo every fault on this cluster: rules, delay, IO writers, memory cgroups
+#   clear            undo every fault on this cluster: rules, delay, IO writers, memory and blkio cgroups
 #                    (a frozen trainer is thawed); another cluster's drills are left alone
 #   --job ID         the trainer of job ID (default: the only trainer on NODE)
 # A fault stays until `clear` (io ends by itself after S seconds). Exit 1: the cluster or the
@@ -100,13 +103,27 @@ trainer() {
   echo "${found[0]}"
 }
 
-# memcg: this process's cgroup v1 memory directory (where the drill's limited cgroup goes).
-memcg() {
+# v1cg CONTROLLER FAULT: this process's cgroup v1 directory of CONTROLLER (memory, blkio), where
+# the drill's limited cgroup goes.
+v1cg() {
   local rel
-  rel=$(awk -F: '$2 == "memory" { print $3 }' /proc/self/cgroup)
-  [[ -n "$rel" && -d "/sys/fs/cgroup/memory$rel" ]] ||
-    die "oom needs the cgroup v1 memory controller (no memory line in /proc/self/cgroup)"
-  echo "/sys/fs/cgroup/memory${rel%/}"
+  rel=$(awk -F: -v c="$1" '$2 == c { print $3 }' /proc/self/cgroup)
+  [[ -n "$rel" && -d "/sys/fs/cgroup/$1$rel" ]] ||
+    die "$2 needs the cgroup v1 $1 controller (no $1 line in /proc/self/cgroup)"
+  echo "/sys/fs/cgroup/$1${rel%/}"
+}
+
+# disk_of DIR: MAJ:MIN of the whole disk under DIR's file system (blkio limits take disks, not
+# partitions); dies for a file system with no block device under it.
+disk_of() {
+  local dev
+  dev=$(findmnt -n -o MAJ:MIN -T "$1" | tr -d ' ')
+  [[ -e "/sys/dev/block/$dev" ]] ||
+    die "io: '$1' is on a file system with no block device under it ($(stat -f -c %T "$1"), dev $dev): pass --dir DIR on a disk"
+  if [[ -e "/sys/dev/block/$dev/partition" ]]; then
+    dev=$(cat "$(realpath "/sys/dev/block/$dev")/../dev")
+  fi
+  echo "$dev"
 }
 
 clear_all() {
@@ -128,7 +145,7 @@ clear_all() {
     kill -CONT "$(cat "$f")" 2>/dev/null || true
     rm -f "$f"
   done
-  for d in /sys/fs/cgroup/memory{,/*,/*/*}/mst-drill-"$tag"-*; do
+  for d in /sys/fs/cgroup/{memory,blkio}{,/*,/*/*}/mst-drill-"$tag"-*; do
     [[ -d "$d" ]] || continue
     while read -r pid; do kill -KILL "$pid" 2>/dev/null || true; done <"$d/cgroup.procs"
     rmdir "$d" 2>/dev/null || true
@@ -160,28 +177,36 @@ EOF
   io)
     [[ -n "$wdir" ]] || bad_args "io needs the workspace: set JOB_WORKSPACE or pass --dir DIR"
     [[ -d "$wdir" && -w "$wdir" ]] || die "io: '$wdir' is not a writable directory"
+    case "$(stat -f -c %T "$wdir")" in
+      tmpfs | ramfs) die "io: '$wdir' is in memory ($(stat -f -c %T "$wdir")): writes there never wait on a disk; pass --dir DIR on a disk" ;;
+    esac
+    disk=$(disk_of "$wdir")
+    bcg=$(v1cg blkio io)/mst-drill-$tag-$node-io
+    mkdir -p "$bcg"
+    echo "$disk $((8 << 20))" >"$bcg/blkio.throttle.write_bps_device" ||
+      die "io: the kernel refused a blkio write limit on disk $disk"
     io_dir=$(mktemp -d "$wdir/.drill-io.XXXXXX")
-    # 8 writers in NODE's cgroup, each rewriting 64 MiB with direct IO (past the page cache; with
-    # fsync where the file system refuses O_DIRECT) until S seconds are up; setsid: one process
-    # group that `clear` stops.
+    # 8 writers in NODE's cgroup (its PSI) and in the throttled blkio cgroup, each rewriting 2 MiB
+    # with direct IO (past the page cache; with fsync where the file system refuses O_DIRECT) until
+    # S seconds are up; setsid: one process group that `clear` stops.
     # shellcheck disable=SC2016 # expanded by the inner sh
-    setsid sh -c 'echo $$ >"$1/cgroup.procs" || exit 1
+    setsid sh -c 'echo $$ >"$1/cgroup.procs" && echo $$ >"$4/cgroup.procs" || exit 1
       end=$(($(date +%s) + $3))
       flag=oflag=direct
       dd if=/dev/zero of="$2/probe" bs=1M count=1 $flag status=none 2>/dev/null || flag=conv=fsync
       for w in 1 2 3 4 5 6 7 8; do
         (while [ "$(date +%s)" -lt "$end" ]; do
-          dd if=/dev/zero of="$2/w$w" bs=1M count=64 $flag status=none 2>/dev/null || break
+          dd if=/dev/zero of="$2/w$w" bs=1M count=2 $flag status=none 2>/dev/null || break
         done) &
       done
       wait
-      rm -rf "$2"' sh "$cg" "$io_dir" "$seconds" </dev/null >/dev/null 2>&1 &
+      rm -rf "$2"' sh "$cg" "$io_dir" "$seconds" "$bcg" </dev/null >/dev/null 2>&1 &
     echo $! >"$state/io-$node.pid"
-    echo "drill: $node: heavy IO on $wdir for $seconds s (8 direct-IO writers, pid $!); stop early: $0 clear"
+    echo "drill: $node: heavy IO on $wdir for $seconds s (8 direct-IO writers at 8 MB/s on disk $disk, pid $!); stop early: $0 clear"
     ;;
   oom)
     pid=$(trainer)
-    d=$(memcg)/mst-drill-$tag-$node
+    d=$(v1cg memory oom)/mst-drill-$tag-$node
     mkdir -p "$d"
     echo $((256 << 20)) >"$d/memory.limit_in_bytes"
     echo "$pid" >"$d/cgroup.procs" || die "could not move the trainer (pid $pid) into $d"

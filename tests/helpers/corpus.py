@@ -15,6 +15,8 @@ Families (FAMILIES maps each to the verdict diagnose.py must give):
   hang                      collective deadlock: steps stop, every GPU at 100 % utilization but standby power
   rdma_retransmits          ~1 host in 6 (4 of 24) retransmits (RoCE retrans / ACK timeouts / TCP) from a
                             change point on; throughput drops there (two phases)
+  network_burst             one host retransmits (TCP) for 15-25 minutes, then recovers; the run's slowest
+                            phase is elsewhere (a later, lasting slowdown no metric explains)
   heartbeat_false_positive  JAX declares tasks dead, yet they kept logging and drawing full power (the
                             accused hosts are in notes["accused"]; they are healthy, so no culprit)
   thread_leak               run queue +17 on every host, throughput -1 % (found with --vs against `vs`)
@@ -54,6 +56,7 @@ FAMILIES: dict[str, str] = {
     "healthy": "none",
     "hang": "hang",
     "rdma_retransmits": "network",
+    "network_burst": "network",
     "heartbeat_false_positive": "heartbeat_false_positive",
     "thread_leak": "cpu_contention",
     "moe_lb_spike": "training_dynamics",
@@ -241,6 +244,13 @@ class _Sim:
                 self.host_fx[h]["retrans"] = (t, kind, r.uniform(30, 400), devs)
             self.window = (t, self.t_stop)
             self.notes["counter"] = kind
+        elif f == "network_burst":
+            self.culprits = self.pick(1)
+            t, dur = self.frac(0.15, 0.35), r.uniform(15, 25) * 60
+            self.host_fx[self.culprits[0]]["tcp_burst"] = (t, t + dur, r.uniform(10, 60))
+            self.slow.append((t, t + dur, r.uniform(1.02, 1.06)))
+            self.slow.append((self.frac(0.6, 0.8), np.inf, r.uniform(1.15, 1.3)))
+            self.window = (t, t + dur)
         elif f == "heartbeat_false_positive":
             self.accused = self.pick(r.choice([1, 1, 2]), skip_head=True)
             self.claim = self.frac(0.4, 0.85)
@@ -589,6 +599,9 @@ class _Series:
         if fx.get("retrans") and fx["retrans"][1] == "tcp":
             t, _, rate, _ = fx["retrans"]
             tcp_rate = tcp_rate + rate * 8 * _after(ts, t)
+        if fx.get("tcp_burst"):
+            t, end, rate = fx["tcp_burst"]
+            tcp_rate = tcp_rate + rate * _after(ts, t) * ~_after(ts, end)
         yield "hw_tcp_retransmits_total", base, self.samples(_counter(rng, tcp_rate, iv, 5e3), -1)
         yield "hw_tcp_out_segments_total", base, self.samples(_counter(rng, np.full(self.n, 3e3), iv, 1e8), -1)
         yield "hw_tcp_in_segments_total", base, self.samples(_counter(rng, np.full(self.n, 3.2e3), iv, 1e8), -1)

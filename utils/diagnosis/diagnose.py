@@ -855,6 +855,7 @@ def check_network(d: Data, rep: Report) -> None:
     pw = _phase_windows(d)
     best: Finding | None = None
     for key, (per, floor) in signals.items():
+        bad: list[str] = []
         if pw:
             fast, slow = pw
             mf, ms = d.mask((fast["start"], fast["end"])), d.mask((slow["start"], slow["end"]))
@@ -880,7 +881,7 @@ def check_network(d: Data, rep: Report) -> None:
                     f"{fmt(slow['level'])} vs {fmt(fast['level'])} {slow.get('unit', '')})"
                 ),
             )
-        else:
+        if not bad:  # no phases, or the fault was not in the slowest phase (a short one elsewhere)
             m = d.mask()
             r_slow = {h: float(np.nanmean(v[m])) if m.any() else math.nan for h, v in per.items()}
             r_fast = {}
