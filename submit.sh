@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: submit.sh MODEL[:TAG] [-N NODES] [--run ALIAS] [--dry-run] [SBATCH_FLAG ...] [-- KEY=VALUE ... _env_NAME=VALUE ...]
+# Usage: submit.sh MODEL[:TAG] [-N NODES] [--run ALIAS] [--notify] [--auto-recover N] [--dry-run] [SBATCH_FLAG ...] [-- KEY=VALUE ... _env_NAME=VALUE ...]
 #
 # Submits MaxText training of configs/MODEL.yml to Slurm from a login node.
 #   MODEL     a config name: exact, else a unique prefix, else a unique substring
@@ -9,6 +9,12 @@
 #   --run ALIAS  a resumable run: checkpoints on, kept in $JOB_WORKSPACE/runs/ALIAS/ (outside the
 #             job dir); each job of the run restores the latest one. One job of a run at a time: a
 #             job that starts while another holds the run fails at once (chain with --dependency)
+#   --notify  start utils/job_monitor.py for the job (detached): hang, slowdown, failure and
+#             completion events to the destinations of your notification config
+#             (docs/notifications.md; it must exist and be mode 0600). MST_NOTIFY=1 (e.g. from the
+#             site file) does the same for every job; MST_NOTIFY=0 turns that off
+#   --auto-recover N  the monitor resubmits the job without the nodes triage blames for a failure
+#             or hang (node, GPU, heartbeat, collective faults), at most N times; implies --notify
 #   --dry-run check everything and print what would be submitted; submit and write nothing
 #   after --  KEY=VALUE is a MaxText override (checked against MaxText's schema); _env_NAME=VALUE
 #             sets NAME in the trainer's environment (wins over the launcher defaults and
@@ -40,11 +46,16 @@ esac
 model_arg=$1; shift
 command_text="submit.sh $(printf '%q' "$model_arg")$(shown_args "$@")"
 
-nodes=1 sbatch_flags=() dry_run=0 user_hold=0
+nodes=1 sbatch_flags=() dry_run=0 user_hold=0 notify="" recover=0
 while (( $# )); do
   case "$1" in
     --) shift; break ;;
     --dry-run) dry_run=1; shift ;;
+    --notify) notify=flag; shift ;;
+    --auto-recover|--auto-recover=*)
+      if [[ "$1" == *=* ]]; then recover=${1#*=}; shift; else (( $# >= 2 )) || die "--auto-recover needs a count, e.g. --auto-recover 2"; recover=$2; shift 2; fi
+      [[ "$recover" =~ ^([1-9]|10)$ ]] || die "--auto-recover takes 1 .. 10 resubmissions, got '$recover'"
+      notify=flag ;;
     --run) (( $# >= 2 )) || die "--run needs a run alias, e.g. --run exp1"; check_run_alias "$2"; export MST_RUN=$2; shift 2 ;;
     --run=*) check_run_alias "${1#--run=}"; export MST_RUN=${1#--run=}; shift ;;
     -N|--nodes) (( $# >= 2 )) || die "$1 needs a node count"; nodes=$2; shift 2 ;;
@@ -65,6 +76,17 @@ split_overrides "$@"
 [[ -z "${MST_RUN:-}" ]] || check_run_overrides
 prepare_launch "$model_arg" "$repo"
 site_sbatch "${sbatch_flags[@]}"   # the site's sbatch flags go first; those whose option you gave are dropped
+[[ -n "$notify" || "${MST_NOTIFY:-0}" != 1 ]] || notify="env"
+[[ "${MST_NOTIFY:-0}" =~ ^[01]$ ]] || die "MST_NOTIFY must be 0 or 1, got '${MST_NOTIFY}'"
+if [[ -n "$notify" ]]; then
+  # the config is checked before anything is submitted: a job must not go unwatched by mistake
+  notify_conf=${MST_NOTIFY_CONFIG:-$HOME/.config/maxtext-slurm/notify.conf}
+  if [[ -e "$notify_conf" || "$notify" == flag ]]; then
+    "$repo/utils/job_monitor.py" --check-notify --notify-config "$notify_conf" >/dev/null ||
+      die "--notify: fix the notification config above, or submit without --notify (docs/notifications.md)"
+  fi
+fi
+monitor_cmd=("$repo/utils/job_monitor.py")
 if (( dry_run )); then
   echo "dry run: nothing submitted"
   echo "model: $MODEL ($repo/configs/$MODEL.yml${MODEL_TAG:+, tag $MODEL_TAG})"
@@ -76,6 +98,7 @@ if (( dry_run )); then
   echo "overrides: $(shown_list maxtext <<< "$TRAIN_OVERRIDES")"
   echo "env_overrides: $(shown_list env <<< "$TRAIN_ENV_OVERRIDES")"
   [[ -z "${MST_RUN:-}" ]] || echo "run: $(run_describe)"
+  [[ -z "$notify" ]] || echo "monitor: ${monitor_cmd[*]} <job id> --detach$( (( recover )) && echo " --auto-recover $recover")"
   exit 0
 fi
 
@@ -108,3 +131,12 @@ Submitted job $job_id ($MODEL_NAME) on $nodes node(s)$( (( user_hold )) && echo 
   follow:  tail -F $(printf '%q' "$JOB_WORKSPACE/$name.log")
 EOM
 [[ -z "${MST_RUN:-}" ]] || echo "  run:     $(run_describe)"
+if [[ -n "$notify" ]]; then
+  monitor_cmd+=("$job_id" --detach)
+  if (( recover )); then monitor_cmd+=(--auto-recover "$recover"); fi
+  if out=$(MST_NOTIFY=0 "${monitor_cmd[@]}" 2>&1); then
+    echo "  monitor: $(sed -n 's/^monitor started: //p' <<< "$out"), log $JOB_WORKSPACE/$name/monitor/monitor.log"
+  else
+    echo "submit.sh: job $job_id is submitted, but its monitor did not start: $(tr '\n' ' ' <<< "$out")" >&2
+  fi
+fi

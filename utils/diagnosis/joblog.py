@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import time
 from collections import Counter
@@ -999,3 +1000,109 @@ def read_steps(path: str | Path, clock: AbslClock | None = None) -> StepTable:
             n = 1 + max(rest, 0)
     out.seconds = time.perf_counter() - t0
     return out
+
+
+# --- following a log as it grows (utils/job_monitor.py) ----------------------------------------
+# MaxText 0.2.5's checkpoint and eval lines (absl INFO; common/checkpointing.py print_save_message,
+# trainers/pre_train/train.py): a step that saved or evaluated is slow by design.
+#   Started an asynchronous checkpoint save for step 100      (async_checkpointing: true)
+#   Saved a checkpoint at step 100.                           (synchronous)
+#   Starting eval after train step 200
+_PAUSE = re.compile(rb"(Started an asynchronous checkpoint save for step|Saved a checkpoint at step|Starting eval after train step) (\d+)")
+_FOLLOW_STEP = re.compile(
+    rb"^(?:(" + HOST_RE + rb"): )?(?:[IWEF](\d{4} \d\d:\d\d:\d\d\.\d+) +\d+ [^\]\n]*\] )?" + STEP.pattern
+)
+_FOLLOW_BLOCK = 1 << 20  # bytes per read of a growing log
+
+
+@dataclasses.dataclass
+class Tick:
+    """One line of interest in the new part of a growing log: kind "step" (host, step, seconds,
+    tokens = Tokens/s/device or None in ramp-up, loss), "save" or "eval" (step: the train step it
+    follows), "header" (a new run of the job starts: a requeue) or "summary" (the JOB SUMMARY
+    began: the job is ending). ts: the absl stamp in epoch seconds, None without one."""
+
+    kind: str
+    host: str | None = None
+    step: int | None = None
+    seconds: float | None = None
+    tokens: float | None = None
+    loss: float | None = None
+    ts: float | None = None
+
+
+class Follower:
+    """Reads what was appended to a job log since the last call, whole lines only, and returns the
+    Ticks in it; `offset` (bytes consumed) can be saved and given back to resume after a restart.
+    Lines are read in blocks of 1 MiB; a line longer than that is skipped."""
+
+    def __init__(self, path: str | Path, offset: int = 0) -> None:
+        self.path, self.offset = Path(path), offset
+        self.clock: AbslClock | None = None
+
+    def read(self, max_bytes: int = 64 << 20) -> list[Tick]:
+        out: list[Tick] = []
+        try:
+            f = self.path.open("rb")
+        except OSError:
+            return out
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            if size < self.offset:  # truncated or replaced: start over
+                self.offset = 0
+            f.seek(self.offset)
+            budget = max_bytes
+            while budget > 0:
+                buf = f.read(min(_FOLLOW_BLOCK, budget))
+                if not buf:
+                    break
+                cut = buf.rfind(b"\n")
+                if cut < 0:
+                    if len(buf) < _FOLLOW_BLOCK:
+                        break  # a partial last line: wait for the rest
+                    cut = len(buf) - 1  # a giant line: skip this block of it
+                self._lines(buf[: cut + 1], out)
+                self.offset += cut + 1
+                budget -= cut + 1
+                f.seek(self.offset)
+        return out
+
+    def _stamp(self, stamp: bytes | None) -> float | None:
+        if not stamp:
+            return None
+        if self.clock is None:
+            self.clock = AbslClock.for_scan("", time.time())
+        return self.clock.epoch(stamp)
+
+    def _lines(self, buf: bytes, out: list[Tick]) -> None:
+        for line in buf.splitlines():
+            if b"completed step: " in line:
+                m = _FOLLOW_STEP.match(line)
+                if m:
+                    host = m.group(1).decode() if m.group(1) else None
+                    if host in NOT_HOSTS:
+                        continue
+                    tok, loss = m.group(7), m.group(8)
+                    out.append(
+                        Tick(
+                            "step",
+                            host,
+                            int(m.group(4)),
+                            float(m.group(5)),
+                            float(tok) if tok and not m.group(3) else None,
+                            float(loss) if loss else None,
+                            self._stamp(m.group(2)),
+                        )
+                    )
+                continue
+            m = _PAUSE.search(line)
+            if m:
+                kind = "eval" if m.group(1).startswith(b"Starting eval") else "save"
+                out.append(Tick(kind, step=int(m.group(2))))
+            elif line == _HEADER_OPEN[1:-1]:
+                out.append(Tick("header"))
+                self.clock = None
+            elif line.startswith(b"=" * 20 + b" JOB SUMMARY "):
+                out.append(Tick("summary"))
+            elif self.clock is None and line.startswith(b"started: "):
+                self.clock = AbslClock.for_scan(line[9:].decode(errors="replace"), time.time())

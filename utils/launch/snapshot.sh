@@ -2,7 +2,7 @@
 # Usage: utils/launch/snapshot.sh REPO DEST_PARENT COMMAND_TEXT
 #
 # Makes an immutable copy of REPO's code (tracked and untracked-but-not-ignored files;
-# everything but .git/.venv/outputs when REPO is not a git checkout) under a new directory
+# everything but .git/.venv/outputs/.submit when REPO is not a git checkout, e.g. a snapshot) under a new directory
 # DEST_PARENT/<UTC time>-<random>/, records the submit command (as shown, secrets redacted by the
 # caller) and the git state in its .submit/ folder, makes the copy read-only and prints its path.
 set -euo pipefail
@@ -19,7 +19,7 @@ if git -C "$repo" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
     while IFS= read -r -d '' f; do [[ -e "$repo/$f" ]] && printf '%s\0' "$f"; done |
     tar -C "$repo" --null -T - -cf - | tar -C "$dest" -xf -
 else
-  tar -C "$repo" --exclude=./.git --exclude=./.venv --exclude=./outputs -cf - . | tar -C "$dest" -xf -
+  tar -C "$repo" --exclude=./.git --exclude=./.venv --exclude=./outputs --exclude=./.submit -cf - . | tar -C "$dest" -xf -
 fi
 
 mkdir "$dest/.submit"

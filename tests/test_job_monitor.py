@@ -1,0 +1,283 @@
+"""utils/job_monitor.py's rules on a log that grows under the test's hand (no cluster): which
+events a job gets and when, each once, also across a restarted monitor; the resubmission plan of
+--auto-recover; bad input. The log lines are MaxText 0.2.5's (tests/fixtures/maxtext_0.2.5) in the
+launcher's format ("<host>: " prefix, absl stamp). The real jobs are in tests/test_job_monitor_live.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, VENV
+
+from monitor import recover
+from monitor.watch import Rules, Watch
+
+T0 = 1795730400.0  # 2026-11-26T22:00:00Z
+HEADER = """==================== JOB ====================
+job: 41 41-JAX-tiny
+scheduler: slurm
+model: tiny
+nodes: 2 (n1 n2)
+overrides: steps={steps} log_period=5
+started: 2026-11-26T22:00:00Z
+=============================================
+"""
+
+
+class Job:
+    """A job dir and its log, written line by line; `step(n, seconds)` appends both hosts' lines."""
+
+    def __init__(self, ws: Path, steps: int = 200, job_id: str = "41") -> None:
+        self.name = f"{job_id}-JAX-tiny"
+        self.dir = ws / self.name
+        self.dir.mkdir(parents=True)
+        self.log = ws / f"{self.name}.log"
+        self.log.write_text(HEADER.format(steps=steps).replace("41", job_id))
+        (self.dir / "log").symlink_to(self.log)
+        self.t = T0 + 30
+
+    def line(self, text: str) -> None:
+        with self.log.open("a") as f:
+            f.write(text + "\n")
+
+    def step(self, n: int, seconds: float) -> None:
+        self.t += seconds
+        stamp = time.strftime("%m%d %H:%M:%S", time.localtime(self.t)) + f".{int(self.t % 1 * 1e6):06d}"
+        tok = 64 / seconds
+        for h in ("n1", "n2"):
+            self.line(
+                f"{h}: I{stamp} 1394 metric_logger.py:265] completed step: {n}, seconds: {seconds:.3f}, "
+                f"TFLOP/s/device: 0.001, Tokens/s/device: {tok:.3f}, total_weights: 64, loss: 5.000, "
+                "lm_loss: 5.000, perplexity: 148.413"
+            )
+
+    def finish(self, status: str = "completed") -> None:
+        block = [
+            "==================== JOB SUMMARY ====================",
+            f"status: {status}",
+            f"job: 41 {self.name}",
+            "nodes: 2 (n1 n2)",
+            "stage: train",
+            "wall_time: 00:01:40 (100 s)",
+            "failed_nodes: none",
+            f"job_dir: {self.dir}",
+            f"log: {self.log}",
+            "=====================================================",
+        ]
+        for x in block:
+            self.line(x)
+        (self.dir / "summary.txt").write_text("\n".join(block) + "\n")
+
+
+def kinds(events) -> list[str]:
+    return [e.kind for e in events]
+
+
+def run_steps(w: Watch, job: Job, steps, seconds: float, now: float, every: int = 5) -> tuple[list, float]:
+    """Append steps, polling every `every` steps at the log's own time; (events, last poll time)."""
+    out = []
+    for i, n in enumerate(steps):
+        job.step(n, seconds)
+        if i % every == every - 1:
+            now = job.t
+            out += w.poll(now, "RUNNING")
+    now = job.t
+    out += w.poll(now, "RUNNING")
+    return out, now
+
+
+def test_a_clean_run_tells_each_event_once_also_after_a_restart(tmp_path):
+    job = Job(tmp_path, steps=200)
+    w = Watch(job.dir, Rules())
+    assert kinds(w.poll(T0, "PENDING")) == ["queued", "running"]  # the log exists: the job runs
+    ev, now = run_steps(w, job, range(0, 200), 0.5, T0 + 30)
+    assert kinds(ev) == ["first_step", "milestone", "milestone", "milestone"], [e.title for e in ev]
+    assert [e.data["percent"] for e in ev[1:]] == [25, 50, 75]
+    assert "ETA" in ev[1].title and ev[1].data["eta"] is not None
+    job.finish()
+    end = w.poll(now + 1, "COMPLETED")
+    assert kinds(end) == ["completed"] and end[0].level == "success", [e.title for e in end]
+    assert any("wall_time: 00:01:40" in x for x in end[0].lines), end[0].lines
+    # a new monitor on the same job: nothing again
+    again = Watch(job.dir, Rules())
+    assert again.poll(now + 5, "COMPLETED") == [] and again.ended
+    recs = [json.loads(x) for x in (job.dir / "monitor/events.jsonl").read_text().splitlines()]
+    assert [r["key"] for r in recs] == [
+        "queued",
+        "running",
+        "first_step",
+        "milestone:25",
+        "milestone:50",
+        "milestone:75",
+        "end",
+    ]
+    assert oct((job.dir / "monitor").stat().st_mode & 0o777) == "0o700"
+    assert oct((job.dir / "monitor/state.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_restart_mid_run_goes_on_without_repeats(tmp_path):
+    job = Job(tmp_path, steps=1000)
+    w = Watch(job.dir, Rules())
+    ev, now = run_steps(w, job, range(0, 100), 0.5, T0)
+    assert kinds(ev) == ["running", "first_step"]
+    w2 = Watch(job.dir, Rules())  # the monitor restarted
+    ev2, now = run_steps(w2, job, range(100, 300), 0.5, now)
+    assert kinds(ev2) == ["milestone"] and ev2[0].data["percent"] == 25  # step 249
+
+
+def test_hang_after_the_threshold_not_before_then_resumed(tmp_path):
+    job = Job(tmp_path, steps=10000)
+    w = Watch(job.dir, Rules(hang_factor=10, hang_floor=45))
+    _, now = run_steps(w, job, range(0, 60), 0.5, T0)
+    last = now
+    assert w.poll(last + 44, "RUNNING") == []  # threshold max(10 x 0.5 s, 45 s) = 45 s
+    hang = w.poll(last + 46, "RUNNING")
+    assert kinds(hang) == ["hang"] and hang[0].data["step"] == 59 and hang[0].level == "failure"
+    assert "no step for 46 s after step 59" in hang[0].title
+    assert w.poll(last + 120, "RUNNING") == []  # told once
+    job.t = last + 130
+    ev, _ = run_steps(w, job, range(60, 65), 0.5, last + 130)
+    assert kinds(ev) == ["resumed"]
+
+
+def test_the_hang_threshold_follows_the_step_time(tmp_path):
+    job = Job(tmp_path, steps=10000)
+    w = Watch(job.dir, Rules(hang_factor=10, hang_floor=45))
+    _, now = run_steps(w, job, range(0, 40), 8.0, T0)
+    assert w.poll(now + 79, "RUNNING") == []  # 10 x 8 s = 80 s
+    assert kinds(w.poll(now + 81, "RUNNING")) == ["hang"]
+
+
+def test_a_checkpoint_save_after_the_last_step_is_not_a_hang(tmp_path):
+    job = Job(tmp_path, steps=10000)
+    w = Watch(job.dir, Rules(hang_floor=45, pause_grace=600))
+    _, now = run_steps(w, job, range(0, 60), 0.5, T0)
+    job.line("n1: I1126 22:01:00.000000 1394 checkpointing.py:598] Saved a checkpoint at step 59.")
+    assert w.poll(now + 300, "RUNNING") == []
+    assert kinds(w.poll(now + 601, "RUNNING")) == ["hang"]
+
+
+def test_checkpoint_saves_and_evals_are_no_slowdown(tmp_path):
+    """Every 20th step saves (a 12 s step) and every 50th evaluates (an 8 s step): no slowdown."""
+    job = Job(tmp_path, steps=100000)
+    w = Watch(job.dir, Rules())
+    events = []
+    now = T0
+    for n in range(0, 400):
+        slow = 12.0 if n % 20 == 19 else 8.0 if n % 50 == 49 else 0.5
+        job.step(n, slow)
+        if n % 20 == 19:
+            job.line(f"n1: I1126 22:01:00.000000 1394 checkpointing.py:598] Saved a checkpoint at step {n}.")
+        if n % 50 == 49:
+            job.line(f"n1: I1126 22:01:00.000000 1394 train.py:917] Starting eval after train step {n}")
+        if n % 3 == 0:
+            now = job.t
+            events += w.poll(now, "RUNNING")
+    assert "slowdown" not in kinds(events) and "hang" not in kinds(events), [e.title for e in events]
+
+
+def test_a_lasting_slowdown_is_told_once_then_its_recovery(tmp_path):
+    job = Job(tmp_path, steps=100000)
+    w = Watch(job.dir, Rules(slowdown=0.6))
+    ev, now = run_steps(w, job, range(0, 100), 0.5, T0)
+    assert "slowdown" not in kinds(ev)
+    ev, now = run_steps(w, job, range(100, 140), 1.0, now)  # 50 % of the steady throughput
+    slow = [e for e in ev if e.kind == "slowdown"]
+    assert len(slow) == 1 and slow[0].level == "warning" and slow[0].data["ratio"] == pytest.approx(0.5, abs=0.01)
+    ev, now = run_steps(w, job, range(140, 200), 0.5, now)
+    assert kinds(ev) == ["recovered"], [e.title for e in ev]
+
+
+def test_a_short_dip_is_no_slowdown(tmp_path):
+    job = Job(tmp_path, steps=100000)
+    w = Watch(job.dir, Rules(slowdown=0.6, window=10))
+    ev, now = run_steps(w, job, range(0, 100), 0.5, T0)
+    ev, now = run_steps(w, job, range(100, 104), 2.0, now)  # 4 slow steps: under half the window
+    ev2, now = run_steps(w, job, range(104, 150), 0.5, now)
+    assert "slowdown" not in kinds(ev + ev2)
+
+
+# --- --auto-recover's plan ------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "report, exclude",
+    [
+        ({"failure_class": "node_failure", "culprit_hosts": ["n2"]}, ["n2"]),
+        ({"failure_class": "heartbeat_timeout", "culprit_hosts": ["n2"]}, ["n2"]),
+        ({"failure_class": "hang", "culprit_hosts": ["n1"]}, ["n1"]),
+        ({"failure_class": "hang", "culprit_hosts": []}, []),  # no culprit: nothing to leave out
+        ({"failure_class": "config_error", "culprit_hosts": ["n1", "n2"]}, []),  # the job's own fault
+        ({"failure_class": "oom_device", "culprit_hosts": ["n2"]}, []),
+        ({"failure_class": "nan_loss", "culprit_hosts": ["n1"]}, []),
+        ({"failure_class": "node_failure", "culprit_hosts": ["n1", "n2"]}, []),  # every node
+    ],
+)
+def test_recover_plan(report, exclude):
+    got, why = recover.plan(report, ["n1", "n2"])
+    assert got == exclude, why
+    assert why
+
+
+def test_resubmit_command_keeps_the_arguments_and_merges_exclude(tmp_path):
+    assert recover.with_exclude(["tiny", "-N", "2", "--", "steps=5"], ["n2"]) == [
+        "tiny",
+        "-N",
+        "2",
+        "--exclude=n2",
+        "--",
+        "steps=5",
+    ]
+    assert recover.with_exclude(["tiny", "-x", "n3", "--exclude=n4"], ["n2", "n3"]) == ["tiny", "--exclude=n3,n4,n2"]
+    snap = tmp_path / "snap"
+    (snap / ".submit").mkdir(parents=True)
+    (snap / ".submit/command.txt").write_text("submit.sh tiny -N 2 -- _env_TOKEN=<redacted>\n")
+    job = tmp_path / "1-JAX-tiny"
+    job.mkdir()
+    (job / "artifact").symlink_to(snap)
+    with pytest.raises(recover.RecoverError, match="secrets redacted"):
+        recover.command_of(job)
+
+
+# --- the command ------------------------------------------------------------------------------
+def monitor(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(VENV / "bin/python"), str(REPO / "utils/job_monitor.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", **env},
+    )
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        ([], "give JOB ... or --all"),
+        (["1", "--all"], "give JOB ... or --all"),
+        (["41", "--slowdown", "1.5"], "--slowdown is a fraction"),
+        (["41", "--interval", "0"], "--interval must be > 0"),
+        (["41", "--auto-recover", "11"], "--auto-recover takes 0 .. 10"),
+        (["977"], "977"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(tmp_path, args, says):
+    Job(tmp_path / "ws")
+    r = monitor(*args, "--no-notify", JOB_WORKSPACE=str(tmp_path / "ws"))
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("job_monitor.py: ") and says in lines[0], r.stderr
+    assert not (tmp_path / "ws/41-JAX-tiny/monitor").exists()
+
+
+def test_once_then_status(tmp_path):
+    job = Job(tmp_path / "ws", steps=100)
+    for n in range(3):
+        job.step(n, 0.5)
+    ws = str(tmp_path / "ws")
+    r = monitor("41", "--no-notify", "--once", JOB_WORKSPACE=ws)
+    assert r.returncode == 0 and "first_step: first step (0)" in r.stdout, r.stdout + r.stderr
+    r = monitor("41", "--status", JOB_WORKSPACE=ws)
+    assert r.returncode == 0 and r.stdout.startswith("41-JAX-tiny: running, last step 2"), r.stdout

@@ -1,0 +1,1 @@
+"""Job monitor: watch jobs, notify, recover (utils/job_monitor.py)."""

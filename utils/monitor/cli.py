@@ -1,0 +1,394 @@
+"""utils/job_monitor.py: watch jobs from a login node and tell people what happens (docs/job-monitor.md)."""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import getpass
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from diagnosis import locate
+from diagnosis.cli import InputError
+from monitor import notify, recover
+from monitor.watch import Event, Rules, Watch, private_dir, span, utc
+
+BAD_INPUT = 2
+PROG = "job_monitor.py"
+DESCRIPTION = """Watches MaxText jobs from a login node and reports what happens to them: queued ->
+running, first step (time to it), 25/50/75 % with an ETA, a hang (no step for max(FACTOR x the
+median step time, FLOOR), longer after a checkpoint save or eval line), a slowdown (throughput under
+a fraction of the job's own steady value; saves and evals left out), and the end (completed with
+the JOB SUMMARY figures, or failed with triage's class, culprit hosts and evidence). Events go to
+this monitor's log, to <job dir>/monitor/events.jsonl and, when a notification config exists, to
+the destinations in it (Apprise URLs; docs/notifications.md). Each event is sent once: a restarted
+monitor goes on from <job dir>/monitor/state.json. JOB: a job id, job name, job dir or log.
+--auto-recover N: a job that failed or hung because of specific nodes (triage: node_failure,
+gpu_health, heartbeat_timeout, collective_error, hang with a culprit) is cancelled if still running
+and resubmitted from its snapshot without those nodes (restoring its run's latest checkpoint), at
+most N times. Exit: 0 when every watched job has ended (or after --stop), 2 on bad input."""
+
+
+def say(msg: str) -> None:
+    print(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {msg}", flush=True)
+
+
+def fail(msg: str) -> int:
+    print(f"{PROG}: {msg}", file=sys.stderr)
+    return BAD_INPUT
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
+    ap.add_argument("jobs", nargs="*", metavar="JOB", help="job id, job name, job dir or log file")
+    ap.add_argument("--all", action="store_true", help="every job of yours that Slurm lists (new ones too)")
+    ap.add_argument("--workspace", type=Path, help="where jobs are found (default $JOB_WORKSPACE or <repo>/outputs)")
+    ap.add_argument("--interval", type=float, default=10.0, help="seconds between polls (default 10)")
+    ap.add_argument("--hang-factor", type=float, default=10.0, help="hang: no step for FACTOR x median step (10)")
+    ap.add_argument("--hang-floor", type=float, default=45.0, help="... and at least this many seconds (45)")
+    ap.add_argument("--pause-grace", type=float, default=600.0, help="after a save/eval line: at least this (600)")
+    ap.add_argument("--slowdown", type=float, default=0.6, help="slowdown under this fraction of steady (0.6)")
+    ap.add_argument(
+        "--notify-config",
+        type=Path,
+        help="Apprise config, mode 0600 (default $MST_NOTIFY_CONFIG or "
+        "~/.config/maxtext-slurm/notify.conf when it exists)",
+    )
+    ap.add_argument("--no-notify", action="store_true", help="log and events.jsonl only")
+    ap.add_argument(
+        "--auto-recover", type=int, default=0, metavar="N", help="resubmit without the culprit nodes, at most N times"
+    )
+    ap.add_argument("--detach", action="store_true", help="run in the background (pid file and log in the monitor dir)")
+    ap.add_argument("--stop", action="store_true", help="stop the detached monitor of these jobs (or of --all)")
+    ap.add_argument("--status", action="store_true", help="print each job's monitor state and exit")
+    ap.add_argument("--once", action="store_true", help="poll once and exit (for cron)")
+    ap.add_argument(
+        "--check-notify", action="store_true", help="load the notification config, print its destinations, exit"
+    )
+    ap.add_argument(
+        "--linger",
+        type=float,
+        default=600.0,
+        help="after the last job ended, retry undelivered notifications this long (600 s)",
+    )
+    return ap.parse_args(argv)
+
+
+def check(a: argparse.Namespace) -> str | None:
+    if bool(a.jobs) == a.all and not a.check_notify:
+        return "give JOB ... or --all (not both)"
+    for name in ("interval", "hang_factor", "hang_floor", "slowdown"):
+        if getattr(a, name) <= 0:
+            return f"--{name.replace('_', '-')} must be > 0, got {getattr(a, name):g}"
+    if a.slowdown >= 1:
+        return f"--slowdown is a fraction of steady throughput (0 < F < 1), got {a.slowdown:g}"
+    if a.pause_grace < 0 or a.linger < 0:
+        return "--pause-grace and --linger must be >= 0"
+    if not 0 <= a.auto_recover <= 10:
+        return f"--auto-recover takes 0 .. 10 resubmissions, got {a.auto_recover}"
+    return None
+
+
+# --- scheduler ---------------------------------------------------------------------------
+def slurm_state(job_id: str) -> str | None:
+    """JobState from scontrol; GONE when Slurm no longer knows the id; None when it cannot tell."""
+    if not re.fullmatch(r"\d+(_\d+)?", job_id or ""):
+        return None
+    try:
+        res = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"\bJobState=([A-Z_]+)", res.stdout)
+    if m:
+        return m.group(1)
+    return "GONE" if "Invalid job id" in res.stderr else None
+
+
+def my_jobs(ws: Path) -> list[Path]:
+    """Job dirs in ws of the jobs Slurm lists for this user."""
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", "-u", getpass.getuser(), "-o", "%i %j"], capture_output=True, text=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    dirs = []
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and (ws / f"{parts[0]}-{parts[1]}").is_dir():
+            dirs.append(ws / f"{parts[0]}-{parts[1]}")
+    return dirs
+
+
+# --- the monitor ----------------------------------------------------------------------------
+class Monitor:
+    def __init__(self, a: argparse.Namespace, ws: Path, notifier: notify.Notifier | None) -> None:
+        self.a, self.ws, self.notifier = a, ws, notifier
+        self.rules = Rules(a.hang_factor, a.hang_floor, a.pause_grace, a.slowdown)
+        self.watches: dict[Path, Watch] = {}
+        self.outboxes: dict[Path, notify.Outbox] = {}
+        self.locks: dict[Path, int] = {}
+        self.stop = False
+
+    def add(self, job_dir: Path, recover_left: int | None = None) -> None:
+        if job_dir in self.watches:
+            return
+        home = private_dir(job_dir / "monitor")
+        fd = os.open(home / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            say(f"{job_dir.name}: watched by another monitor already; left to it")
+            return
+        self.locks[job_dir] = fd
+        w = Watch(job_dir, self.rules)
+        if recover_left is not None:
+            w.s["recover_left"] = recover_left
+        w.s.setdefault("recover_left", self.a.auto_recover)
+        self.watches[job_dir] = w
+        self.outboxes[job_dir] = notify.Outbox(home / "outbox.json", self.notifier, say)
+        say(f"{job_dir.name}: watching (state {w.s['phase']}, {len(w.s['sent'])} event(s) sent before)")
+
+    def tell(self, w: Watch, ev: Event) -> None:
+        body = "\n".join(ev.lines)
+        say(f"{w.name}: {ev.kind}: {ev.title}" + "".join(f"\n    {x}" for x in ev.lines))
+        title = f"[maxtext-slurm] job {w.job_id or w.name} ({w.name}): {ev.title}"
+        self.outboxes[w.dir].put(f"{w.name}:{ev.key}", title, body, ev.level)
+
+    def poll(self) -> None:
+        if self.a.all:
+            for d in my_jobs(self.ws):
+                self.add(d)
+        for w in list(self.watches.values()):
+            if w.ended:
+                continue
+            now = time.time()
+            for ev in w.poll(now, slurm_state(w.job_id)):
+                self.tell(w, ev)
+                if ev.kind == "hang" or (ev.key == "end" and ev.kind == "failed"):
+                    self.maybe_recover(w, ev)
+        for ob in self.outboxes.values():
+            ob.flush()
+
+    def maybe_recover(self, w: Watch, ev: Event) -> None:
+        left = int(w.s.get("recover_left") or 0)
+        if left <= 0 or w.s.get("recovered_as"):
+            return
+        now = time.time()
+        if ev.kind == "hang":
+            from diagnosis import triage  # the hang's culprit, while the job still runs
+
+            try:
+                rep = triage.triage(str(w.dir), self.ws, triage.Options(now=now))
+            except Exception as e:  # noqa: BLE001
+                rep = {"status": "running", "failure_class": None, "summary": f"triage failed: {e}"}
+            if rep.get("failure_class") in (None, "hang") and not rep.get("culprit_hosts"):
+                rep = {**rep, "failure_class": "hang"}
+        else:
+            rep = w.report or {}
+        nodes = locate_nodes(w)
+        exclude, why = recover.plan(rep, nodes)
+        key = f"recovery:{ev.key}"
+        if not exclude:
+            w.emit(out := [], Event(key, "recovery", "warning", why, [rep.get("summary") or ""], at=now))
+            for e in out:
+                self.tell(w, e)
+            w.save()
+            return
+        if ev.kind == "hang":
+            cancel(w.job_id)
+            end = time.time() + 120
+            while time.time() < end and slurm_state(w.job_id) not in (None, "GONE", "CANCELLED", "FAILED", "COMPLETED"):
+                time.sleep(1)
+        try:
+            new = recover.resubmit(w.dir, exclude, w.s.get("header") or {})
+        except recover.RecoverError as e:
+            w.emit(out := [], Event(key, "recovery", "failure", f"could not resubmit: {e}", [why], at=now))
+        else:
+            run = (w.s.get("header") or {}).get("run")
+            restore = (
+                f"restores the latest checkpoint of run {run.split()[0]}" if run else "no --run alias: starts over"
+            )
+            w.s["recovered_as"] = new["job_id"]
+            w.emit(
+                out := [],
+                Event(
+                    key,
+                    "recovery",
+                    "warning",
+                    f"resubmitted as job {new['job_id']} without {','.join(exclude)} ({left - 1} more allowed)",
+                    [why, f"evidence: {rep.get('summary') or ''}", f"command: {new['command']}", restore],
+                    {"new_job_id": new["job_id"], "excluded": exclude, "failure_class": rep.get("failure_class")},
+                    now,
+                ),
+            )
+            self.add(Path(new["job_dir"]), recover_left=left - 1)
+            self.watches[Path(new["job_dir"])].s["recovered_from"] = w.job_id
+        for e in out:
+            self.tell(w, e)
+        w.save()
+
+    def done(self) -> bool:
+        return not self.a.all and all(w.ended for w in self.watches.values())
+
+    def pending(self) -> int:
+        return sum(len(ob.pending()) for ob in self.outboxes.values())
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stop", True))
+        signal.signal(signal.SIGINT, lambda *_: setattr(self, "stop", True))
+        while not self.stop:
+            self.poll()
+            if self.a.once:
+                return 0
+            if self.done():
+                end = time.time() + self.a.linger
+                while self.pending() and time.time() < end and not self.stop:
+                    time.sleep(min(self.a.interval, 5))
+                    for ob in self.outboxes.values():
+                        ob.flush()
+                if self.pending():
+                    say(f"giving up on {self.pending()} undelivered notification(s) (see the lines above)")
+                say("every watched job has ended")
+                return 0
+            t = time.time() + self.a.interval
+            while time.time() < t and not self.stop:
+                time.sleep(min(0.5, t - time.time()))
+        say("stopped")
+        return 0
+
+
+def locate_nodes(w: Watch) -> list[str]:
+    m = re.match(r"\s*\d+\s*\((.*)\)", (w.s.get("header") or {}).get("nodes", ""))
+    return m.group(1).split() if m else []
+
+
+def cancel(job_id: str) -> None:
+    """scancel this job (the user's own, hung; --auto-recover asked for it)."""
+    if re.fullmatch(r"\d+(_\d+)?", job_id or ""):
+        subprocess.run(["scancel", job_id], capture_output=True, timeout=60, check=False)
+
+
+# --- start, detach, stop ---------------------------------------------------------------------
+def monitor_home(a: argparse.Namespace, ws: Path, dirs: list[Path]) -> Path:
+    """Where the pid file and log of a detached monitor go."""
+    return private_dir(dirs[0] / "monitor" if len(dirs) == 1 and not a.all else ws / ".monitor")
+
+
+def pid_alive(pid_file: Path) -> int | None:
+    """The pid in pid_file when that process is a job monitor of this user, else None."""
+    try:
+        pid = int(pid_file.read_text().strip())
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        uid = Path(f"/proc/{pid}").stat().st_uid
+    except (OSError, ValueError):
+        return None
+    return pid if b"job_monitor" in cmd and uid == os.getuid() else None
+
+
+def detach(argv: list[str], home: Path) -> int:
+    pid_file, log = home / "monitor.pid", home / "monitor.log"
+    if (pid := pid_alive(pid_file)) is not None:
+        return fail(f"a monitor already runs for this (pid {pid}, {pid_file}); stop it with --stop")
+    args = [a for a in argv if a != "--detach"]
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    script = Path(__file__).resolve().parents[1] / "job_monitor.py"
+    p = subprocess.Popen(
+        [sys.executable, str(script), *args],
+        stdin=subprocess.DEVNULL,
+        stdout=fd,
+        stderr=fd,
+        start_new_session=True,
+    )
+    os.close(fd)
+    tmp = home / f".monitor.pid.{p.pid}"
+    tmp.write_text(f"{p.pid}\n")
+    tmp.chmod(0o600)
+    tmp.replace(pid_file)
+    print(f"monitor started: pid {p.pid}\n  log:  {log}\n  stop: {PROG} {' '.join(args)} --stop")
+    return 0
+
+
+def stop(home: Path) -> int:
+    pid_file = home / "monitor.pid"
+    pid = pid_alive(pid_file)
+    if pid is None:
+        print(f"no monitor runs for this ({pid_file} names none of yours)")
+        return 0
+    os.kill(pid, signal.SIGTERM)
+    end = time.time() + 15
+    while time.time() < end and Path(f"/proc/{pid}").exists():
+        time.sleep(0.1)
+    pid_file.unlink(missing_ok=True)
+    print(f"monitor pid {pid} stopped")
+    return 0
+
+
+def status(dirs: list[Path]) -> int:
+    for d in dirs:
+        f = d / "monitor" / "state.json"
+        if not f.exists():
+            print(f"{d.name}: not watched yet")
+            continue
+        s = json.loads(f.read_text())
+        step = s.get("last_step")
+        ago = f", last step {step} {span(time.time() - s['last_progress'])} ago" if step is not None else ""
+        print(f"{d.name}: {s.get('phase')}{ago}; events sent: {', '.join(s.get('sent') or []) or 'none'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = parse(argv)
+    if (why := check(a)) is not None:
+        return fail(why)
+    if a.check_notify:
+        path = a.notify_config or notify.default_config_path()
+        try:
+            print("\n".join(notify.load(path).destinations()))
+        except notify.NotifyConfigError as e:
+            return fail(str(e))
+        return 0
+    ws = a.workspace or locate.default_workspace()
+    dirs: list[Path] = []
+    for j in a.jobs:
+        try:
+            found = locate.find(j, ws)
+        except InputError as e:
+            return fail(str(e))
+        if found.dir is None:
+            return fail(f"{j}: no job directory (the monitor keeps its state there)")
+        dirs.append(found.dir)
+    if a.status:
+        return status(dirs if dirs else [p for p in sorted(ws.glob("*-JAX-*")) if p.is_dir()])
+    home = monitor_home(a, ws, dirs)
+    if a.stop:
+        return stop(home)
+    notifier = None
+    if not a.no_notify:
+        path = a.notify_config or notify.default_config_path()
+        if a.notify_config or path.exists():
+            try:
+                notifier = notify.load(path)
+            except notify.NotifyConfigError as e:
+                return fail(str(e))
+    if a.detach:
+        return detach(argv, home)
+    mon = Monitor(a, ws, notifier)
+    say(
+        f"monitor pid {os.getpid()}: {len(dirs) or 'all'} job(s), every {a.interval:g} s; notifications: "
+        + (", ".join(notifier.destinations()) if notifier else "none (log and events.jsonl only)")
+    )
+    for d in dirs:
+        mon.add(d)
+    return mon.run()
+
+
+__all__ = ["main", "utc"]

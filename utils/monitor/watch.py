@@ -1,0 +1,442 @@
+"""One watched job: what happened since the last poll, as events (docs/job-monitor.md).
+
+`Watch.poll(now, state)` reads what the job log gained (joblog.Follower, the one parser of the
+log) and the scheduler's state, and returns the new events; every event has a key that is sent
+once, and the watch's state (log offset, step statistics, keys already sent) is saved in
+<job dir>/monitor/state.json, so a restarted monitor goes on where it stopped, without repeats.
+The rules (hang by step progress, slowdown against the job's own steady step time, with checkpoint
+saves and evals left out) are in `Rules` and `_check_*`; triage is asked once the job has ended.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from diagnosis import joblog, locate, triage
+
+ENDED_GRACE = 60.0  # seconds to wait for the JOB SUMMARY once Slurm says the job has ended
+RECENT = 50  # step times kept for the hang threshold and the slowdown window
+STEADY = 200  # steady step times kept for the job's own reference
+
+
+@dataclasses.dataclass
+class Rules:
+    """When the monitor speaks (utils/job_monitor.py's options)."""
+
+    hang_factor: float = 10.0  # hung: no step for FACTOR x the median recent step time ...
+    hang_floor: float = 45.0  # ... and at least this many seconds
+    pause_grace: float = 600.0  # after a checkpoint save or eval line: at least this long
+    slowdown: float = 0.6  # slow: throughput under this fraction of the job's steady value
+    window: int = 10  # steps in the rolling median of the slowdown rule
+    warmup: int = joblog.WARMUP_STEPS  # first steps left out (compilation, first data)
+    milestones: tuple[int, ...] = (25, 50, 75)  # percent of the planned steps
+
+
+@dataclasses.dataclass
+class Event:
+    """One thing to tell: kind (queued, running, first_step, milestone, hang, resumed, slowdown,
+    recovered, completed, failed, cancelled, recovery, ...), level (info, success, warning,
+    failure), a one-line title and the evidence lines."""
+
+    key: str
+    kind: str
+    level: str
+    title: str
+    lines: list[str]
+    data: dict = dataclasses.field(default_factory=dict)
+    at: float = 0.0
+
+    def record(self) -> dict:
+        return {"at": utc(self.at), **{k: v for k, v in dataclasses.asdict(self).items() if k != "at"}}
+
+
+def utc(t: float | None) -> str | None:
+    return None if t is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def span(seconds: float) -> str:
+    s = int(round(seconds))
+    if s < 120:
+        return f"{s} s"
+    if s < 7200:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"
+
+
+def private_dir(path: Path) -> Path:
+    """path as a directory of the caller's only (made 0700; an existing one must be the caller's)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.stat()
+    if st.st_uid != os.getuid():
+        raise PermissionError(f"{path} belongs to uid {st.st_uid}, not to you")
+    if st.st_mode & 0o077:
+        path.chmod(0o700)
+    return path
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Atomically (a temp file in the same dir, then rename), mode 0600."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def planned_steps(header: dict[str, str]) -> int | None:
+    """steps=N from the header's MaxText overrides (None: the config's default, not in the log)."""
+    m = re.search(r"(?:^|\s)steps=(\d+)(?:\s|$)", header.get("overrides", ""))
+    return int(m.group(1)) if m else None
+
+
+def read_header(log: Path) -> dict[str, str]:
+    """The JOB header's fields (the last run's), from the start of the log."""
+    try:
+        with log.open("rb") as f:
+            head = f.read(64 << 10).decode(errors="replace").splitlines()
+    except OSError:
+        return {}
+    if not head or head[0] != "=" * 20 + " JOB " + "=" * 20:
+        return {}
+    block: list[str] = []
+    for line in head[1:]:
+        if line.startswith("====="):
+            break
+        block.append(line)
+    return joblog.parse_block(block)
+
+
+class Watch:
+    """One job, by its directory: state in <job dir>/monitor/."""
+
+    def __init__(self, job_dir: Path, rules: Rules) -> None:
+        self.dir = job_dir
+        self.rules = rules
+        self.home = private_dir(job_dir / "monitor")
+        self.state_file = self.home / "state.json"
+        self.events_file = self.home / "events.jsonl"
+        self.name = job_dir.name
+        self.job_id = locate.job_id_of(self.name) or ""
+        self.s: dict = {
+            "job_id": self.job_id,
+            "offset": 0,
+            "sent": [],
+            "phase": "submitted",
+            "host": None,
+            "last_step": None,
+            "first_step": None,
+            "last_progress": None,
+            "first_step_at": None,
+            "running_at": None,
+            "recent": [],
+            "steady": [],
+            "pause_step": None,
+            "pause_at": None,
+            "slow": False,
+            "slow_episodes": 0,
+            "ended_seen": None,
+            "summary_seen": False,
+            "header": {},
+        }
+        if self.state_file.exists():
+            try:
+                self.s.update(json.loads(self.state_file.read_text()))
+            except (OSError, ValueError):
+                pass  # a damaged state: start over (events may repeat once)
+        self.follower: joblog.Follower | None = None
+
+    # --- state --------------------------------------------------------------------------
+    @property
+    def ended(self) -> bool:
+        return self.s["phase"] == "ended"
+
+    def save(self) -> None:
+        if self.follower is not None:
+            self.s["offset"] = self.follower.offset
+        write_json(self.state_file, self.s)
+
+    def emit(self, out: list[Event], ev: Event) -> None:
+        """Queue ev unless its key was sent before (also by an earlier monitor)."""
+        if ev.key in self.s["sent"]:
+            return
+        self.s["sent"].append(ev.key)
+        ev.data.setdefault("job_id", self.job_id)
+        ev.data.setdefault("job", self.name)
+        out.append(ev)
+        with self.events_file.open("a") as f:
+            f.write(json.dumps(ev.record()) + "\n")
+        os.chmod(self.events_file, 0o600)
+
+    def log_path(self) -> Path | None:
+        return locate.log_of(self.dir)
+
+    # --- one poll -----------------------------------------------------------------------
+    def poll(self, now: float, sched: str | None) -> list[Event]:
+        """New events; sched is Slurm's JobState (None when unknown: no Slurm, id forgotten)."""
+        out: list[Event] = []
+        s = self.s
+        if s["phase"] == "ended":
+            return out
+        if sched == "PENDING":
+            self.emit(out, Event("queued", "queued", "info", "queued", [f"Slurm state {sched}"], at=now))
+        log = self.log_path()
+        if log is not None and self.follower is None:
+            self.follower = joblog.Follower(log, s["offset"])
+        if sched == "RUNNING" or (self.follower is not None and log is not None and log.exists()):
+            if s["running_at"] is None:
+                s["running_at"] = now
+                s["phase"] = "running"
+            self.emit(out, Event("running", "running", "info", "running", [f"log: {log}"], at=now))
+        if self.follower is not None:
+            ticks = self.follower.read()
+            if ticks and not s["header"] and log is not None:
+                s["header"] = read_header(log)
+            self._ticks(ticks, now, out)
+        ended = sched is not None and sched not in triage.RUNNING_STATES
+        if ended and s["ended_seen"] is None:
+            s["ended_seen"] = now
+        if s["summary_seen"] or (ended and now - s["ended_seen"] >= ENDED_GRACE) or sched == "GONE":
+            self._end(now, sched, out)
+        elif s["phase"] == "running" and s["last_step"] is not None and not ended:
+            self._check_hang(now, out)
+        self.save()
+        return out
+
+    def _ticks(self, ticks: list[joblog.Tick], now: float, out: list[Event]) -> None:
+        s, r = self.s, self.rules
+        for t in ticks:
+            if t.kind == "summary":
+                s["summary_seen"] = True
+            elif t.kind in ("save", "eval"):
+                s["pause_step"], s["pause_at"] = t.step, now
+            elif t.kind == "header" and s["last_step"] is not None:
+                # a requeued job starts a new run in the same log: count its steps afresh
+                s.update(last_step=None, host=None, recent=[], steady=[], slow=False, header={})
+            elif t.kind == "step":
+                if s["host"] is None:
+                    s["host"] = t.host
+                if t.host != s["host"]:
+                    continue
+                if s["last_step"] is not None and t.step <= s["last_step"]:
+                    continue
+                first = s["first_step"] is None
+                s["last_step"], s["last_progress"] = t.step, now
+                if first:
+                    s["first_step"], s["first_step_at"] = t.step, now
+                    since = now - (s["running_at"] or now)
+                    self.emit(
+                        out,
+                        Event(
+                            "first_step",
+                            "first_step",
+                            "info",
+                            f"first step ({t.step}) after {span(since)}",
+                            [
+                                f"step {t.step}: {t.seconds:.3f} s"
+                                + (f", loss {t.loss:.3f}" if t.loss is not None else "")
+                            ],
+                            {"step": t.step, "seconds_to_first_step": round(since, 1)},
+                            now,
+                        ),
+                    )
+                    if s.get("hung_at") is not None:
+                        s["hung_at"] = None
+                if s.get("hung_at") is not None:
+                    self.emit(
+                        out,
+                        Event(
+                            f"resumed:{s['hung_at']}",
+                            "resumed",
+                            "success",
+                            f"steps resumed at step {t.step}",
+                            [f"no step after step {s['hung_at']} for a while; now step {t.step}"],
+                            {"step": t.step},
+                            now,
+                        ),
+                    )
+                    s["hung_at"] = None
+                s["recent"] = (s["recent"] + [t.seconds])[-RECENT:]
+                after_pause = s["pause_step"] is not None and t.step <= s["pause_step"] + 1
+                steady = t.tokens is not None and t.step - (s["first_step"] or 0) >= r.warmup and not after_pause
+                if steady:
+                    self._check_slowdown(t, now, out)
+                self._milestone(t, now, out)
+
+    def _milestone(self, t: joblog.Tick, now: float, out: list[Event]) -> None:
+        total = planned_steps(self.s["header"])
+        if not total or t.step is None:
+            return
+        done = t.step + 1
+        for pct in self.rules.milestones:
+            if done >= total * pct / 100 and done < total:
+                med = statistics.median(self.s["recent"]) if self.s["recent"] else math.nan
+                left = (total - done) * med
+                eta = f"ETA {utc(now + left)} (in {span(left)})" if math.isfinite(left) else "ETA unknown"
+                self.emit(
+                    out,
+                    Event(
+                        f"milestone:{pct}",
+                        "milestone",
+                        "info",
+                        f"{pct} %: step {t.step} of {total}, {eta}",
+                        [f"median step time {med:.3f} s over the last {len(self.s['recent'])} steps"],
+                        {
+                            "percent": pct,
+                            "step": t.step,
+                            "steps": total,
+                            "eta": utc(now + left) if math.isfinite(left) else None,
+                        },
+                        now,
+                    ),
+                )
+
+    def _check_slowdown(self, t: joblog.Tick, now: float, out: list[Event]) -> None:
+        s, r = self.s, self.rules
+        if not s["slow"]:
+            s["steady"] = (s["steady"] + [t.seconds])[-STEADY:]
+        window = [x for x in s["recent"][-r.window :]]
+        if len(s["steady"]) < 2 * r.window or len(window) < r.window:
+            return
+        ref, cur = statistics.median(s["steady"]), statistics.median(window)
+        if cur <= 0 or ref <= 0:
+            return
+        ratio = ref / cur  # throughput now vs steady
+        if not s["slow"] and ratio < r.slowdown:
+            s["slow"] = True
+            s["slow_episodes"] += 1
+            self.emit(
+                out,
+                Event(
+                    f"slowdown:{s['slow_episodes']}",
+                    "slowdown",
+                    "warning",
+                    f"slowdown: {ratio * 100:.0f} % of the job's steady throughput at step {t.step}",
+                    [
+                        f"median step time {cur:.3f} s over the last {r.window} steps vs {ref:.3f} s steady "
+                        f"(threshold {r.slowdown * 100:.0f} %)",
+                        f"find the cause: utils/triage.py {self.job_id or self.dir}; utils/diagnose.py {self.dir}",
+                    ],
+                    {"step": t.step, "ratio": round(ratio, 3), "step_seconds": cur, "steady_seconds": ref},
+                    now,
+                ),
+            )
+        elif s["slow"] and ratio >= min(0.9, (1 + r.slowdown) / 2):
+            s["slow"] = False
+            self.emit(
+                out,
+                Event(
+                    f"recovered:{s['slow_episodes']}",
+                    "recovered",
+                    "success",
+                    f"throughput back to {ratio * 100:.0f} % of steady at step {t.step}",
+                    [f"median step time {cur:.3f} s vs {ref:.3f} s steady"],
+                    {"step": t.step, "ratio": round(ratio, 3)},
+                    now,
+                ),
+            )
+
+    def hang_threshold(self, now: float) -> float:
+        s, r = self.s, self.rules
+        med = statistics.median(s["recent"]) if s["recent"] else 0.0
+        limit = max(r.hang_factor * med, r.hang_floor)
+        if s["pause_at"] is not None and s["pause_step"] is not None and s["pause_step"] >= (s["last_step"] or 0):
+            limit = max(limit, r.pause_grace)  # saving or evaluating after the last step
+        return limit
+
+    def _check_hang(self, now: float, out: list[Event]) -> None:
+        s = self.s
+        quiet = now - s["last_progress"]
+        limit = self.hang_threshold(now)
+        if quiet < limit or s.get("hung_at") == s["last_step"]:
+            return
+        s["hung_at"] = s["last_step"]
+        med = statistics.median(s["recent"]) if s["recent"] else math.nan
+        self.emit(
+            out,
+            Event(
+                f"hang:{s['last_step']}",
+                "hang",
+                "failure",
+                f"hang: no step for {span(quiet)} after step {s['last_step']}",
+                [
+                    f"threshold {span(limit)} (max({self.rules.hang_factor:g} x median step {med:.3f} s, "
+                    f"{self.rules.hang_floor:g} s)); the job is still running",
+                    f"find the cause: utils/triage.py {self.job_id or self.dir}",
+                ],
+                {"step": s["last_step"], "quiet_seconds": round(quiet, 1), "threshold_seconds": round(limit, 1)},
+                now,
+            ),
+        )
+
+    def _end(self, now: float, sched: str | None, out: list[Event]) -> None:
+        s = self.s
+        s["phase"] = "ended"
+        try:
+            rep = triage.triage(str(self.dir), self.dir.parent, triage.Options(now=now, scheduler=False))
+        except Exception as e:  # noqa: BLE001 - the end is told even when triage cannot read the log
+            rep = {"status": "failed" if sched != "COMPLETED" else "completed", "summary": f"triage failed: {e}"}
+        status = rep.get("status") or "unknown"
+        kind = {"completed": "completed", "cancelled": "cancelled"}.get(status, "failed")
+        level = {"completed": "success", "cancelled": "warning"}.get(kind, "failure")
+        lines = [rep.get("summary") or status]
+        summ = self.summary()
+        if kind == "completed":
+            prog = rep.get("progress") or {}
+            tgs = rep.get("tgs") or {}
+            lines += [f"{k}: {summ[k]}" for k in ("wall_time", "nodes") if k in summ]
+            if prog.get("last_step") is not None:
+                lines.append(
+                    f"last step {prog['last_step']}" + (f" of {prog['total_steps']}" if prog.get("total_steps") else "")
+                )
+            if tgs.get("steady"):
+                lines.append(f"steady Tokens/s/device {tgs['steady']:.1f}")
+        else:
+            lines += [f"{k}: {summ[k]}" for k in ("stage", "failed_nodes", "first_failure", "first_error") if k in summ]
+            if rep.get("culprit_hosts"):
+                lines.append(f"culprit hosts: {' '.join(rep['culprit_hosts'])}")
+            ev = next((e for e in rep.get("evidence") or [] if e.get("text")), None)
+            if ev:
+                lines.append(f"evidence: {ev.get('host') or ''} {ev['text'][:300]}".replace("  ", " "))
+        title = {
+            "completed": "completed",
+            "cancelled": "cancelled",
+        }.get(kind, f"failed: {rep.get('failure_class') or 'unclassified'}")
+        self.emit(
+            out,
+            Event(
+                "end",
+                kind,
+                level,
+                title,
+                lines,
+                {
+                    "status": status,
+                    "failure_class": rep.get("failure_class"),
+                    "culprit_hosts": rep.get("culprit_hosts") or [],
+                    "summary": summ,
+                },
+                now,
+            ),
+        )
+        self.report = rep
+
+    report: dict | None = None
+
+    def summary(self) -> dict[str, str]:
+        """The JOB SUMMARY's fields (summary.txt in the job dir), {} before the job wrote it."""
+        try:
+            lines = (self.dir / "summary.txt").read_text().splitlines()
+        except OSError:
+            return {}
+        return joblog.parse_block([x for x in lines if not x.startswith("=====")])
