@@ -211,6 +211,8 @@ def test_a_short_dip_is_no_slowdown(tmp_path):
         ({"failure_class": "hang", "culprit_hosts": []}, []),  # no culprit: nothing to leave out
         ({"failure_class": "config_error", "culprit_hosts": ["n1", "n2"]}, []),  # the job's own fault
         ({"failure_class": "oom_device", "culprit_hosts": ["n2"]}, []),
+        ({"failure_class": "oom_host", "culprit_hosts": ["n2"], "confidence": "high"}, []),  # out of memory
+        ({"failure_class": "oom_host", "culprit_hosts": ["n2"], "confidence": "low"}, ["n2"]),  # SIGKILL
         ({"failure_class": "nan_loss", "culprit_hosts": ["n1"]}, []),
         ({"failure_class": "node_failure", "culprit_hosts": ["n1", "n2"]}, []),  # every node
     ],
@@ -231,6 +233,13 @@ def test_resubmit_command_keeps_the_arguments_and_merges_exclude(tmp_path):
         "steps=5",
     ]
     assert recover.with_exclude(["tiny", "-x", "n3", "--exclude=n4"], ["n2", "n3"]) == ["tiny", "--exclude=n3,n4,n2"]
+    assert recover.without_monitor(["tiny", "--notify", "--auto-recover", "2", "--run", "r", "--", "--notify"]) == [
+        "tiny",
+        "--run",
+        "r",
+        "--",
+        "--notify",
+    ]
     snap = tmp_path / "snap"
     (snap / ".submit").mkdir(parents=True)
     (snap / ".submit/command.txt").write_text("submit.sh tiny -N 2 -- _env_TOKEN=<redacted>\n")

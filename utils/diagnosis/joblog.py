@@ -1008,7 +1008,10 @@ def read_steps(path: str | Path, clock: AbslClock | None = None) -> StepTable:
 #   Started an asynchronous checkpoint save for step 100      (async_checkpointing: true)
 #   Saved a checkpoint at step 100.                           (synchronous)
 #   Starting eval after train step 200
-_PAUSE = re.compile(rb"(Started an asynchronous checkpoint save for step|Saved a checkpoint at step|Starting eval after train step) (\d+)")
+_PAUSE = re.compile(
+    rb"(Started an asynchronous checkpoint save for step|Saved a checkpoint at step"
+    rb"|Starting eval after train step) (\d+)"
+)
 _FOLLOW_STEP = re.compile(
     rb"^(?:(" + HOST_RE + rb"): )?(?:[IWEF](\d{4} \d\d:\d\d:\d\d\.\d+) +\d+ [^\]\n]*\] )?" + STEP.pattern
 )

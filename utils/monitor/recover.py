@@ -24,10 +24,14 @@ class RecoverError(RuntimeError):
 
 
 def plan(report: dict, nodes: list[str]) -> tuple[list[str], str]:
-    """(nodes to exclude, why): empty when the failure is not one to recover from."""
+    """(nodes to exclude, why): empty when the failure is not one to recover from. A process
+    SIGKILLed without an out-of-memory message (triage: oom_host with confidence low, "killed")
+    was killed from outside the job: a node fault too; a real host OOM is the job's own use."""
     cls = report.get("failure_class")
     culprits = [h for h in report.get("culprit_hosts") or [] if h in nodes] if nodes else []
-    if cls not in NODE_CLASSES:
+    if cls == "oom_host" and report.get("confidence") == "low" and len(culprits) == 1:
+        cls = "killed"
+    if cls not in NODE_CLASSES and cls != "killed":
         return [], f"not recovering: {cls or report.get('status') or 'unclassified'} is not a node fault"
     if not culprits:
         return [], f"not recovering: {cls} without a culprit node"
@@ -48,7 +52,23 @@ def command_of(job_dir: Path) -> tuple[Path, list[str]]:
     argv = shlex.split(text)
     if not argv or Path(argv[0]).name != "submit.sh":
         raise RecoverError(f"the recorded command is not a submit.sh command: {text[:200]}")
-    return snap / "submit.sh", argv[1:]
+    return snap / "submit.sh", without_monitor(argv[1:])
+
+
+def without_monitor(args: list[str]) -> list[str]:
+    """args less --notify and --auto-recover N (before "--"): the monitor that resubmits watches
+    the new job itself, with what is left of its budget."""
+    cut = args.index("--") if "--" in args else len(args)
+    out, i = [], 0
+    while i < cut:
+        if args[i] == "--notify" or args[i].startswith("--auto-recover="):
+            i += 1
+        elif args[i] == "--auto-recover":
+            i += 2
+        else:
+            out.append(args[i])
+            i += 1
+    return out + args[cut:]
 
 
 def with_exclude(args: list[str], hosts: list[str]) -> list[str]:

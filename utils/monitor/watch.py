@@ -35,7 +35,7 @@ class Rules:
     hang_floor: float = 45.0  # ... and at least this many seconds
     pause_grace: float = 600.0  # after a checkpoint save or eval line: at least this long
     slowdown: float = 0.6  # slow: throughput under this fraction of the job's steady value
-    window: int = 10  # steps in the rolling median of the slowdown rule
+    window: int = 20  # steps in the rolling median of the slowdown rule
     warmup: int = joblog.WARMUP_STEPS  # first steps left out (compilation, first data)
     milestones: tuple[int, ...] = (25, 50, 75)  # percent of the planned steps
 
@@ -141,6 +141,7 @@ class Watch:
             "running_at": None,
             "recent": [],
             "steady": [],
+            "window": [],
             "pause_step": None,
             "pause_at": None,
             "slow": False,
@@ -222,7 +223,7 @@ class Watch:
                 s["pause_step"], s["pause_at"] = t.step, now
             elif t.kind == "header" and s["last_step"] is not None:
                 # a requeued job starts a new run in the same log: count its steps afresh
-                s.update(last_step=None, host=None, recent=[], steady=[], slow=False, header={})
+                s.update(last_step=None, host=None, recent=[], window=[], steady=[], slow=False, header={})
             elif t.kind == "step":
                 if s["host"] is None:
                     s["host"] = t.host
@@ -267,9 +268,11 @@ class Watch:
                     )
                     s["hung_at"] = None
                 s["recent"] = (s["recent"] + [t.seconds])[-RECENT:]
-                after_pause = s["pause_step"] is not None and t.step <= s["pause_step"] + 1
-                steady = t.tokens is not None and t.step - (s["first_step"] or 0) >= r.warmup and not after_pause
-                if steady:
+                # a save or eval and the window of steps after it (an async save runs beside them)
+                # count toward neither the steady value nor the slowdown window
+                near_pause = s["pause_step"] is not None and s["pause_step"] - 1 <= t.step <= s["pause_step"] + r.window
+                if t.tokens is not None and t.step - (s["first_step"] or 0) >= r.warmup and not near_pause:
+                    s["window"] = (s.get("window", []) + [t.seconds])[-r.window :]
                     self._check_slowdown(t, now, out)
                 self._milestone(t, now, out)
 
@@ -305,7 +308,7 @@ class Watch:
         s, r = self.s, self.rules
         if not s["slow"]:
             s["steady"] = (s["steady"] + [t.seconds])[-STEADY:]
-        window = [x for x in s["recent"][-r.window :]]
+        window = s["window"]
         if len(s["steady"]) < 2 * r.window or len(window) < r.window:
             return
         ref, cur = statistics.median(s["steady"]), statistics.median(window)

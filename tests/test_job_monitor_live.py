@@ -1,0 +1,264 @@
+"""utils/job_monitor.py on real jobs of the local Slurm cluster, its notifications delivered
+through Apprise's generic JSON webhook (json://) to a real HTTP receiver on 127.0.0.1: a completed
+job (first step, completion; a restarted monitor sends nothing again), a frozen rank (a hang within
+3 x the threshold), a killed rank (a failure naming the node), a notifier that cannot deliver (the
+job completes), and self-healing on a 3-node cluster (n2 killed: resubmitted without n2, restores
+the run's checkpoint, completes). Each test prints what it measured (run with -s)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from conftest import REPO, launcher_env, run
+
+from helpers.jobs import SUBMITTED, log_has, trainer_pid, wait_for, wait_job_end
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+MONITOR = str(REPO / "utils/job_monitor.py")
+
+
+class Receiver:
+    """An HTTP server on 127.0.0.1 that keeps every JSON body POSTed to it."""
+
+    def __init__(self) -> None:
+        got: list[dict] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                n = int(self.headers.get("Content-Length") or 0)
+                got.append({"at": time.time(), **json.loads(self.rfile.read(n) or b"{}")})
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.got = got
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def titles(self, job_id: str) -> list[str]:
+        return [m["title"] for m in self.got if f"job {job_id} (" in m.get("title", "")]
+
+    def first(self, job_id: str, needle: str) -> dict | None:
+        return next((m for m in self.got if f"job {job_id} (" in m["title"] and needle in m["title"]), None)
+
+
+@pytest.fixture()
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.server.shutdown()
+
+
+def notify_conf(tmp_path: Path, port: int) -> Path:
+    conf = tmp_path / "notify.conf"
+    conf.write_text(f"# the test's receiver\njson://127.0.0.1:{port}/hook\n")
+    conf.chmod(0o600)
+    return conf
+
+
+def submit(env: dict[str, str], *args: str) -> tuple[str, Path]:
+    res = run([str(REPO / "submit.sh"), *args], env=env)
+    assert res.returncode == 0, res.stderr
+    m = re.search(r"Submitted job (\d+) \((\S+)\)", res.stdout)
+    assert m, res.stdout
+    SUBMITTED.append(m.group(1))
+    return m.group(1), Path(env["JOB_WORKSPACE"]) / f"{m.group(1)}-{m.group(2)}"
+
+
+def start_monitor(env: dict[str, str], job_id: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [MONITOR, job_id, "--interval", "2", *args],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def stop(p: subprocess.Popen) -> str:
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=60)
+    return out
+
+
+def monitor_cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_completed_job_sends_first_step_and_completion_once(cluster, workspace, receiver, tmp_path):
+    """submit.sh --notify starts the monitor detached; a second monitor afterwards sends nothing."""
+    env = {**cluster, **launcher_env(workspace), "MST_NOTIFY_CONFIG": str(notify_conf(tmp_path, receiver.port))}
+    job_id, job_dir = submit(env, "tiny", "-N", "2", "--notify", "--", "steps=200")
+    wait_job_end(cluster, job_id, 300)
+    pid_file = job_dir / "monitor/monitor.pid"
+    wait_for(lambda: receiver.first(job_id, "completed"), 120, "the completion notification")
+    titles = receiver.titles(job_id)
+    assert any("first step" in t for t in titles), titles
+    done = receiver.first(job_id, "completed")
+    assert done["type"] == "success" and "wall_time:" in done["message"], done
+    assert len(titles) == len(set(titles)), titles
+    wait_for(
+        lambda: not pid_file.exists() or not Path(f"/proc/{pid_file.read_text().strip()}").exists(),
+        60,
+        "the detached monitor to exit",
+    )
+    n = len(receiver.got)
+    res = run([MONITOR, job_id, "--once", "--interval", "1"], env=env, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    time.sleep(1)
+    assert len(receiver.got) == n, receiver.got[n:]
+    events = [json.loads(x)["key"] for x in (job_dir / "monitor/events.jsonl").read_text().splitlines()]
+    assert events.count("end") == 1 and events.count("first_step") == 1, events
+    print(f"\nnotifications for job {job_id}: {titles}")
+
+
+def test_a_frozen_rank_is_a_hang_within_three_thresholds(cluster, workspace, receiver, tmp_path):
+    env = {**cluster, **launcher_env(workspace)}
+    job_id, job_dir = submit(env, "tiny", "-N", "2", "--", "steps=1000000", "log_period=1000")
+    floor = 20.0
+    mon = start_monitor(
+        env, job_id, "--hang-floor", str(floor), "--notify-config", str(notify_conf(tmp_path, receiver.port))
+    )
+    log = job_dir.with_suffix(".log")
+    try:
+        wait_for(lambda: log_has(log, r"^n2: .*completed step: 40,"), 240, "n2 to train")
+        pid = trainer_pid(job_id, 1)
+        assert pid
+        os.kill(pid, signal.SIGSTOP)
+        frozen = time.time()
+        wait_for(lambda: receiver.first(job_id, "hang"), 3 * floor + 30, "the hang notification")
+        hang = receiver.first(job_id, "hang")
+        os.kill(pid, signal.SIGCONT)
+        steps = [float(m) for m in re.findall(r"\] completed step: \d+, seconds: ([\d.]+)", log.read_text())]
+        p99 = sorted(steps)[int(0.99 * (len(steps) - 1))]
+        latency = hang["at"] - frozen
+        print(
+            f"\nhang told {latency:.1f} s after the freeze (threshold {floor:g} s, p99 step {p99:.3f} s); "
+            f"monitor CPU {monitor_cpu_seconds(mon.pid):.2f} s"
+        )
+        assert latency <= 3 * floor, latency
+        assert hang["type"] == "failure" and "no step for" in hang["title"], hang
+    finally:
+        run(["scancel", job_id], env=cluster)
+        out = stop(mon)
+    assert "Traceback" not in out, out
+
+
+def test_a_killed_rank_is_a_failure_naming_its_node(cluster, workspace, receiver, tmp_path):
+    env = {**cluster, **launcher_env(workspace)}
+    job_id, job_dir = submit(env, "tiny", "-N", "2", "--", "steps=1000000", "log_period=1000")
+    mon = start_monitor(env, job_id, "--notify-config", str(notify_conf(tmp_path, receiver.port)))
+    log = job_dir.with_suffix(".log")
+    try:
+        wait_for(lambda: log_has(log, r"^n2: .*completed step: 40,"), 240, "n2 to train")
+        os.kill(trainer_pid(job_id, 1) or 0, signal.SIGKILL)
+        wait_job_end(cluster, job_id, 120)
+        wait_for(lambda: receiver.first(job_id, "failed"), 120, "the failure notification")
+    finally:
+        out = stop(mon)
+    fail = receiver.first(job_id, "failed")
+    assert fail["type"] == "failure" and "culprit hosts: n2" in fail["message"], fail
+    assert "n2" in fail["message"].split("evidence:")[-1], fail["message"]
+    assert "Traceback" not in out, out
+
+
+def test_a_notifier_that_cannot_deliver_does_not_stop_the_job(cluster, workspace, tmp_path):
+    """The webhook's port is closed: the job completes, the monitor logs the retries and ends."""
+    env = {**cluster, **launcher_env(workspace)}
+    with socket_port() as port:
+        pass  # a port nothing listens on any more
+    job_id, job_dir = submit(env, "tiny", "-N", "2", "--", "steps=100")
+    mon = start_monitor(env, job_id, "--linger", "5", "--notify-config", str(notify_conf(tmp_path, port)))
+    try:
+        assert wait_job_end(cluster, job_id, 300) == "COMPLETED"
+        mon.wait(timeout=180)
+    finally:
+        out = stop(mon)
+    assert mon.returncode == 0, out
+    assert re.search(r"delivery of '\S+' failed \(attempt \d+\)", out), out
+    assert "completed: completed" in out and "Traceback" not in out, out
+
+
+class socket_port:
+    """A free 127.0.0.1 port (bound while inside the with block)."""
+
+    def __enter__(self) -> int:
+        import socket
+
+        self.s = socket.socket()
+        self.s.bind(("127.0.0.1", 0))
+        return self.s.getsockname()[1]
+
+    def __exit__(self, *exc: object) -> None:
+        self.s.close()
+
+
+# --- self-healing on a 3-node cluster ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def three_nodes() -> Iterator[dict[str, str]]:
+    """A 3-node local cluster of this module's own (its own dir and ports), taken down after."""
+    top = tempfile.mkdtemp(prefix="mstheal.", dir="/tmp")
+    os.chmod(top, 0o755)  # munged insists that every parent of its socket is a+x
+    env = {"LOCAL_CLUSTER_DIR": f"{top}/c"}
+    tool = str(REPO / "utils/local_cluster.sh")
+    try:
+        res = run([tool, "up", "3"], env=env, timeout=120)
+        assert res.returncode == 0, f"3-node cluster did not come up: {res.stdout}{res.stderr}"
+        env["SLURM_CONF"] = f"{top}/c/slurm.conf"
+        yield env
+    finally:
+        run([tool, "down"], env=env, timeout=120)
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_self_healing_resubmits_without_the_killed_node_and_restores(three_nodes, workspace, receiver, tmp_path):
+    env = {**three_nodes, **launcher_env(workspace), "MST_NOTIFY_CONFIG": str(notify_conf(tmp_path, receiver.port))}
+    job_id, job_dir = submit(
+        env, "tiny", "-N", "2", "--run", "heal", "--auto-recover", "1", "--", "steps=400", "checkpoint_period=50"
+    )
+    log = job_dir.with_suffix(".log")
+    try:
+        wait_for(lambda: log_has(log, r"^n2: .*completed step: 120,"), 240, "n2 to pass a checkpoint")
+        os.kill(trainer_pid(job_id, 1) or 0, signal.SIGKILL)
+        fault = time.time()
+        wait_for(lambda: receiver.first(job_id, "resubmitted as job"), 180, "the resubmission")
+        rec = receiver.first(job_id, "resubmitted as job")
+        new_id = re.search(r"resubmitted as job (\d+) without n2", rec["title"]).group(1)
+        SUBMITTED.append(new_id)
+        new_log = next(workspace.glob(f"{new_id}-*.log"))
+        wait_for(lambda: receiver.first(new_id, "first step"), 240, "the new job's first step")
+        first = receiver.first(new_id, "first step")
+        assert wait_job_end(three_nodes, new_id, 300) == "COMPLETED"
+        wait_for(lambda: receiver.first(new_id, "completed"), 120, "the new job's completion")
+    finally:
+        run(["scancel", job_id], env=three_nodes)
+    story = [m["title"].split(": ", 1)[1] for m in receiver.got]
+    print(
+        f"\nself-healing: fault -> resubmitted {rec['at'] - fault:.1f} s, fault -> its first step "
+        f"{first['at'] - fault:.1f} s; notifications: {story}"
+    )
+    failed = receiver.first(job_id, "failed")
+    assert failed and "culprit hosts: n2" in failed["message"], receiver.got
+    assert "--exclude=n2" in rec["message"] and "restores the latest checkpoint of run heal" in rec["message"], rec
+    header = new_log.read_text().split("=" * 45)[0]
+    assert re.search(r"^nodes: 2 \(n1 n3\)$", header, re.M), header
+    assert re.search(r"first step \((\d+)\)", first["title"]).group(1) not in ("0", "1"), first  # restored
+    assert re.search(r"restoring from this run's directory step \d+", new_log.read_text())
+    assert rec["at"] < first["at"] and failed["at"] <= rec["at"]
