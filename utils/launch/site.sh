@@ -18,7 +18,7 @@
 # The variables a site file may set; anything else is refused (the list is in the error).
 SITE_VARS="SITE_SBATCH_FLAGS CONTAINER_RUNTIME CONTAINER_IMAGE CONTAINER_IMAGE_TAR CONTAINER_AUTH_FILE
 CONTAINER_MOUNTS JOB_GPUS_PER_NODE PREFLIGHT_HOST_SETTINGS PREFLIGHT_MIN_FREE_GB STAGE_TIMEOUTS
-NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME NCCL_IB_HCA NCCL_IB_GID_INDEX COREDUMP_DIR"
+NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME NCCL_IB_HCA NCCL_IB_GID_INDEX COREDUMP_DIR MST_NOTIFY"
 
 # sbatch's one-letter options and their long names: with a value (-p gpu, -pgpu) and without.
 SBATCH_SHORT_ARG="A=account a=array b=begin C=constraint c=cpus-per-task D=chdir d=dependency
