@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO, VENV, launcher_env, run
 
 from diagnosis import joblog, sweep, sweep_policy
-from helpers.jobs import job_state, wait_for
+from helpers.jobs import job_state, trainer_pid, wait_for
 
 TOOL = str(REPO / "utils" / "sweep.py")
 SUBMIT = str(REPO / "submit.sh")
@@ -920,3 +920,37 @@ def test_ctrl_c_cancels_only_the_sweeps_jobs(cluster, workspace, venv):
         assert job_state(cluster, other) in ("RUNNING", "PENDING"), "a job the sweep did not submit was touched"
     finally:
         run(["scancel", other], env=env)
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_a_hung_job_is_cancelled_and_retried_once_real(cluster, workspace, venv):
+    """The first job's trainer is frozen (SIGSTOP) at step 40: the sweep sees the hang by the job
+    monitor's rule (no step for 45 s), cancels it long before --timeout, retries it once, and the
+    retry completes."""
+    p = subprocess.Popen(
+        [str(VENV / "bin" / "python"), TOOL, "batch", "tiny", "--values", "1", "--steps", "1500", "--json", *FAST],
+        env={**os.environ, **launcher_env(workspace), **cluster},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    pid = None
+    try:
+        log = wait_for(lambda: next(workspace.glob("*-JAX-tiny-bs1.log"), None), 120, "the first job's log")
+        wait_for(lambda: "completed step: 40," in log.read_text(errors="replace"), 240, "the first job to train")
+        pid = trainer_pid(log.name.split("-")[0], 0)
+        assert pid
+        os.kill(pid, signal.SIGSTOP)
+        out, err = p.communicate(timeout=400)
+    finally:
+        if pid and Path(f"/proc/{pid}").exists():
+            os.kill(pid, signal.SIGCONT)
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    rec = json.loads(out)
+    assert [(j["label"], j["status"]) for j in rec["jobs"]] == [("bs1", "timeout"), ("bs1-retry", "completed")], err
+    assert "the job monitor's hang rule" in rec["jobs"][0]["note"], rec["jobs"][0]
+    assert rec["decisions"][0]["action"] == "retry", rec["decisions"]
+    assert rec["result"]["largest_fitting"] == "1", rec["result"]

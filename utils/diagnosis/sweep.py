@@ -53,6 +53,7 @@ from pathlib import Path
 from diagnosis import cli, locate, sweep_policy, triage
 from diagnosis.cli import InputError
 from launch import check_config
+from monitor.watch import Rules, Watch
 
 REPO = Path(__file__).resolve().parents[2]
 SUBMIT = REPO / "submit.sh"
@@ -361,6 +362,7 @@ class Sweep:
         self.stop_requested: int | None = None
         self.decisions: list[dict] = []
         self.stop_reason: str | None = None
+        self.watches: dict[str, Watch] = {}  # the job monitor's rules on each running job
 
     # record ------------------------------------------------------------------------------
     def to_json(self) -> dict:
@@ -549,6 +551,17 @@ class Sweep:
             job.slurm_state = state
         if state is not None and state not in triage.RUNNING_STATES:
             return True
+        if state == "RUNNING" and job.job_dir and not job.timed_out and Path(job.job_dir).is_dir():
+            # a hang by the job monitor's rule (no step for max(10 x median step, 45 s)): cancelled
+            # now, not at --timeout; the failure policy retries it once
+            w = self.watches.get(job.label) or Watch(Path(job.job_dir), Rules())
+            self.watches[job.label] = w
+            hang = next((ev for ev in w.poll(time.time(), state) if ev.kind == "hang"), None)
+            if hang is not None:
+                say(f"{job.label}: job {job.job_id}: {hang.title}; cancelling it")
+                job.timed_out, job.note = True, f"{hang.title} (the job monitor's hang rule): cancelled by the sweep"
+                scancel([job.job_id or ""])
+                self.save()
         t0 = job._t0 or self.started_at
         age = time.time() - t0
         if age > self.opts.timeout and not job.timed_out:
