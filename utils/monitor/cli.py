@@ -71,6 +71,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--check-notify", action="store_true", help="load the notification config, print its destinations, exit"
     )
+    ap.add_argument("--send-test", action="store_true", help="send one test notification and exit (0: delivered)")
     ap.add_argument(
         "--linger",
         type=float,
@@ -81,7 +82,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def check(a: argparse.Namespace) -> str | None:
-    if bool(a.jobs) == a.all and not a.check_notify:
+    if bool(a.jobs) == a.all and not (a.check_notify or a.send_test):
         return "give JOB ... or --all (not both)"
     for name in ("interval", "hang_factor", "hang_floor", "slowdown"):
         if getattr(a, name) <= 0:
@@ -349,13 +350,18 @@ def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     if (why := check(a)) is not None:
         return fail(why)
-    if a.check_notify:
+    if a.check_notify or a.send_test:
         path = a.notify_config or notify.default_config_path()
         try:
-            print("\n".join(notify.load(path).destinations()))
+            n = notify.load(path)
         except notify.NotifyConfigError as e:
             return fail(str(e))
-        return 0
+        if a.check_notify:
+            print("\n".join(n.destinations()))
+            return 0
+        ok = n.send("[maxtext-slurm] test notification", f"sent by {PROG} --send-test from {os.uname().nodename}")
+        print("delivered" if ok else "not delivered (a destination refused it or could not be reached)")
+        return 0 if ok else 1
     ws = a.workspace or locate.default_workspace()
     dirs: list[Path] = []
     for j in a.jobs:
