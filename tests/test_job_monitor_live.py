@@ -229,8 +229,8 @@ def test_self_healing_resubmits_without_the_killed_node_and_restores(three_nodes
         rec = receiver.first(job_id, "resubmitted as job")
         new_id = re.search(r"resubmitted as job (\d+) without n2", rec["title"]).group(1)
         SUBMITTED.append(new_id)
-        new_log = next(workspace.glob(f"{new_id}-*.log"))
         wait_for(lambda: receiver.first(new_id, "first step"), 240, "the new job's first step")
+        new_log = next(workspace.glob(f"{new_id}-*.log"))
         first = receiver.first(new_id, "first step")
         assert wait_job_end(three_nodes, new_id, 300) == "COMPLETED"
         wait_for(lambda: receiver.first(new_id, "completed"), 120, "the new job's completion")
