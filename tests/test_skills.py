@@ -161,6 +161,26 @@ def test_front_matter_and_size(skill):
     assert n < MAX_LINES, f"{skill}: {n} lines (keep it under {MAX_LINES}; move details to reference.md)"
 
 
+# Claude Code finds project skills in .claude/skills/<name>/SKILL.md: each is a link to skills/<name>
+# (skills/ stays the one source). allowed-tools pre-approves what a skill runs: read-only tools only.
+WRITES = re.compile(r"\b(scancel|sbatch|srun|salloc|kill|pkill|rm|submit\.sh|Write|Edit)\b|auto-recover|--detach")
+
+
+@pytest.mark.parametrize("skill", SKILL_FILES, ids=lambda p: p.parent.name)
+def test_discoverable_by_claude_code_with_read_only_tools(skill):
+    link = REPO / ".claude" / "skills" / skill.parent.name
+    assert link.is_symlink() and link.resolve() == skill.parent.resolve(), f"{link} must link to {skill.parent}"
+    tools = front_matter(skill).get("allowed-tools")
+    assert isinstance(tools, str) and "Read" in tools, f"{skill}: allowed-tools missing"
+    assert not WRITES.search(tools), f"{skill}: allowed-tools must stay read-only: {tools}"
+    assert all(re.fullmatch(r"(Read|Grep|Glob|Bash\([^()]+:\*\))", t.strip()) for t in tools.split(",")), tools
+
+
+def test_claude_skills_folder_holds_only_skills():
+    found = {p.name for p in (REPO / ".claude" / "skills").iterdir()}
+    assert found == {p.parent.name for p in SKILL_FILES}, found
+
+
 def slug(heading: str) -> str:
     """GitHub's anchor for a markdown heading."""
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
