@@ -176,3 +176,17 @@ def test_send_test_and_check_never_show_the_token(tmp_path, receiver):
     down = conf(tmp_path, free_port())
     r3 = monitor_cli("--send-test", "--notify-config", str(down))
     assert r3.returncode == 1 and "not delivered" in r3.stdout and TOKEN not in r3.stdout + r3.stderr
+
+
+def test_a_symlinked_config_is_refused_and_apprise_logs_nothing(tmp_path, caplog):
+    real = conf(tmp_path, 9)
+    link = tmp_path / "link.conf"
+    link.symlink_to(real)
+    with pytest.raises(notify.NotifyConfigError, match="cannot be opened"):
+        notify.load(link)  # O_NOFOLLOW: a link another user could point elsewhere is not followed
+    bad = tmp_path / "bad.conf"
+    bad.write_text(f"json://u:{TOKEN}@127.0.0.1:9/x\nnotaservice://u:{TOKEN}@host/\n")
+    bad.chmod(0o600)
+    with caplog.at_level("DEBUG"):
+        notify.load(bad).send("t", "b")
+    assert TOKEN not in caplog.text and not [r for r in caplog.records if r.name.startswith("apprise")]

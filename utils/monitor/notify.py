@@ -28,8 +28,12 @@ LEVELS = {
 }
 FIRST_RETRY, LAST_RETRY = 10.0, 600.0  # seconds: back-off from 10 s, doubling, up to 10 min
 
-# Apprise logs the URLs it loads and calls at INFO/DEBUG: keep its records out of our output.
-logging.getLogger("apprise").setLevel(logging.CRITICAL)
+# Apprise logs the URLs it loads and calls (DEBUG/INFO, and an ERROR line naming a bad URL):
+# keep every record of its logger out of our output.
+_alog = logging.getLogger("apprise")
+_alog.setLevel(logging.CRITICAL + 1)
+_alog.propagate = False
+_alog.addHandler(logging.NullHandler())
 
 
 class NotifyConfigError(ValueError):
@@ -63,29 +67,35 @@ class Notifier:
 def load(path: Path) -> Notifier:
     """The notifier of config file `path`; NotifyConfigError when it is missing, not a regular
     file, not the caller's, readable or writable by others, or holds no URL Apprise accepts."""
-    try:
-        st = path.lstat()
+    try:  # one open file for every check and the read: nothing can be swapped in between
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         raise NotifyConfigError(
             f"notify config {path} does not exist: write your Apprise URLs there, one per line, "
             f"and chmod 600 it (docs/notifications.md)"
         ) from None
     except OSError as e:
-        raise NotifyConfigError(f"notify config {path} cannot be read: {e.strerror}") from None
+        raise NotifyConfigError(
+            f"notify config {path} cannot be opened ({e.strerror}): give a regular file of yours"
+        ) from None
+    st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
         raise NotifyConfigError(f"notify config {path} is not a regular file: give the file that holds the URLs")
-    if st.st_uid != os.getuid():
-        raise NotifyConfigError(
-            f"notify config {path} belongs to uid {st.st_uid}, not to you ({os.getuid()}): use a file of your own"
-        )
-    if st.st_mode & 0o077:
-        raise NotifyConfigError(
-            f"notify config {path} is open to others (mode {stat.S_IMODE(st.st_mode):04o}): it holds "
-            f"credentials; chmod 600 {path}"
-        )
+    with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as f:
+        if st.st_uid != os.getuid():
+            raise NotifyConfigError(
+                f"notify config {path} belongs to uid {st.st_uid}, not to you ({os.getuid()}): use a file of your own"
+            )
+        if st.st_mode & 0o077:
+            raise NotifyConfigError(
+                f"notify config {path} is open to others (mode {stat.S_IMODE(st.st_mode):04o}): it holds "
+                f"credentials; chmod 600 {path}"
+            )
+        text = f.read()
     conf = apprise.AppriseConfig()
     ap = apprise.Apprise()
-    if conf.add(str(path)):
+    if conf.add_config(text, format="text"):
         ap.add(conf)
     if len(ap) == 0:
         raise NotifyConfigError(
