@@ -61,22 +61,34 @@ def _hosts(hosts: list[str]) -> str:
     return " ".join(f'<span class="host">{_e(h)}</span>' for h in hosts) or '<span class="muted">none</span>'
 
 
-def _num(v: object) -> str:
+# values in unix s, shown in UTC
+TIMES = ("start", "end", "ended", "last_step_time", "last_tb_step_time", "last_step_logged", "leak_onset", "claim_time")
+
+
+def _num(v: object, key: str = "") -> str:
     if isinstance(v, bool) or not isinstance(v, int | float):
         return str(v)
+    if key in TIMES and 1e8 < v < 1e11:
+        return dg.utc(v)
     if isinstance(v, int) or not math.isfinite(v):
         return str(v) if math.isfinite(v) else "n/a"
     return f"{v:.4g}" if abs(v) < 1e6 else f"{v:.10g}"  # unix times and byte counts whole
 
 
-def _value(v: object, limit: int = 600) -> str:
+def _flat(v: object) -> bool:
+    return isinstance(v, dict) and all(not isinstance(x, dict | list) for x in v.values())
+
+
+def _value(v: object, key: str = "", limit: int = 600) -> str:
     """A finding's value as one readable line: numbers rounded, {host: x} as "host x, ...", times in UTC."""
-    if isinstance(v, dict) and all(not isinstance(x, dict | list) for x in v.values()):
-        text = ", ".join(f"{k} {_num(x)}" for k, x in v.items())
+    if _flat(v):
+        text = ", ".join(f"{k} {_num(x, str(k))}" for k, x in v.items())
+    elif isinstance(v, list) and v and all(_flat(x) for x in v):
+        text = "; ".join(_value(x) for x in v)
     elif isinstance(v, dict | list):
         text = json.dumps(v, separators=(", ", ": "))
     else:
-        text = _num(v)
+        text = _num(v, key)
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
@@ -105,6 +117,14 @@ def _hours(t: np.ndarray, x0: float) -> np.ndarray:
     return (np.asarray(t, float) - x0) / 3600
 
 
+def _axis(ax: Any, d: dg.Data) -> None:
+    """The time axis every chart shares: the data's whole range, in hours since its start."""
+    x0 = float(d.grid[0])
+    pad = 0.01 * (d.end - x0) / 3600
+    ax.set_xlim(-pad, (d.end - x0) / 3600 + pad)
+    ax.set_xlabel(f"hours since {dg.utc(x0)}")
+
+
 def _phases_chart(d: dg.Data, plt: Any) -> str | None:
     y = d.tb.get("tokens")
     unit = "tokens/s/device"
@@ -131,7 +151,7 @@ def _phases_chart(d: dg.Data, plt: Any) -> str | None:
             textcoords="offset points",
         )
     ax.set_ylabel(unit)
-    ax.set_xlabel(f"hours since {dg.utc(x0)}")
+    _axis(ax, d)
     ax.set_title(f"{d.target.name}: throughput and its phases (shaded)")
     fig.tight_layout()
     return _svg(fig)
@@ -141,7 +161,7 @@ def _finding_chart(f: dg.Finding, d: dg.Data, plt: Any) -> str:
     x0 = float(d.grid[0])
     fig, ax = plt.subplots(figsize=(10, 3.2))
     dg.draw_hosts(ax, f, x0)
-    ax.set_xlabel(f"hours since {dg.utc(x0)}")
+    _axis(ax, d)
     fig.tight_layout()
     return _svg(fig)
 
@@ -182,7 +202,7 @@ def _training_chart(d: dg.Data, log: Path | None, plt: Any) -> tuple[str, str] |
         ax.plot(_hours(t, x0), y, lw=1, color="tab:purple" if k == "loss" else "tab:blue")
         ax.set_ylabel(names[k])
     axes[0][0].set_title("training over time")
-    axes[-1][0].set_xlabel(f"hours since {dg.utc(x0)}")
+    _axis(axes[-1][0], d)
     fig.tight_layout()
     return _svg(fig), source
 
@@ -202,7 +222,7 @@ def _finding(i: int, fj: dict, f: dg.Finding | None, d: dg.Data | None, tsdb: st
         what = "culprits in colour, peers grey" if f.plot["highlight"] else "every host alike"
         parts.append(_figure("finding", _finding_chart(f, d, plt), f"{f.plot['title']} ({what}; window shaded)"))
     if fj["values"]:
-        rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(_value(v))}</td></tr>" for k, v in fj["values"].items())
+        rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(_value(v, k))}</td></tr>" for k, v in fj["values"].items())
         parts.append(f"<h4>Values</h4><table>{rows}</table>")
     if fj["queries"]:
         parts.append("<h4>PromQL</h4>" + "".join(f"<pre>{_e(q)}</pre>" for q in fj["queries"] if q))
@@ -212,7 +232,7 @@ def _finding(i: int, fj: dict, f: dg.Finding | None, d: dg.Data | None, tsdb: st
             shlex.quote(tsdb), shlex.quote(v["query"]), v["start"], v["end"], _num(v["step"])
         )
         e = v["expect"]
-        got = "; ".join(f"{k}: {_value(x)}" for k, x in e.items())
+        got = "; ".join(f"{k}: {_value(x)}" for k, x in e.items() if x not in ({}, None))
         parts.append(
             f"<h4>Check it yourself</h4><pre>{_e(cmd)}</pre>"
             f'<p class="muted">{_e(v["reducer"])} of each series -> {_e(got)} {_e(v.get("unit") or "")}; '
