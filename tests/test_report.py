@@ -154,7 +154,8 @@ def test_bad_report_dir_is_one_line(ws, tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o555)
-    bad = [afile, afile / "sub"] + ([ro, ro / "sub"] if os.geteuid() != 0 else [])  # root writes anywhere
+    # root writes into a 0555 directory, but not into sysfs (no regular files there)
+    bad = [afile, afile / "sub", *([ro, ro / "sub"] if os.geteuid() else [Path("/sys/report")])]
     for out in bad:
         res = run([str(VENV / "bin" / "python"), TOOL, str(inc.job_dir), "--report", str(out)], timeout=120)
         lines = res.stderr.strip().splitlines()
@@ -201,3 +202,13 @@ def test_strings_from_the_job_are_escaped(tmp_path):
     out = report.write(r, tmp_path / "new")
     assert out == tmp_path / "new" / "7-JAX-tiny-report.html" and "&lt;script&gt;" in out.read_text()
     assert [p.name for p in (tmp_path / "new").iterdir()] == [out.name]
+
+
+def test_without_tensorboard_the_training_chart_comes_from_the_step_lines(tmp_path):
+    inc = corpus.build("healthy", tmp_path, 3, drop=("tb_",))
+    r = diagnose.diagnose(diagnose.locate(str(inc.job_dir)))
+    text = report.page(r)
+    assert r["verdict"] == "none" and "tb_*" in r["missing"]
+    assert text.count('data-chart="training"') == 1 and "from the log&#x27;s step lines" in text
+    assert 'data-chart="phases"' not in text and "no throughput series" in text
+    assert "none: no check found an incident" in text and 'class="verdict v-none"' in text

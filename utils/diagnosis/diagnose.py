@@ -37,6 +37,7 @@ import json
 import math
 import os
 import re
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterable
@@ -2077,8 +2078,14 @@ def check_out_dir(out: Path, option: str = "--plot", what: str = "the PNG charts
         raise InputError(f"{option} {out}: {e.strerror or e} (give a directory for {what})") from None
     if not ok:
         raise InputError(f"{option} {out}: {p} is not a directory (give a directory for {what})")
-    if not os.access(p, os.W_OK | os.X_OK):
-        raise InputError(f"{option} {out}: {p} is not writable (give a directory you can write {what} to)")
+    try:
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
+        tempfile.TemporaryFile(dir=p).close()  # a read-only file system, or root where it may not write
+    except OSError as e:
+        raise InputError(
+            f"{option} {out}: {p} is not writable: {e.strerror or e} (give a directory you can write {what} to)"
+        ) from None
 
 
 def main(argv: list[str] | None = None) -> int:
