@@ -25,6 +25,7 @@ from helpers import corpus
 
 TOOL = str(REPO / "utils" / "diagnose.py")
 CHROMIUM = shutil.which("chromium")
+SIZE = (1500, 1100)  # the screenshot's height and width: the top of the page (docs/images/incident-report.png)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -81,16 +82,13 @@ def chromium(page: Path, *args: str) -> subprocess.CompletedProcess:
     return run([*cmd, *args, page.as_uri()], timeout=60)
 
 
-def loaded(page: Path) -> Page:
-    res = chromium(page, "--dump-dom")
+def view(page: Path, png: Path | None = None) -> tuple[Page, np.ndarray | None]:
+    """The page as Chromium builds it (--dump-dom) and, with PNG, its screenshot (one start for both)."""
+    shot = [f"--window-size={SIZE[1]},{SIZE[0]}", f"--screenshot={png}"] if png else []
+    res = chromium(page, *shot, "--dump-dom")
     assert res.returncode == 0 and "<svg" in res.stdout, res.stderr[-2000:]
-    return Page(res.stdout)
-
-
-def screenshot(page: Path, png: Path, size: str = "1100,1500") -> np.ndarray:
-    res = chromium(page, f"--window-size={size}", f"--screenshot={png}")
-    assert res.returncode == 0 and png.is_file(), res.stderr[-2000:]
-    return np.asarray(Image.open(png).convert("RGB"))
+    assert png is None or png.is_file(), res.stderr[-2000:]
+    return Page(res.stdout), np.asarray(Image.open(png).convert("RGB")) if png else None
 
 
 def diagnose_cli(*args: object) -> dict:
@@ -104,15 +102,26 @@ def ws(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("report")
 
 
-@pytest.mark.parametrize(("family", "job_id"), [("rdma_retransmits", "4242"), ("hang", "5151")])
-def test_report_page_in_chromium(ws, tmp_path, family, job_id):
-    inc = corpus.build(family, ws / family, 2, job_id=job_id)
+INCIDENTS = {"rdma_retransmits": "4242", "hang": "5151"}  # family -> job id
+_built: dict[str, corpus.Incident] = {}
+
+
+def incident(ws: Path, family: str) -> corpus.Incident:
+    """The corpus incident of FAMILY (seed 2), built once per module."""
+    if family not in _built:
+        _built[family] = corpus.build(family, ws / family, 2, job_id=INCIDENTS[family])
+    return _built[family]
+
+
+@pytest.mark.parametrize("family", INCIDENTS)
+def test_report_page_in_chromium(ws, tmp_path, family):
+    inc = incident(ws, family)
     r = diagnose_cli(inc.job_dir, "--report", tmp_path / "out")
     page = Path(r["report_page"])
     assert page == tmp_path / "out" / f"{inc.job_dir.name}-report.html" and page.is_file()
     assert r["verdict"] == inc.verdict and sorted(r["culprit_hosts"]) == sorted(inc.culprits)
 
-    dom = loaded(page)
+    dom, png = view(page, tmp_path / "page.png")
     assert inc.job_dir.name in dom.title and inc.verdict in dom.title, dom.title
     assert dom.verdict == inc.verdict
     deciding = [f for f in r["findings"] if f["kind"] in diagnose.VERDICTS]
@@ -130,8 +139,7 @@ def test_report_page_in_chromium(ws, tmp_path, family, job_id):
         assert all(html.escape(q) in text for q in f["queries"] if q), f["queries"]
         assert not f["verify"] or html.escape(f"utils/prometheus.sh query {inc.job_dir}/prometheus") in text
 
-    png = screenshot(page, tmp_path / "page.png")
-    assert png.shape[:2] == (1500, 1100) and (tmp_path / "page.png").stat().st_size > 20_000
+    assert png is not None and png.shape[:2] == SIZE and (tmp_path / "page.png").stat().st_size > 20_000
     assert png.std() > 20 and len(np.unique(png.reshape(-1, 3), axis=0)) > 100  # text and charts, not blank
     if family == "rdma_retransmits" and os.environ.get("MST_REPORT_SCREENSHOT"):  # docs/images/incident-report.png
         shutil.copyfile(tmp_path / "page.png", os.environ["MST_REPORT_SCREENSHOT"])
@@ -141,14 +149,14 @@ def test_report_with_vs_auto_has_the_comparison(ws, tmp_path):
     inc = corpus.build("thread_leak", ws / "leak", 1)
     r = diagnose_cli(inc.job_dir, "--vs", "auto", "--workspace", ws / "leak", "--report", tmp_path)
     assert r["vs"]["other"] == inc.vs.name and r["verdict"] == "cpu_contention"
-    dom = loaded(Path(r["report_page"]))
+    dom, _ = view(Path(r["report_page"]))
     text = Path(r["report_page"]).read_text()
     assert f"Compared with {inc.vs.name}" in text and "hw_procs_running" in text.split('id="vs"')[1]
     assert dom.charts.count("finding") >= 1 and dom.charts.count("phases") == 1
 
 
 def test_bad_report_dir_is_one_line(ws, tmp_path):
-    inc = corpus.build("rdma_retransmits", ws / "bad", 2, job_id="4243")
+    inc = incident(ws, "rdma_retransmits")
     afile = tmp_path / "a-file"
     afile.write_text("x")
     ro = tmp_path / "ro"
