@@ -4,9 +4,10 @@
 # The system (Debian) packages the project's commands need, by group (no GROUP: all of them):
 #   cluster   slurmctld slurmd slurm-client munge   utils/local_cluster.sh (Slurm on this machine)
 #   observe   prometheus curl                       utils/prometheus.sh, utils/diagnose.py, RAY=1 TSDB
-#   tests     shellcheck jq curl iproute2 procps gdb nftables
+#   tests     shellcheck jq curl iproute2 procps gdb nftables chromium
 #                                                   the suite (tests/run.sh), the skills' commands,
-#                                                   utils/drill.sh and local_cluster.sh --netns
+#                                                   utils/drill.sh and local_cluster.sh --netns,
+#                                                   diagnose.py --report's page (headless chromium)
 #   containers podman runc mmdebstrap                the image stage's tests: an image made offline
 #                                                   (mmdebstrap), run with podman (runc; see tests/test_image_stage.py)
 # A package counts as present when its commands are on PATH or in /usr/sbin, /sbin.
@@ -27,7 +28,7 @@ declare -A GROUPS_OF=(
   [cluster]="slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client srun:slurm-client sinfo:slurm-client
              squeue:slurm-client scancel:slurm-client scontrol:slurm-client munged:munge"
   [observe]="prometheus:prometheus promtool:prometheus curl:curl"
-  [tests]="shellcheck:shellcheck jq:jq curl:curl ip:iproute2 pgrep:procps gdb:gdb nft:nftables"
+  [tests]="shellcheck:shellcheck jq:jq curl:curl ip:iproute2 pgrep:procps gdb:gdb nft:nftables chromium:chromium"
   [containers]="podman:podman runc:runc mmdebstrap:mmdebstrap"
 )
 ALL=(cluster observe tests containers)

@@ -1,4 +1,4 @@
-"""Usage: diagnose.py JOB [--vs OTHER_JOB|auto] [--json] [--plot DIR] [--workspace DIR]
+"""Usage: diagnose.py JOB [--vs OTHER_JOB|auto] [--json] [--plot DIR] [--report DIR] [--workspace DIR]
 
 Diagnoses a job from its metrics: serves the job's Prometheus TSDB once (a private copy, see
 utils/diagnosis/tsdb.py), finds which metric families it holds (hw_*, tb_*, ray_*), runs a few range
@@ -24,8 +24,9 @@ JOB and OTHER_JOB: a job id or a job name (<id>-JAX-<model>[-<tag>]), looked up 
 (default $JOB_WORKSPACE or <repo>/outputs), a job dir, its log or a TSDB dir; an id that two jobs
 share is an error that lists their names.
 --json prints the report for programs (schema: docs/diagnose.md); --plot DIR writes PNG charts
-of the evidence. Exit 0 when diagnosed (even with too little data: it says so), 2 on bad input,
-1 when Prometheus could not serve the data.
+of the evidence; --report DIR writes one self-contained HTML page of it (DIR/<job name>-report.html).
+Exit 0 when diagnosed (even with too little data: it says so), 2 on bad input, 1 when Prometheus
+could not serve the data.
 """
 
 from __future__ import annotations
@@ -34,12 +35,15 @@ import dataclasses
 import itertools
 import json
 import math
+import os
 import re
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -503,6 +507,7 @@ def _queries(d: Data) -> dict[str, str]:
     tb = {
         "tokens": ("avg", "tb_perf_per_device_tokens_per_sec"),
         "step_time": ("avg", "tb_perf_step_time_seconds"),
+        "tflops": ("avg", "tb_perf_per_device_tflops_per_sec"),
         "steps": ("count", "tb_step"),
         "step": ("max", "tb_step"),
         "loss": ("max", "tb_learning_loss"),
@@ -2026,28 +2031,7 @@ def plot(r: dict, out: Path) -> list[Path]:
             ax.set_ylabel("tokens/s/device")
             ax.set_title(f"{d.target.name}: throughput and phases")
         if f is not None:
-            ax2 = axes[-1][0]
-            everyone = not f.plot["highlight"]  # nothing singled out: every host in one colour
-            for h, (t, y) in f.plot["series"].items():
-                hot = h in f.plot["highlight"]
-                color = "tab:blue" if everyone else (None if hot else "0.7")
-                ax2.plot(
-                    (t - x0) / 3600,
-                    y,
-                    lw=1.4 if hot else 0.7,
-                    color=color,
-                    alpha=0.5 if everyone else 1,
-                    label=h if hot else None,
-                    zorder=3 if hot else 1,
-                )
-            if f.window:
-                for a in (axes[0][0], ax2):
-                    a.axvspan((f.window[0] - x0) / 3600, (f.window[1] - x0) / 3600, color="tab:red", alpha=0.08)
-            ax2.set_ylabel(f.plot["unit"])
-            grey = "" if everyone or "grey" in f.plot["title"] else " (grey: peers)"
-            ax2.set_title(f"{f.kind}: {f.plot['title']}{grey}")
-            if 0 < len(f.plot["highlight"]) <= 8:
-                ax2.legend(loc="best", fontsize=8)
+            draw_hosts(axes[-1][0], f, x0, axes[0][0])
         axes[-1][0].set_xlabel(f"hours since {utc(x0)}")
         fig.tight_layout()
         path = out / (f"{i}-{f.kind}.png" if f else "1-throughput.png")
@@ -2057,24 +2041,58 @@ def plot(r: dict, out: Path) -> list[Path]:
     return written
 
 
-def check_plot_dir(out: Path) -> None:
-    """InputError unless OUT is a directory or can be made one (checked before the diagnosis runs)."""
+def draw_hosts(ax: Any, f: Finding, x0: float, *also: Any) -> None:
+    """Finding F's per-host signal on AX (matplotlib Axes; hours since X0): its culprits in colour and
+    named, the peers in grey, F's window shaded on AX and on the axes in ALSO."""
+    everyone = not f.plot["highlight"]  # nothing singled out: every host in one colour
+    for h, (t, y) in f.plot["series"].items():
+        hot = h in f.plot["highlight"]
+        ax.plot(
+            (t - x0) / 3600,
+            y,
+            lw=1.4 if hot else 0.7,
+            color="tab:blue" if everyone else (None if hot else "0.7"),
+            alpha=0.5 if everyone else 1,
+            label=h if hot else None,
+            zorder=3 if hot else 1,
+        )
+    if f.window:
+        for a in (*also, ax):
+            a.axvspan((f.window[0] - x0) / 3600, (f.window[1] - x0) / 3600, color="tab:red", alpha=0.08)
+    ax.set_ylabel(f.plot["unit"])
+    grey = "" if everyone or "grey" in f.plot["title"] else " (grey: peers)"
+    ax.set_title(f"{f.kind}: {f.plot['title']}{grey}")
+    if 0 < len(f.plot["highlight"]) <= 8:
+        ax.legend(loc="best", fontsize=8)
+
+
+def check_out_dir(out: Path, option: str = "--plot", what: str = "the PNG charts") -> None:
+    """InputError unless OUT is a directory this user can write to, or can be made one (checked before the
+    diagnosis runs, so nothing is written on bad input); OPTION and WHAT name it in the one line."""
     p = out.absolute()
     try:
         while not p.exists() and p != p.parent:
             p = p.parent
         ok = p.is_dir()
     except OSError as e:
-        raise InputError(f"--plot {out}: {e.strerror or e} (give a directory for the PNG charts)") from None
+        raise InputError(f"{option} {out}: {e.strerror or e} (give a directory for {what})") from None
     if not ok:
-        raise InputError(f"--plot {out}: {p} is not a directory (give a directory for the PNG charts)")
+        raise InputError(f"{option} {out}: {p} is not a directory (give a directory for {what})")
+    try:
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
+        tempfile.TemporaryFile(dir=p).close()  # a read-only file system, or root where it may not write
+    except OSError as e:
+        raise InputError(
+            f"{option} {out}: {p} is not writable: {e.strerror or e} (give a directory you can write {what} to)"
+        ) from None
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = cli.Parser(
         prog="diagnose.py",
         description=__doc__.split("\n", 2)[2],
-        usage="diagnose.py JOB [--vs OTHER_JOB|auto] [--json] [--plot DIR] [--workspace DIR]",
+        usage="diagnose.py JOB [--vs OTHER_JOB|auto] [--json] [--plot DIR] [--report DIR] [--workspace DIR]",
     )
     ap.add_argument("job", help="job id, job name, job dir, its log or TSDB dir")
     ap.add_argument(
@@ -2085,12 +2103,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     ap.add_argument("--plot", metavar="DIR", type=Path, help="write PNG charts of the evidence to DIR")
+    ap.add_argument(
+        "--report", metavar="DIR", type=Path, help="write one HTML page of the diagnosis: DIR/<job name>-report.html"
+    )
     ap.add_argument("--workspace", metavar="DIR", type=Path, help="where job ids and names are looked up")
     a = ap.parse_args(argv)
     ws = a.workspace or default_workspace()
     try:
         if a.plot is not None:
-            check_plot_dir(a.plot)
+            check_out_dir(a.plot)
+        if a.report is not None:
+            check_out_dir(a.report, "--report", "the HTML page")
         target = locate(a.job, ws)
         other, auto = None, None
         if a.vs == "auto":
@@ -2118,9 +2141,23 @@ def main(argv: list[str] | None = None) -> int:
             f"cannot write the charts to {a.plot}: {e.strerror or e} (give a directory you can write to, or leave "
             "out --plot)",
         )
+    page = None
+    if a.report is not None:
+        from diagnosis import report as html_report  # matplotlib and the page, only when asked for
+
+        try:
+            page = html_report.write(report, a.report)
+        except OSError as e:
+            return cli.fail(
+                "diagnose.py",
+                f"--report {a.report}: cannot write the page: {e.strerror or e} (give a directory you can write to)",
+            )
     report.pop("_report", None)
     if pngs:
         report["plots"] = [str(p) for p in pngs]
+    if page is not None:
+        report["report_page"] = str(page)
     charts = "\nCharts: " + " ".join(map(str, pngs)) if pngs else ""
+    charts += f"\nReport: {page}" if page is not None else ""
     cli.emit(report, a.json, lambda r: render(r) + charts)
     return cli.OK
