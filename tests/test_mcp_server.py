@@ -69,6 +69,15 @@ def test_tool_list_read_only_unless_a_private_config_enables_submit(ws):
     conf.write_text("allow_submit = true\n")
     conf.chmod(0o600)
     assert tools_with(ws["ws"], "--config", str(conf)) == READ_ONLY | {"submit"}
+
+    async def confirm() -> None:  # the write tool runs dry runs only: a real submission is refused
+        async with session(ws["ws"], "--config", str(conf)) as s:
+            r = await s.call_tool("submit", {"model": "llama2-7b", "args": ["-N", "2"], "confirm": True})
+            assert r.is_error and "dry runs only" in r.content[0].text, r
+            r = await s.call_tool("submit", {"model": "$(reboot)"})
+            assert r.is_error and "not a model name" in r.content[0].text, r
+
+    anyio.run(confirm)
     conf.chmod(0o644)  # readable by others: enables nothing
     assert tools_with(ws["ws"], "--config", str(conf)) == READ_ONLY
 
@@ -142,3 +151,23 @@ def test_reports_cache_and_errors(ws):
             assert (await s.call_tool("list_jobs", {})).structured_content["total"] == listed["total"]
 
     anyio.run(go)
+
+
+def test_excerpt_keeps_secret_values_redacted(ws):
+    log = ws["hang"].log
+    text = log.read_text()
+    log.write_text(text + "x _env_HF_TOKEN=hf_abc123 hf_access_token=s3cret AWS_SECRET_ACCESS_KEY=<redacted> steps=5\n")
+
+    async def go() -> dict:
+        async with session(ws["ws"]) as s:
+            r = await s.call_tool("job_log_excerpt", {"job": "4343", "pattern": "_env_HF_TOKEN", "before": 0})
+            assert not r.is_error, r.content
+            return r.structured_content
+
+    try:
+        got = anyio.run(go)
+    finally:
+        log.write_text(text)
+    line = got["lines"][0]["text"]
+    assert "hf_abc123" not in line and "s3cret" not in line, line
+    assert "_env_HF_TOKEN=<redacted> hf_access_token=<redacted> AWS_SECRET_ACCESS_KEY=<redacted> steps=5" in line
