@@ -21,6 +21,7 @@ import pytest
 from conftest import REPO
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from test_json_schemas import DOCS, documented_keys
 
 from helpers import corpus
 
@@ -74,12 +75,28 @@ def test_tool_list_read_only_unless_a_private_config_enables_submit(ws):
         async with session(ws["ws"], "--config", str(conf)) as s:
             r = await s.call_tool("submit", {"model": "llama2-7b", "args": ["-N", "2"], "confirm": True})
             assert r.is_error and "dry runs only" in r.content[0].text, r
+            r = await s.call_tool("submit", {"model": "tiny", "args": ["-N", "2", "--", "_env_HF_TOKEN=sekrit123 two"]})
+            assert not r.is_error, r.content
+            dry = r.structured_content
+            assert dry["ok"] and not dry["submitted"] and " --dry-run" in dry["command"], dry
+            assert (
+                "dry run: nothing submitted" in dry["output"]
+                and "sekrit123" not in json.dumps(dry)
+                and "two" not in dry["command"]
+            ), dry
             r = await s.call_tool("submit", {"model": "$(reboot)"})
             assert r.is_error and "not a model name" in r.content[0].text, r
 
     anyio.run(confirm)
     conf.chmod(0o644)  # readable by others: enables nothing
     assert tools_with(ws["ws"], "--config", str(conf)) == READ_ONLY
+
+
+def schema_valid(tool: str, report: dict, job: corpus.Incident) -> None:
+    """As tests/test_json_schemas.py checks the commands' --json: the schema, every key documented, the job."""
+    assert report.get("schema") == f"{tool}/1", report.get("schema")
+    assert not set(report) - documented_keys(*DOCS[tool]), sorted(set(report) - documented_keys(*DOCS[tool]))
+    assert report["job_id"] == job.job_dir.name.split("-JAX-")[0] and report["job_name"] == job.job_dir.name
 
 
 def test_reports_cache_and_errors(ws):
@@ -94,7 +111,8 @@ def test_reports_cache_and_errors(ws):
             r = await s.call_tool("triage", {"job": "4343"})
             assert not r.is_error, r.content
             tri = r.structured_content
-            assert tri["schema"] == "triage/1" and tri["job_id"] == "4343"
+            schema_valid("triage", tri, hang)
+            assert tri["failure_class"] == "hang" or tri["status"] == "hung", (tri["status"], tri["failure_class"])
             assert json.loads(r.content[0].text) == tri
             assert r.meta[META]["cached"] is False
 
@@ -103,7 +121,8 @@ def test_reports_cache_and_errors(ws):
             cold = time.monotonic() - t
             assert not r.is_error, r.content
             d = r.structured_content
-            assert d["schema"] == "diagnose/1" and d["verdict"] == net.verdict
+            schema_valid("diagnose", d, net)
+            assert d["verdict"] == net.verdict
             assert sorted(d["culprit_hosts"]) == sorted(net.culprits)
             runs = r.meta[META]["runs"]
             t = time.monotonic()
@@ -115,6 +134,10 @@ def test_reports_cache_and_errors(ws):
 
             h = (await s.call_tool("diagnose", {"job": str(hang.job_dir)})).structured_content
             assert h["verdict"] == "hang", h["verdict"]
+            for tool, args in (("perf", {}), ("investigate", {"metrics": "never"})):
+                r = await s.call_tool(tool, {"job": "4242", **args})
+                assert not r.is_error, r.content
+                schema_valid(tool, r.structured_content, net)
 
             q = await s.call_tool("query_tsdb", {"job": "4242", "query": "count by (host) (hw_gpu_power_watts)"})
             assert not q.is_error, q.content

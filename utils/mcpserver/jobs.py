@@ -26,15 +26,21 @@ REDACTED = "<redacted>"
 ERROR_LINE = re.compile(r"Traceback|\bError\b|\bERROR\b|error:|FAILED|Killed|Segmentation fault|core dumped|\bOOM\b")
 
 
+def is_secret(name: str) -> bool:
+    """A secret-looking name (also as _env_NAME or M_NAME)."""
+    bare = name.removeprefix("_env_").removeprefix("M_").upper()
+    return bool(SECRET_NAME.search(bare)) or bare in SECRET_KEYS
+
+
 def redact(line: str) -> str:
-    """NAME=VALUE with a secret-looking NAME (_env_NAME, M_NAME too) as NAME=<redacted>."""
+    """NAME=VALUE (VALUE up to the next blank) with a secret-looking NAME as NAME=<redacted>."""
+    return ASSIGNMENT.sub(lambda m: f"{m.group(1)}={REDACTED}" if is_secret(m.group(1)) else m.group(0), line)
 
-    def sub(m: re.Match) -> str:
-        name = m.group(1).removeprefix("_env_").removeprefix("M_").upper()
-        secret = SECRET_NAME.search(name) or name in SECRET_KEYS
-        return f"{m.group(1)}={REDACTED}" if secret and m.group(2) != REDACTED else m.group(0)
 
-    return ASSIGNMENT.sub(sub, line)
+def redact_arg(arg: str) -> str:
+    """One argument NAME=VALUE (VALUE whole, blanks and all) with a secret-looking NAME as NAME=<redacted>."""
+    name, eq, _ = arg.partition("=")
+    return f"{name}={REDACTED}" if eq and re.fullmatch(r"[A-Za-z_]\w*", name) and is_secret(name) else arg
 
 
 def _status(job_dir: Path) -> str | None:

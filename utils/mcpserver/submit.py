@@ -15,7 +15,7 @@ from typing import Any
 
 from mcp.server.mcpserver.exceptions import ToolError
 
-from mcpserver.jobs import MAX_CHARS, redact
+from mcpserver.jobs import MAX_CHARS, redact, redact_arg
 
 REPO = Path(__file__).resolve().parents[2]
 SUBMIT = REPO / "submit.sh"
@@ -26,23 +26,19 @@ MAX_OUTPUT_LINES = 200
 def submit(model: str, args: list[str] | None = None, confirm: bool = False) -> dict[str, Any]:
     if not MODEL.fullmatch(model):
         raise ToolError(f"submit: '{model}' is not a model name (MODEL[:TAG], e.g. llama2-7b:try1)")
-    extra = list(args or [])
-    if "--dry-run" in extra:
-        extra.remove("--dry-run")
+    extra = [a for a in args or [] if a != "--dry-run"]
     argv = [str(SUBMIT), model, *extra]
+    shown = shlex.join(map(redact_arg, argv))  # a secret given as an argument is not echoed back
     if confirm:
-        raise ToolError(
-            "submit: this server submits dry runs only; to submit, run it yourself: " + shlex.join(argv[0:1] + argv[1:])
-        )
+        raise ToolError(f"submit: this server submits dry runs only; to submit, run it yourself: {shown}")
+    dry = [str(SUBMIT), model, "--dry-run", *extra]  # before any `--`: after it, arguments are overrides
     try:
-        res = subprocess.run(
-            [*argv, "--dry-run"], cwd=REPO, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
-        )
+        res = subprocess.run(dry, cwd=REPO, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ToolError(f"submit: submit.sh --dry-run did not finish: {e}") from None
     lines = [redact(ln)[:MAX_CHARS] for ln in (res.stdout + res.stderr).splitlines()]
     return {
-        "command": shlex.join([*argv, "--dry-run"]),
+        "command": shlex.join(map(redact_arg, dry)),
         "exit_code": res.returncode,
         "ok": res.returncode == 0,
         "output": lines[:MAX_OUTPUT_LINES],
