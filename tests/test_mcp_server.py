@@ -36,10 +36,11 @@ def ws(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("mcp")
     net = corpus.build("rdma_retransmits", root / "ws", 2, job_id="4242")
     hang = corpus.build("hang", root / "ws", 1, job_id="4343")
-    return {"root": root, "ws": root / "ws", "net": net, "hang": hang}
+    leak = corpus.build("thread_leak", root / "ws", 4, job_id="4444")  # and its clean twin 4444 (the leak: 4445)
+    return {"root": root, "ws": root / "ws", "net": net, "hang": hang, "leak": leak}
 
 
-def session(ws: Path, *extra: str, env: dict | None = None):
+def session(ws: Path, *extra: str, env: dict | None = None, errlog=sys.stderr):
     """An async context: the server on WS, its ClientSession initialized."""
     params = StdioServerParameters(
         command=sys.executable,
@@ -49,16 +50,16 @@ def session(ws: Path, *extra: str, env: dict | None = None):
 
     @contextlib.asynccontextmanager
     async def opened() -> AsyncIterator[ClientSession]:
-        async with stdio_client(params) as streams, ClientSession(*streams) as s:
+        async with stdio_client(params, errlog) as streams, ClientSession(*streams) as s:
             await s.initialize()
             yield s
 
     return opened()
 
 
-def tools_with(ws: Path, *extra: str) -> set[str]:
+def tools_with(ws: Path, *extra: str, errlog=sys.stderr) -> set[str]:
     async def go() -> set[str]:
-        async with session(ws, *extra) as s:
+        async with session(ws, *extra, errlog=errlog) as s:
             return {t.name for t in (await s.list_tools()).tools}
 
     return anyio.run(go)
@@ -88,8 +89,11 @@ def test_tool_list_read_only_unless_a_private_config_enables_submit(ws):
             assert r.is_error and "not a model name" in r.content[0].text, r
 
     anyio.run(confirm)
-    conf.chmod(0o644)  # readable by others: enables nothing
-    assert tools_with(ws["ws"], "--config", str(conf)) == READ_ONLY
+    conf.chmod(0o644)  # readable by others: enables nothing, and the server says why
+    with (ws["root"] / "stderr").open("w+") as err:
+        assert tools_with(ws["ws"], "--config", str(conf), errlog=err) == READ_ONLY
+        err.seek(0)
+        assert "has mode 0644" in err.read()
 
 
 def schema_valid(tool: str, report: dict, job: corpus.Incident) -> None:
@@ -134,6 +138,11 @@ def test_reports_cache_and_errors(ws):
 
             h = (await s.call_tool("diagnose", {"job": str(hang.job_dir)})).structured_content
             assert h["verdict"] == "hang", h["verdict"]
+            leak = ws["leak"]  # vs auto: the latest completed run of the model before it, as diagnose.py --vs auto
+            r = await s.call_tool("diagnose", {"job": "4445", "vs": "auto"})
+            assert not r.is_error, r.content
+            assert r.structured_content["verdict"] == leak.verdict, r.structured_content["summary"]
+            assert r.structured_content["vs"]["auto"]["picked"] == leak.vs.name
             for tool, args in (("perf", {}), ("investigate", {"metrics": "never"})):
                 r = await s.call_tool(tool, {"job": "4242", **args})
                 assert not r.is_error, r.content
