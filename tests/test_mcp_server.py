@@ -162,6 +162,10 @@ def test_reports_cache_and_errors(ws):
             ex = await s.call_tool("job_log_excerpt", {"job": "4343", "pattern": "JOB SUMMARY", "after": 3})
             assert not ex.is_error, ex.content
             assert "JOB SUMMARY" in ex.structured_content["lines"][-4]["text"]
+            ex = (await s.call_tool("job_log_excerpt", {"job": "4343", "before": 1, "after": 1})).structured_content
+            cited = tri["evidence"][0]  # no line, no pattern: the line triage cites first
+            assert ex["match"]["how"] == "triage_evidence" and ex["match"]["line"] == cited["line"], ex["match"]
+            assert [ln["line"] for ln in ex["lines"]] == [cited["line"] - 1, cited["line"], cited["line"] + 1]
 
             bad = [
                 ("triage", {"job": "99999"}, "triage.py: "),

@@ -63,12 +63,15 @@ class Cache:
                     self._data.move_to_end(k)
                     return Hit(self._data[k], True, 0.0, self.runs[tool])
             t = time.monotonic()
-            value = compute()  # an exception is not cached
+            try:
+                value = compute()  # an exception is not cached
+            finally:
+                with self._lock:
+                    self._busy.pop(k, None)
             seconds = time.monotonic() - t
             with self._lock:
                 self.runs[tool] += 1
                 self._data[k] = value
                 while len(self._data) > self.max_entries:
                     self._data.popitem(last=False)
-                self._busy.pop(k, None)
                 return Hit(value, False, seconds, self.runs[tool])

@@ -10,7 +10,7 @@ from typing import Any
 from mcp.server.mcpserver.exceptions import ToolError
 
 from diagnosis import joblog, locate, tsdb
-from mcpserver.reports import Context
+from mcpserver.reports import Context, triage_report
 
 MAX_JOBS = 500  # list_jobs returns at most this many, newest id first
 MAX_LINES = 200  # job_log_excerpt: lines returned at most
@@ -23,7 +23,6 @@ SECRET_NAME = re.compile(
 SECRET_KEYS = {"HF_ACCESS_TOKEN"}
 ASSIGNMENT = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)=(\S+)")
 REDACTED = "<redacted>"
-ERROR_LINE = re.compile(r"Traceback|\bError\b|\bERROR\b|error:|FAILED|Killed|Segmentation fault|core dumped|\bOOM\b")
 
 
 def is_secret(name: str) -> bool:
@@ -107,8 +106,9 @@ def job_log_excerpt(
     before: int = 20,
     after: int = 20,
 ) -> dict[str, Any]:
-    """LINE's neighbourhood, else the first match of PATTERN, else the first error-like line (else the
-    log's end): at most MAX_LINES lines, each cut at MAX_CHARS characters, secret values redacted."""
+    """LINE's neighbourhood, else the first match of PATTERN, else the line triage cites first (its decisive
+    evidence; else the log's end): at most MAX_LINES lines, each cut at MAX_CHARS characters, secret values
+    redacted."""
     prog = "job_log_excerpt"
     found = ctx.find(prog, job, need_log=True)
     assert found.log is not None
@@ -123,8 +123,15 @@ def job_log_excerpt(
     before, after = max(0, before), max(0, after)
     if before + after + 1 > MAX_LINES:
         raise ToolError(f"{prog}: before + after + 1 = {before + after + 1} lines; at most {MAX_LINES}")
-    test = (lambda n, text: n == line) if line is not None else (lambda n, text: bool((rx or ERROR_LINE).search(text)))
-    how = "line" if line is not None else "pattern" if rx else "first_error"
+    how, why = ("line" if line is not None else "pattern"), None
+    if line is None and rx is None:
+        try:
+            evidence = triage_report(ctx, found).value.get("evidence") or []
+        except ToolError:  # not a job log triage can read: the log's end
+            evidence = []
+        first = next((e for e in evidence if e.get("file") == str(found.log) and e.get("line")), None)
+        line, how, why = (first["line"], "triage_evidence", first.get("why")) if first else (None, "end", None)
+    test = (lambda n, text: n == line) if line is not None else (lambda n, text: bool(rx and rx.search(text)))
     window: collections.deque[tuple[int, str]] = collections.deque(maxlen=before + 1)
     center, total, tail = None, 0, []
     try:
@@ -139,7 +146,7 @@ def job_log_excerpt(
                     tail.append((total, text))
     except OSError as e:
         raise ToolError(f"{prog}: cannot read {found.log}: {e.strerror or e}") from None
-    if line is not None and center is None:
+    if line is not None and center is None:  # (triage cites lines of this log: only a given line is outside)
         raise ToolError(f"{prog}: line {line} is outside the log (1..{total})")
     if center is None and rx is not None:
         return {
@@ -150,8 +157,8 @@ def job_log_excerpt(
             "total_lines": total,
             "lines_cut": 0,
         }
-    if center is None:  # no error-like line: the log's end
-        center, how = total, "end"
+    if center is None:  # nothing triage cites: the log's end
+        center = total
     out = []
     cut = 0
     for n, text in [*window, *tail]:
@@ -162,7 +169,7 @@ def job_log_excerpt(
     return {
         "job": found.name,
         "log": str(found.log),
-        "match": {"how": how, "line": center},
+        "match": {"how": how, "line": center, **({"why": why} if why else {})},
         "lines": out,
         "total_lines": total,
         "lines_cut": cut,

@@ -54,7 +54,7 @@ def _query(
             rows = prom.query_range(query, lo, hi, st)
             info = {"start": lo, "end": hi, "step": st, "points_per_series_max": points}
     rtype = "vector" if mode == "instant" else "matrix"
-    if rows and isinstance(rows, list) and rows and not isinstance(rows[0], dict):  # scalar or string
+    if rows and not isinstance(rows[0], dict):  # a scalar or string: [time, "value"]
         return {"result_type": "scalar", "value": rows, "series": [], "series_total": 0, "truncated": False, **info}
     return {
         "result_type": rtype,

@@ -64,13 +64,17 @@ def result(hit: Hit) -> CallToolResult:
     )
 
 
-def triage(ctx: Context, job: str, hang_factor: float = 10.0, warmup_steps: int | None = None) -> CallToolResult:
-    found = ctx.find("triage.py", job, need_log=True)
+def triage_report(ctx: Context, found: locate.Job, hang_factor: float = 10.0, warmup_steps: int | None = None) -> Hit:
+    """The triage report of a found job, through the cache (job_log_excerpt shares it)."""
     opts = tri.Options(hang_factor=hang_factor, scheduler=False)
     if warmup_steps is not None:
         opts.warmup_steps = warmup_steps
     key = (fingerprint(found), hang_factor, opts.warmup_steps)
-    return result(ctx.run("triage.py", "triage", key, lambda: tri.triage(str(found.path), ctx.workspace, opts)))
+    return ctx.run("triage.py", "triage", key, lambda: tri.triage(str(found.path), ctx.workspace, opts))
+
+
+def triage(ctx: Context, job: str, hang_factor: float = 10.0, warmup_steps: int | None = None) -> CallToolResult:
+    return result(triage_report(ctx, ctx.find("triage.py", job, need_log=True), hang_factor, warmup_steps))
 
 
 def _diagnose(ctx: Context, job: str, vs: str | None) -> dict:

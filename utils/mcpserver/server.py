@@ -111,9 +111,9 @@ def build(workspace: Path, conf: cfg.Config) -> MCPServer:
         before: Annotated[int, Field(ge=0, le=199, description="lines before")] = 20,
         after: Annotated[int, Field(ge=0, le=199, description="lines after")] = 20,
     ) -> dict[str, Any]:
-        """Lines of a job's log around LINE, else around the first match of PATTERN, else around the first
-        error-like line (else the log's end): at most 200 lines, each cut at 400 characters; secret values
-        stay <redacted>."""
+        """Lines of a job's log around LINE, else around the first match of PATTERN, else around the line
+        triage cites first (the error, the last step of a hung run; else the log's end): at most 200 lines,
+        each cut at 400 characters; secret values stay <redacted>."""
         return jobs.job_log_excerpt(ctx, job, line, pattern, before, after)
 
     for fn, cached in (
