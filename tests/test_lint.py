@@ -97,7 +97,7 @@ def test_python_help(script):
     assert res.stdout.lower().startswith("usage:"), f"{rel} --help: {res.stdout}"
 
 
-@pytest.mark.parametrize("tool", ["triage", "diagnose", "perf", "sweep", "host_bridge"])
+@pytest.mark.parametrize("tool", ["triage", "diagnose", "perf", "sweep", "host_bridge", "mcp_server"])
 def test_user_commands_run_directly(tool):
     """utils/<tool>.py runs through its #! line with whatever python3 is first on PATH: it finds the
     project's environment itself (no .venv/bin/python in front, no PYTHONPATH)."""
@@ -147,6 +147,7 @@ def test_every_entry_point_is_checked():
         "utils/perf.py",
         "utils/sweep.py",
         "utils/host_bridge.py",
+        "utils/mcp_server.py",
         "utils/observe/metrics_exporter.py",
         "utils/dev/failure_class_tables.py",
     } <= python

@@ -1,0 +1,136 @@
+"""triage, diagnose, perf and investigate over MCP: each tool's Python API in-process, its report
+exactly as `utils/<tool>.py JOB --json` prints it (docs/<tool>.md), cached per job and arguments.
+
+Bad input (no such job, a job outside the workspace, no TSDB) is a ToolError with the tool's one line,
+"<tool>.py: message", which the client gets as an error result (isError); the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import CallToolResult, TextContent
+
+from diagnosis import diagnose as diag
+from diagnosis import investigate as inv
+from diagnosis import locate, tsdb
+from diagnosis import perf as perf_tool
+from diagnosis import triage as tri
+from diagnosis.cli import InputError, one_line
+from mcpserver.cache import Cache, Hit, fingerprint
+
+META = "maxtext-slurm/cache"  # the key in a result's _meta: {"cached", "seconds", "runs"}
+
+
+@dataclasses.dataclass
+class Context:
+    """What every tool call shares: the workspace it may read and the results cache."""
+
+    workspace: Path
+    cache: Cache = dataclasses.field(default_factory=Cache)
+
+    def find(self, prog: str, job: str, *, what: str = "JOB", need_log: bool = False) -> locate.Job:
+        """The job JOB names (locate's rule), inside the workspace; ToolError "PROG: why" otherwise."""
+        try:
+            found = locate.find_log(job, self.workspace, what=what) if need_log else locate.find(job, self.workspace)
+        except InputError as e:
+            raise ToolError(f"{prog}: {one_line(e)}") from None
+        if not found.path.absolute().is_relative_to(self.workspace.absolute()):
+            raise ToolError(
+                f"{prog}: {job} is outside the workspace {self.workspace}: give a job id or name from list_jobs"
+            )
+        return found
+
+    def run(self, prog: str, tool: str, key: tuple, compute: Callable[[], Any]) -> Hit:
+        """compute() through the cache; the tools' InputError and TSDBError become one-line ToolErrors."""
+        try:
+            return self.cache.get(tool, key, compute)
+        except (InputError, tsdb.TSDBError) as e:
+            raise ToolError(f"{prog}: {one_line(e)}") from None
+
+
+def result(hit: Hit) -> CallToolResult:
+    """A report as the tool's result: structured (the report) and as JSON text, the cache facts in _meta."""
+    report = hit.value
+    return CallToolResult(
+        content=[TextContent(type="text", text=json.dumps(report, separators=(",", ":")))],
+        structured_content=report,
+        meta={META: {"cached": hit.cached, "seconds": round(hit.seconds, 3), "runs": hit.runs}},
+    )
+
+
+def triage_report(ctx: Context, found: locate.Job, hang_factor: float = 10.0, warmup_steps: int | None = None) -> Hit:
+    """The triage report of a found job, through the cache (job_log_excerpt shares it)."""
+    opts = tri.Options(hang_factor=hang_factor, scheduler=False)
+    if warmup_steps is not None:
+        opts.warmup_steps = warmup_steps
+    key = (fingerprint(found), hang_factor, opts.warmup_steps)
+    return ctx.run("triage.py", "triage", key, lambda: tri.triage(str(found.path), ctx.workspace, opts))
+
+
+def triage(ctx: Context, job: str, hang_factor: float = 10.0, warmup_steps: int | None = None) -> CallToolResult:
+    return result(triage_report(ctx, ctx.find("triage.py", job, need_log=True), hang_factor, warmup_steps))
+
+
+def _diagnose(ctx: Context, job: str, vs: str | None) -> dict:
+    ws = ctx.workspace
+    target = diag.locate(job, ws)
+    other, auto = None, None
+    if vs == "auto":
+        picked = diag.pick_baseline(target, ws)
+        if picked is None:
+            raise InputError(
+                f"vs auto: no completed job of the same model that ended before {target.name} started (in {ws}); "
+                "give vs=OTHER_JOB"
+            )
+        other, auto = picked
+    elif vs:
+        other = diag.locate(vs, ws, "vs")
+    if other is not None and other.tsdb.resolve() == target.tsdb.resolve():
+        raise InputError(f"vs {vs} is {target.name} itself: compare with another job (or vs auto)")
+    report = diag.diagnose(target, other, auto=auto, workspace=ws)
+    report.pop("_report", None)
+    return report
+
+
+def diagnose(ctx: Context, job: str, vs: str | None = None) -> CallToolResult:
+    found = ctx.find("diagnose.py", job)
+    key: tuple = (fingerprint(found), vs)
+    if vs == "auto":  # the baseline may be any job of the workspace: the key holds all of them
+        key += (tuple(sorted(str(p) for p in ctx.workspace.glob("*-JAX-*/prometheus"))),)
+    elif vs:
+        key += (fingerprint(ctx.find("diagnose.py", vs, what="vs")),)
+    return result(ctx.run("diagnose.py", "diagnose", key, lambda: _diagnose(ctx, str(found.path), vs)))
+
+
+def perf(ctx: Context, job: str, gpu: str | None = None, peak_tflops: float | None = None) -> CallToolResult:
+    found = ctx.find("perf.py", job, need_log=True)
+    key = (fingerprint(found), gpu, peak_tflops)
+    if gpu and peak_tflops:
+        raise ToolError("perf.py: give gpu or peak_tflops, not both")
+    return result(
+        ctx.run(
+            "perf.py",
+            "perf",
+            key,
+            lambda: perf_tool.perf(str(found.path), ctx.workspace, gpu=gpu, peak_tflops=peak_tflops),
+        )
+    )
+
+
+def investigate(ctx: Context, job: str, metrics: str = "auto") -> CallToolResult:
+    found = ctx.find("investigate.py", job)
+    key = (fingerprint(found), metrics)
+    return result(
+        ctx.run(
+            "investigate.py",
+            "investigate",
+            key,
+            lambda: inv.investigate(str(found.path), ctx.workspace, metrics, scheduler=False),
+        )
+    )

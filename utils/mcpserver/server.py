@@ -1,0 +1,172 @@
+"""Usage: mcp_server.py [--workspace DIR] [--config FILE]
+
+An MCP server (stdio) over the read-only diagnosis tools, for agents such as Claude Code and Cursor
+(docs/mcp.md). Tools: list_jobs, triage, diagnose, perf, investigate, query_tsdb, job_log_excerpt;
+each returns the JSON its command prints with --json (docs/triage.md, docs/diagnose.md, ...).
+Results are cached per job (its log size and mtime, its TSDB's mtime) and arguments.
+The write tool `submit` (a dry run) is listed only when the owner's config enables it:
+~/.config/maxtext-slurm/mcp.toml with `allow_submit = true`, mode 0600, owned by you.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from mcp.server.mcpserver import MCPServer
+from mcp_types import CallToolResult, ToolAnnotations
+from pydantic import Field
+
+from diagnosis import cli, locate
+from mcpserver import config as cfg
+from mcpserver import jobs, promql, reports, submit
+
+PROG = "mcp_server.py"
+READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+CACHED = (
+    " Cached per job (its log size and mtime, its TSDB's mtime) and arguments: a repeated call is a look-up; "
+    "_meta['maxtext-slurm/cache'] says {cached, seconds, runs}."
+)
+Report = Annotated[CallToolResult, dict[str, Any]]
+Job = Annotated[str, Field(description="job id, job name (<id>-JAX-<model>[-<tag>]) or job dir in the workspace")]
+
+
+def build(workspace: Path, conf: cfg.Config) -> MCPServer:
+    """The server with its tools registered (the write tool only when CONF allows it)."""
+    ctx = reports.Context(workspace)
+    server = MCPServer(
+        "maxtext-slurm",
+        instructions="Read-only diagnosis of MaxText jobs on Slurm. Start with list_jobs, then triage a job; "
+        "triage hands over to diagnose (metrics), perf (throughput) or investigate (the whole chain). Quote "
+        "the evidence the reports carry (file:line, PromQL and values).",
+        log_level="WARNING",
+    )
+
+    def list_jobs() -> dict[str, Any]:
+        """The jobs of the workspace, newest id first: name, id, status (from summary.txt, null while
+        running or when the job never ended cleanly), has_tsdb (RAY=1 jobs), has_log."""
+        return jobs.list_jobs(ctx)
+
+    def triage(
+        job: Job,
+        hang_factor: Annotated[float, Field(ge=1, description="hung when no step for FACTOR x the median")] = 10.0,
+        warmup_steps: Annotated[int | None, Field(ge=0, description="first steps left out of throughput")] = None,
+    ) -> Report:
+        """Triage a job from its log (utils/triage.py JOB --json, docs/triage.md): status, failure class,
+        culprit hosts, evidence (file, line, text), hang, throughput phases, next steps. Slurm is not asked."""
+        return reports.triage(ctx, job, hang_factor, warmup_steps)
+
+    def diagnose(
+        job: Job,
+        vs: Annotated[
+            str | None,
+            Field(
+                description="compare with this job, or 'auto': the latest completed job of the same model "
+                "that ended before JOB started (as diagnose.py --vs auto)"
+            ),
+        ] = None,
+    ) -> Report:
+        """Diagnose a RAY=1 job from its saved TSDB (utils/diagnose.py JOB --json, docs/diagnose.md): verdict,
+        culprits, findings with their PromQL, window and values; serves the TSDB through Prometheus (~1-2 s)."""
+        return reports.diagnose(ctx, job, vs)
+
+    def perf(
+        job: Job,
+        gpu: Annotated[str | None, Field(description="device type for the MFU peak (perf.py --gpu)")] = None,
+        peak_tflops: Annotated[float | None, Field(gt=0, description="peak dense bf16 TFLOP/s of one device")] = None,
+    ) -> Report:
+        """Throughput, MFU, step-time breakdown and traces of a job (utils/perf.py JOB --json, docs/perf.md)."""
+        return reports.perf(ctx, job, gpu, peak_tflops)
+
+    def investigate(
+        job: Job,
+        metrics: Annotated[
+            Literal["auto", "always", "never"], Field(description="read the TSDB: auto, always, never")
+        ] = "auto",
+    ) -> Report:
+        """The whole chain in one bundle (utils/investigate.py JOB --json, docs/investigate.md): triage, then
+        diagnose and perf where triage hands over; a verdict with evidence and next steps. Slurm is not asked."""
+        return reports.investigate(ctx, job, metrics)
+
+    def query_tsdb(
+        job: Job,
+        query: Annotated[str, Field(description="a PromQL expression (metric names: docs/metrics.md)")],
+        mode: Annotated[Literal["instant", "range"], Field(description="instant (at time) or range")] = "instant",
+        time: Annotated[float | None, Field(description="instant: unix seconds (default: the last sample)")] = None,
+        start: Annotated[float | None, Field(description="range: unix seconds (default: the first sample)")] = None,
+        end: Annotated[float | None, Field(description="range: unix seconds (default: the last sample)")] = None,
+        step: Annotated[float | None, Field(gt=0, description="range: seconds (default: span / 480)")] = None,
+    ) -> Report:
+        """Run one PromQL query over a job's saved TSDB (a private Prometheus on a copy). A range has at most
+        11000 points per series (else an error says which step fits); at most 50 series come back, with
+        series_total and truncated saying what was left out."""
+        return reports.result(promql.query_tsdb(ctx, job, query, mode, time, start, end, step))
+
+    def job_log_excerpt(
+        job: Job,
+        line: Annotated[int | None, Field(ge=1, description="the line to show (1-based)")] = None,
+        pattern: Annotated[str | None, Field(description="a Python regex: its first match is shown")] = None,
+        before: Annotated[int, Field(ge=0, le=199, description="lines before")] = 20,
+        after: Annotated[int, Field(ge=0, le=199, description="lines after")] = 20,
+    ) -> dict[str, Any]:
+        """Lines of a job's log around LINE, else around the first match of PATTERN, else around the line
+        triage cites first (the error, the last step of a hung run; else the log's end): at most 200 lines,
+        each cut at 400 characters; secret values stay <redacted>."""
+        return jobs.job_log_excerpt(ctx, job, line, pattern, before, after)
+
+    for fn, cached in (
+        (list_jobs, False),
+        (triage, True),
+        (diagnose, True),
+        (perf, True),
+        (investigate, True),
+        (query_tsdb, True),
+        (job_log_excerpt, False),
+    ):
+        server.add_tool(fn, description=(fn.__doc__ or "").strip() + (CACHED if cached else ""), annotations=READ_ONLY)
+
+    if conf.allow_submit:
+
+        def submit_job(
+            model: Annotated[str, Field(description="MODEL[:TAG] as submit.sh takes it (configs/<model>.yml)")],
+            args: Annotated[
+                list[str] | None, Field(description="submit.sh's further arguments: -N 2, sbatch flags, -- KEY=VALUE")
+            ] = None,
+            confirm: Annotated[bool, Field(description="submit for real (refused: this server runs dry runs)")] = False,
+        ) -> dict[str, Any]:
+            """Check a submission: runs submit.sh MODEL ARGS --dry-run and returns what it checked and would
+            submit. Nothing is submitted (confirm: true is refused with the command to run yourself)."""
+            return submit.submit(model, args, confirm)
+
+        server.add_tool(
+            submit_job,
+            name="submit",
+            description=(submit_job.__doc__ or "").strip(),
+            annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=True),
+        )
+    return server
+
+
+def main(argv: list[str] | None = None) -> int:
+    doc = (__doc__ or "").splitlines()
+    ap = cli.Parser(prog=PROG, usage=doc[0].removeprefix("Usage: "), description="\n".join(doc[2:]))
+    ap.add_argument(
+        "--workspace",
+        type=Path,
+        metavar="DIR",
+        help="where jobs are looked up (default $JOB_WORKSPACE or <repo>/outputs)",
+    )
+    ap.add_argument(
+        "--config", type=Path, metavar="FILE", help=f"the write-tools config (default {cfg.default_path()})"
+    )
+    a: argparse.Namespace = ap.parse_args(argv)
+    ws = (a.workspace or locate.default_workspace()).absolute()
+    if not ws.is_dir():
+        return cli.fail(PROG, f"the workspace {ws} is not a directory (give --workspace DIR or set JOB_WORKSPACE)")
+    conf = cfg.load(a.config)
+    if conf.refused:
+        print(f"{PROG}: {conf.refused}", file=sys.stderr)
+    build(ws, conf).run("stdio")
+    return cli.OK
