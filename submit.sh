@@ -82,8 +82,8 @@ if [[ -n "$notify" ]]; then
   # the config is checked before anything is submitted: a job must not go unwatched by mistake
   notify_conf=${MST_NOTIFY_CONFIG:-$HOME/.config/maxtext-slurm/notify.conf}
   if [[ -e "$notify_conf" || "$notify" == flag ]]; then
-    "$repo/utils/job_monitor.py" --check-notify --notify-config "$notify_conf" >/dev/null ||
-      die "--notify: fix the notification config above, or submit without --notify (docs/notifications.md)"
+    out=$("$repo/utils/job_monitor.py" --check-notify --notify-config "$notify_conf" 2>&1 >/dev/null) ||
+      die "--notify: ${out#job_monitor.py: } (docs/notifications.md; or submit without --notify)"
   fi
 fi
 monitor_cmd=("$repo/utils/job_monitor.py")

@@ -190,3 +190,34 @@ def test_a_symlinked_config_is_refused_and_apprise_logs_nothing(tmp_path, caplog
     with caplog.at_level("DEBUG"):
         notify.load(bad).send("t", "b")
     assert TOKEN not in caplog.text and not [r for r in caplog.records if r.name.startswith("apprise")]
+
+
+def test_submit_notify_refuses_an_open_config_before_submitting(tmp_path, receiver):
+    """submit.sh --notify checks the config first: one line, exit 1, nothing submitted or written."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    p = conf(tmp_path, receiver.port, 0o644)
+    r = subprocess.run(
+        [str(REPO / "submit.sh"), "tiny", "--notify", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "MAXTEXT_SLURM_VENV": str(VENV), "JOB_WORKSPACE": str(ws), "MST_NOTIFY_CONFIG": str(p)},
+    )
+    assert r.returncode == 1 and r.stdout == "", r.stdout + r.stderr
+    assert r.stderr.splitlines() == [
+        f"submit.sh: --notify: notify config {p} is open to others (mode 0644): it holds credentials; "
+        f"chmod 600 {p} (docs/notifications.md; or submit without --notify)"
+    ], r.stderr
+    assert list(ws.iterdir()) == [] and receiver.got == []
+    p.chmod(0o600)
+    ok = subprocess.run(
+        [str(REPO / "submit.sh"), "tiny", "--notify", "--auto-recover", "2", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "MAXTEXT_SLURM_VENV": str(VENV), "JOB_WORKSPACE": str(ws), "MST_NOTIFY_CONFIG": str(p)},
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert "monitor: " in ok.stdout and "--detach --auto-recover 2" in ok.stdout, ok.stdout
+    assert TOKEN not in ok.stdout + ok.stderr
