@@ -459,3 +459,13 @@ def test_tsdb_resolve_errors(tmp_path):
     (tmp_path / "j" / "prometheus").mkdir(parents=True)
     with pytest.raises(tsdb.TSDBError, match="no saved metrics yet"):
         tsdb.resolve(tmp_path / "j")
+
+
+def test_counter_rates_bridge_missed_scrapes():
+    """A host with a bad network misses scrapes: the increase across the gap is its rate there
+    (the live packet-loss incident lost two of n2's scrapes and, before, nearly all its rate)."""
+    nan = float("nan")
+    got = diagnose._rates({"hw_tcp_retransmits_total": {"n2": np.array([0, 10, nan, nan, 40, 50, 5])}}, 2.0)
+    r = got["hw_tcp_retransmits_total"]["n2"]
+    assert np.isnan(r[0]) and np.isnan(r[6])  # nothing before the first sample; a reset is no rate
+    assert r[1:6].tolist() == [5.0, 5.0, 5.0, 5.0, 5.0]

@@ -451,14 +451,20 @@ def _per_host(rows: list[dict], d: Data, labels: tuple[str, ...] = ()) -> PerHos
 
 
 def _rates(counters: PerHost, step: float) -> PerHost:
-    """Counter sums on the grid -> per-second rates (a drop, i.e. a reset, gives NaN)."""
+    """Counter sums on the grid -> per-second rates (a drop, i.e. a reset, gives NaN). Across a gap
+    (scrapes that failed: a host with a bad network misses some) the increase is spread over it, so
+    the points after the gap carry the rate instead of losing it."""
     out: PerHost = {}
     for key, hosts in counters.items():
         for h, c in hosts.items():
             r = np.full_like(c, np.nan)
-            with np.errstate(invalid="ignore"):
-                diff = np.diff(c) / step
-                r[1:] = np.where(diff >= 0, diff, np.nan)
+            idx = np.flatnonzero(np.isfinite(c))
+            if idx.size >= 2:
+                with np.errstate(invalid="ignore"):
+                    rate = np.diff(c[idx]) / (np.diff(idx) * step)
+                rate = np.where(rate >= 0, rate, np.nan)
+                for (a, b), v in zip(zip(idx[:-1], idx[1:], strict=True), rate, strict=True):
+                    r[a + 1 : b + 1] = v  # every grid point of the gap gets the mean rate over it
             out.setdefault(key, {})[h] = r
     return out
 
