@@ -69,7 +69,9 @@ def drill(cluster: dict[str, str], *args: str, **env: str) -> None:
 
 
 def start(cluster: dict[str, str], workspace: Path, steps: int) -> tuple[str, Path]:
-    """A RAY=1 job of `steps` steps, scraped every 2 s; returns once n2 has done step 40."""
+    """A RAY=1 job of `steps` steps, scraped every 2 s; returns once n2 has done step 40. 1000 steps
+    keep an idle machine training (~0.05 s a step) well past a 20 s fault that starts now: the metrics
+    end with the job, so a job that ends within the fault shows only its start."""
     job_id, log = submit(
         cluster, workspace, "tiny", "-N", "2", "--", f"steps={steps}", "log_period=5", RAY="1", METRICS_INTERVAL="2"
     )
@@ -102,7 +104,7 @@ def answers(cluster: dict[str, str], venv: Path, job_id: str, log: Path, name: s
 def test_packet_loss_on_one_node_is_a_network_incident_there(netns_cluster, workspace, venv):
     """5 % of what n2 sends dropped for 20 s: the job slows down, n2 retransmits, n1 does not;
     diagnose blames the network on n2; the job itself completes (triage: completed)."""
-    job_id, log = start(netns_cluster, workspace, 300)
+    job_id, log = start(netns_cluster, workspace, 1000)
     drill(netns_cluster, "net", "--loss", "5", "--node", "n2")
     try:
         time.sleep(20)
@@ -120,7 +122,7 @@ def test_heavy_io_on_the_workspace_is_io_pressure_on_that_node(netns_cluster, di
     """20 s of direct-IO writers in n2's cgroup, throttled like a slow disk: n2's own PSI (not the
     machine's) shows the stall."""
     workspace = disk_workspace
-    job_id, log = start(netns_cluster, workspace, 300)
+    job_id, log = start(netns_cluster, workspace, 1000)
     drill(netns_cluster, "io", "--seconds", "20", "--node", "n2", JOB_WORKSPACE=str(workspace))
     d, t = answers(netns_cluster, venv, job_id, log, "io")
     assert d["verdict"] == "io_pressure" and d["culprit_hosts"] == ["n2"], findings(d)
