@@ -67,8 +67,11 @@ def trainer_pid(job_id: str, rank: int) -> int | None:
     for pid in out.split():
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
         except OSError:
             continue
+        if not Path(argv0.decode(errors="replace")).name.startswith("python"):
+            continue  # a wrapper whose command line names the trainer (timeout, bash): not the trainer
         if f"JOB_ID={job_id}".encode() in env and f"NODE_RANK={rank}".encode() in env:
             return int(pid)
     return None
