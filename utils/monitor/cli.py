@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from diagnosis import locate
+from diagnosis import joblog, locate, sweep
 from diagnosis.cli import InputError
 from monitor import notify, recover
 from monitor.watch import Event, Rules, Watch, private_dir, span, utc
@@ -98,17 +98,9 @@ def check(a: argparse.Namespace) -> str | None:
 
 # --- scheduler ---------------------------------------------------------------------------
 def slurm_state(job_id: str) -> str | None:
-    """JobState from scontrol; GONE when Slurm no longer knows the id; None when it cannot tell."""
-    if not re.fullmatch(r"\d+(_\d+)?", job_id or ""):
-        return None
-    try:
-        res = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    m = re.search(r"\bJobState=([A-Z_]+)", res.stdout)
-    if m:
-        return m.group(1)
-    return "GONE" if "Invalid job id" in res.stderr else None
+    """The sweep's scontrol query (GONE: Slurm forgot the id), for Slurm job ids only: a
+    run_local.sh job (local-...) has no scheduler state, never GONE."""
+    return sweep.slurm_state(job_id) if re.fullmatch(r"\d+(_\d+)?", job_id or "") else None
 
 
 def my_jobs(ws: Path) -> list[Path]:
@@ -267,8 +259,7 @@ class Monitor:
 
 
 def locate_nodes(w: Watch) -> list[str]:
-    m = re.match(r"\s*\d+\s*\((.*)\)", (w.s.get("header") or {}).get("nodes", ""))
-    return m.group(1).split() if m else []
+    return joblog.Scan(path="", header=w.s.get("header") or {}).nodes()
 
 
 def cancel(job_id: str) -> None:
