@@ -7,6 +7,12 @@ shopt -s extglob
 #   free_port START [N]   print the first port >= START that nobody listens on (tries N, default 100)
 #   private_dir PARENT    create a new directory only this user can enter, print its path
 #   job_scratch           this job's private scratch on this node (labelled for preflight's cleanup)
+#   trust_problem PATH    why PATH is not ours to trust (a link, someone else's, writable by others); nothing if it is
+#   check_trusted PATH WHAT [ADVICE]  die with one line unless PATH is ours to trust
+#   check_trusted_under ROOT PATH WHAT [ADVICE]  the same for PATH and every directory between ROOT and it
+#   own_dir PATH [MODE]   PATH as a directory of ours (made with mkdir when missing; mode 755 default,
+#                         no inherited setgid), or die with one line
+#   new_file PATH         create PATH as a new empty file of ours (never through a link), or die
 #   node_root KIND        where this node's sys|proc|dev files are read (test hooks MST_*_ROOT)
 #   host_settings SPEC    PREFLIGHT_HOST_SETTINGS checked against the table HOST_SETTINGS
 #   resubmit_excluding CMD HOST...  the submit command CMD with --exclude naming HOSTs too
@@ -74,6 +80,73 @@ job_scratch() {
   d=$(private_dir "${TMPDIR:-/tmp}") || exit 1
   printf '%s %s %s %s\n' "${JOB_SCHEDULER:-unknown}" "${JOB_ID:-?}" "${JOB_HOSTNAME:-$(hostname)}" "${JOB_WORKSPACE:-?}" > "$d/job"
   printf '%s\n' "$d"
+}
+
+# --- trust in a shared workspace (docs/security.md#shared-workspaces) ---------------------------
+# On a shared JOB_WORKSPACE (1777 scratch, 2775 group directory) anyone else may have made or
+# replaced a path. A path decides what runs or where we write only when it is ours to trust: not a
+# symbolic link, owned by us, and writable by neither group nor others. utils/trust.py is the same
+# rule for the Python tools.
+
+# trust_problem PATH: print why PATH is not ours to trust (one phrase), nothing when it is.
+trust_problem() {
+  local p=$1 uid user mode
+  if [[ -L "$p" ]]; then
+    printf 'is a symbolic link (to %s), owned by %s\n' "$(readlink -- "$p")" "$(stat -c %U -- "$p" 2>/dev/null || echo '?')"
+    return 0
+  fi
+  [[ -e "$p" ]] || { printf 'does not exist\n'; return 0; }
+  read -r uid user mode < <(stat -c '%u %U %a' -- "$p") || { printf 'cannot be read\n'; return 0; }
+  if (( uid != EUID )); then
+    printf 'is owned by %s (mode %04o), not by you (%s)\n' "$user" "$((8#$mode))" "$(id -un)"
+  elif (( 8#$mode & 8#022 )); then
+    printf 'is writable by others (mode %04o)\n' "$((8#$mode))"
+  fi
+}
+
+# check_trusted PATH WHAT [ADVICE]: die with one line naming PATH, its owner and mode, unless it is
+# ours to trust.
+check_trusted() {
+  local why
+  why=$(trust_problem "$1")
+  [[ -z "$why" ]] || die "refusing $2 $1: it $why${3:+; $3}"
+}
+
+# check_trusted_under ROOT PATH WHAT [ADVICE]: check_trusted for PATH and every directory between
+# ROOT (not itself: a shared workspace) and PATH. PATH must lie under ROOT.
+check_trusted_under() {
+  local root=${1%/} p=$2 rel part cur
+  [[ "$p" == "$root/"* ]] || die "refusing $3 $p: it is not under $root"
+  rel=${p#"$root"/} cur=$root
+  local -a parts
+  IFS=/ read -r -a parts <<< "$rel"
+  for part in "${parts[@]}"; do
+    [[ -n "$part" ]] || continue
+    cur+=/$part
+    check_trusted "$cur" "$3" "${4:-}"
+  done
+}
+
+# own_dir PATH [MODE]: PATH as a directory of ours that only we can write: made with mkdir when
+# missing (the parent must exist; a name someone else made first is refused, never used), mode MODE
+# (default 755) without the setgid bit a group directory hands down. Dies with one line otherwise.
+own_dir() {
+  local p=$1 mode=${2:-755}
+  if [[ ! -e "$p" && ! -L "$p" ]]; then
+    mkdir -- "$p" 2>/dev/null || [[ -d "$p" && ! -L "$p" ]] || die "cannot create the directory $p"
+    [[ -O "$p" && ! -L "$p" ]] && chmod "0$mode" -- "$p" && chmod g-s -- "$p"
+  fi
+  check_trusted "$p" "the directory" "remove it or use a JOB_WORKSPACE of your own"
+}
+
+# new_file PATH: create PATH as a new empty regular file of ours (mode from the umask, at most 644),
+# never through a link and never one that exists. Dies with one line otherwise.
+new_file() {
+  local p=$1
+  [[ ! -e "$p" && ! -L "$p" ]] || die "refusing to write $p: it exists already"
+  ( set -C; : > "$p" ) 2>/dev/null || die "cannot create $p (it appeared under us, or the directory is not writable)"
+  [[ -f "$p" && ! -L "$p" && -O "$p" ]] || die "refusing $p: it $(trust_problem "$p")"
+  chmod go-w -- "$p"
 }
 
 # safe_name STRING: a name safe for any shell and filesystem: [A-Za-z0-9._-] only,
