@@ -44,12 +44,16 @@ def ensure_users() -> tuple[User, User]:
     try:
         grp.getgrnam(GROUP)
     except KeyError:
-        subprocess.run(["groupadd", GROUP], check=True)
+        res = subprocess.run(["groupadd", GROUP], capture_output=True, text=True)
+        if res.returncode != 0:  # another test worker may have made it just now
+            grp.getgrnam(GROUP)
     for name in (VICTIM, ATTACKER):
         try:
             pwd.getpwnam(name)
         except KeyError:
-            subprocess.run(["useradd", "-m", "-s", "/bin/bash", "-G", GROUP, name], check=True)
+            res = subprocess.run(["useradd", "-m", "-s", "/bin/bash", "-G", GROUP, name], capture_output=True, text=True)
+            if res.returncode != 0:
+                pwd.getpwnam(name)
     return _user(VICTIM), _user(ATTACKER)
 
 
