@@ -51,7 +51,9 @@ def ensure_users() -> tuple[User, User]:
         try:
             pwd.getpwnam(name)
         except KeyError:
-            res = subprocess.run(["useradd", "-m", "-s", "/bin/bash", "-G", GROUP, name], capture_output=True, text=True)
+            res = subprocess.run(
+                ["useradd", "-m", "-s", "/bin/bash", "-G", GROUP, name], capture_output=True, text=True
+            )
             if res.returncode != 0:
                 pwd.getpwnam(name)
     return _user(VICTIM), _user(ATTACKER)
