@@ -90,3 +90,32 @@ def test_new_file_never_writes_through_a_link(tmp_path):
     fd = trust.create_new(tmp_path / "fresh2")
     os.close(fd)
     assert Path(tmp_path / "fresh2").stat().st_mode & 0o777 == 0o600
+
+
+def snapshot_hash(d: Path) -> str:
+    res = subprocess.run(["bash", str(REPO / "_job.sbatch"), "--snapshot-hash", str(d)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()
+
+
+def test_snapshot_hash_sees_every_change_but_not_modes(tmp_path):
+    snap = tmp_path / "snap"
+    (snap / "utils/launch").mkdir(parents=True)
+    (snap / "utils/launch/lib.sh").write_text("echo hi\n")
+    (snap / "_train.sh").write_text("exit 0\n")
+    first = snapshot_hash(snap)
+    assert len(first) == 64
+    copy = tmp_path / "copy"
+    shutil.copytree(snap, copy)
+    (copy / "_train.sh").chmod(0o500)  # a copy under another umask: same code, same hash
+    assert snapshot_hash(copy) == first
+    (copy / "utils/launch/lib.sh").write_text("echo hi \n")
+    assert snapshot_hash(copy) != first
+    shutil.rmtree(copy)
+    shutil.copytree(snap, copy)
+    (copy / "utils/__pycache__").mkdir()  # planted bytecode is code too
+    (copy / "utils/__pycache__/x.pyc").write_bytes(b"\0")
+    assert snapshot_hash(copy) != first
+    shutil.rmtree(copy / "utils/__pycache__")
+    (copy / "link").symlink_to("/etc/passwd")
+    assert snapshot_hash(copy) != first
