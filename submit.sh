@@ -102,9 +102,12 @@ if (( dry_run )); then
   exit 0
 fi
 
+umask 022   # what the job writes into a (possibly shared) workspace: readable by the group, writable by us only
 make_workspace
 snapshot=$("$repo/utils/launch/snapshot.sh" "$repo" "$JOB_WORKSPACE/.snapshots" "$command_text")
-export MST_REPO=$snapshot TRAIN_OVERRIDES TRAIN_ENV_OVERRIDES
+# the job runs only code with this hash (the job's environment is the job's own: nobody can change it)
+MST_REPO_SHA256=$(bash "$repo/_job.sbatch" --snapshot-hash "$snapshot") || die "cannot hash the snapshot $snapshot"
+export MST_REPO=$snapshot MST_REPO_SHA256 TRAIN_OVERRIDES TRAIN_ENV_OVERRIDES
 log_pattern="$JOB_WORKSPACE/%j-$MODEL_NAME.log"
 # Held until an earlier job's files with the same id (Slurm's ids restart after a state reset)
 # are moved aside, so the new job never appends to or replaces them.
@@ -116,11 +119,20 @@ fi
 job_id=${out%%;*}
 job_id=${job_id##*$'\n'}
 name="$job_id-$MODEL_NAME"
+# From here until the release, a failure cancels the held job: it never runs half set up.
+trap '[[ $? == 0 ]] || scancel "$job_id" 2>/dev/null' EXIT
 move_aside "$JOB_WORKSPACE/$name.log" log
 move_aside "$JOB_WORKSPACE/$name" "job dir"
-mkdir -p "$JOB_WORKSPACE/$name"
+# The job's log and directory are made here, ours and new, before the job can start: Slurm then
+# appends to this file (never through a link someone put at its path) and the job checks it.
+new_file "$JOB_WORKSPACE/$name.log"
+own_dir "$JOB_WORKSPACE/$name"
 ln -sfn "$snapshot" "$JOB_WORKSPACE/$name/artifact"
 ln -sfn "$JOB_WORKSPACE/$name.log" "$JOB_WORKSPACE/$name/log"
+# the record the job monitor checks a snapshot against before it resubmits anything
+( umask 022; new_file "$JOB_WORKSPACE/$name/snapshot.sha256"
+  printf '%s  %s\n' "$MST_REPO_SHA256" "$snapshot" > "$JOB_WORKSPACE/$name/snapshot.sha256" )
+trap - EXIT
 if (( ! user_hold )) && ! out=$(scontrol release "$job_id" 2>&1); then
   die "job $job_id is submitted but held, and 'scontrol release $job_id' failed: $(tr '\n' ' ' <<< "$out")"
 fi
