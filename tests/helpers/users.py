@@ -22,6 +22,9 @@ from pathlib import Path
 GROUP = "mstteam"
 VICTIM = "mstvictim"
 ATTACKER = "mstattacker"
+# Fixed ids far from the usual 1000+ range: fixtures elsewhere use uid 1001 as "a user this machine
+# does not know" (tests/fixtures/gpu: a foreign process on a GPU).
+IDS = {GROUP: 64100, VICTIM: 64101, ATTACKER: 64102}
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,7 @@ def ensure_users() -> tuple[User, User]:
     try:
         grp.getgrnam(GROUP)
     except KeyError:
-        res = subprocess.run(["groupadd", GROUP], capture_output=True, text=True)
+        res = subprocess.run(["groupadd", "-g", str(IDS[GROUP]), GROUP], capture_output=True, text=True)
         if res.returncode != 0:  # another test worker may have made it just now
             grp.getgrnam(GROUP)
     for name in (VICTIM, ATTACKER):
@@ -52,7 +55,9 @@ def ensure_users() -> tuple[User, User]:
             pwd.getpwnam(name)
         except KeyError:
             res = subprocess.run(
-                ["useradd", "-m", "-s", "/bin/bash", "-G", GROUP, name], capture_output=True, text=True
+                ["useradd", "-m", "-u", str(IDS[name]), "-U", "-s", "/bin/bash", "-G", GROUP, name],
+                capture_output=True,
+                text=True,
             )
             if res.returncode != 0:
                 pwd.getpwnam(name)
