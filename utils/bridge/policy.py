@@ -141,9 +141,7 @@ def check_paths(args: list[str], policy: Policy) -> None:
             paths.confine(value, roots, what, base=policy.repo)
         except paths.Outside as e:
             if e.link:
-                raise Refused(
-                    f"{what} {str(value)!r}: {e.link} is a symbolic link of someone else; not followed"
-                ) from None
+                raise Refused(str(e)) from None  # names the link, its owner and its target
             leads = f"; it leads to {e.real} ({paths.describe(e.real)})" if e.real != str(value) else ""
             raise Refused(f"{what} {str(value)!r} is outside the repository and workspaces ({where}){leads}") from None
 
