@@ -120,8 +120,7 @@ def test_a_giant_line_is_cut_and_one_call_stays_bounded(tmp_path):
     subprocess.run(["truncate", "-s", "600M", str(big)], check=True)
     (w / "6001-JAX-long.log").write_text("first\n" + "HF_TOKEN=" + "a" * 100_000 + " tail\nlast\n")
     probe = f"""
-import json, resource, sys, time
-sys.path.insert(0, {str(UTILS)!r})
+import json, resource, time
 from pathlib import Path
 from mcpserver import jobs, reports
 ctx = reports.Context(Path({str(w)!r}))
@@ -134,7 +133,7 @@ out["long"] = jobs.job_log_excerpt(ctx, "6001", line=2, before=0, after=0)
 out["rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps(out))
 """
-    res = run([PY, "-c", probe], timeout=300)
+    res = run([PY, "-c", probe], env={"PYTHONPATH": str(UTILS)}, timeout=300)  # this tree's utils/ first
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stdout)
     print(
