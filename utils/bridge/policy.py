@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bridge import paths
+
 REPO = Path(__file__).resolve().parents[2]
 
 SLURM_QUERIES = ("squeue", "sacct", "sinfo")
@@ -60,6 +62,8 @@ class Policy:
     allow_scancel: bool = False
     timeout_s: float | None = None
     repo: Path = REPO
+    # where the tools look jobs up unless given --workspace (their $JOB_WORKSPACE, else <repo>/outputs)
+    workspace: Path = field(default_factory=lambda: Path(os.environ.get("JOB_WORKSPACE") or REPO / "outputs"))
 
 
 @dataclass
@@ -79,9 +83,10 @@ def check_chars(arg: str, bad: set[str] = SHELL_CHARS) -> None:
             raise Refused(f"argument {arg!r} holds the shell metacharacter {c!r} (no shell runs here; not allowed)")
 
 
-def path_values(arg: str) -> list[str]:
+def path_values(arg: str, repo: Path = REPO) -> list[str]:
     """The parts of ARG that name a file: ARG itself, or the value of --opt=VALUE / KEY=VALUE,
-    when it looks like a path (/x, ./x, ../x, a/b; not a URL such as gs://b/x)."""
+    when it looks like a path (/x, ./x, ../x, a/b; not a URL such as gs://b/x) or names something
+    that exists in the tools' working directory, the repository (`--workspace NAME`, a bare NAME)."""
     values = [arg]
     if "=" in arg:
         values.append(arg.split("=", 1)[1])
@@ -89,19 +94,64 @@ def path_values(arg: str) -> list[str]:
     for v in values:
         if v.startswith("-") and v is arg:
             continue
-        if v in (".", "..") or v.startswith(("/", "./", "../")) or ("/" in v and "://" not in v):
+        looks = v in (".", "..") or v.startswith(("/", "./", "../")) or ("/" in v and "://" not in v)
+        if looks or (v and "://" not in v and os.path.lexists(repo / v)):
             out.append(v)
     return out
 
 
+def tool_workspace(args: list[str], policy: Policy) -> Path:
+    """The workspace the tool looks a job up in: its --workspace (as the tool reads it, from the
+    repository), else the bridge's (policy.workspace)."""
+    ws = policy.workspace
+    for i, a in enumerate(args):
+        if a == "--workspace" and i + 1 < len(args):
+            ws = policy.repo / args[i + 1]
+        elif a.startswith("--workspace="):
+            ws = policy.repo / a.split("=", 1)[1]
+    return Path(os.path.realpath(ws))
+
+
+def job_entries(word: str, workspace: Path) -> list[Path]:
+    """What a job id or name WORD names in WORKSPACE (diagnosis/locate.py's lookup): <name>, <name>.log,
+    and for an id every <id>-JAX-* entry."""
+    if not word or "/" in word or word in (".", "..") or word.startswith("-"):
+        return []
+    key = word.split("=", 1)[-1].removesuffix(".log")
+    if not key or "/" in key:
+        return []
+    found = [workspace / n for n in (key, f"{key}.log") if os.path.lexists(workspace / n)]
+    if "-JAX-" not in key:
+        try:
+            with os.scandir(workspace) as entries:
+                found += [Path(e.path) for e in entries if e.name.startswith(f"{key}-JAX-")]
+        except OSError:
+            pass
+    return found
+
+
 def check_paths(args: list[str], policy: Policy) -> None:
+    """Every path ARGS name, and every workspace entry a job id or name among them names, must lead
+    (links followed, each link ours or root's) into the repository, a workspace or a config path."""
     roots = [Path(os.path.realpath(r)) for r in policy.roots]
+    where = ", ".join(str(r) for r in roots)
+
+    def confine(value: str | Path, what: str) -> None:
+        try:
+            paths.confine(value, roots, what, base=policy.repo)
+        except paths.Outside as e:
+            if e.link:
+                raise Refused(str(e)) from None  # names the link, its owner and its target
+            leads = f"; it leads to {e.real} ({paths.describe(e.real)})" if e.real != str(value) else ""
+            raise Refused(f"{what} {str(value)!r} is outside the repository and workspaces ({where}){leads}") from None
+
     for arg in args:
-        for value in path_values(arg):
-            real = Path(os.path.realpath(policy.repo / value))
-            if not any(real == r or r in real.parents for r in roots):
-                where = ", ".join(str(r) for r in roots)
-                raise Refused(f"path {value!r} is outside the repository and workspaces ({where})")
+        for value in path_values(arg, policy.repo):
+            confine(value, "path")
+    workspace = tool_workspace(args, policy)
+    for arg in args:
+        for entry in job_entries(arg, workspace):
+            confine(entry, "job")
 
 
 def tool_name(word: str, repo: Path) -> str | None:

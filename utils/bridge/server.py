@@ -14,6 +14,7 @@ import datetime
 import json
 import os
 import pwd
+import shutil
 import signal
 import socket
 import stat
@@ -170,7 +171,10 @@ class Audit:
 
 def code_state(repo: Path) -> dict[str, tuple[int, int, int, int]]:
     """(inode, size, mtime, ctime) of every file the allowed tools run: the top-level scripts,
-    utils/ and configs/. ctime moves on any write or rename and cannot be set back."""
+    utils/ and configs/. ctime moves on any write or rename and cannot be set back. Bytecode caches
+    (__pycache__) are left out because the tools never read them: they run with PYTHONPYCACHEPREFIX
+    set to the bridge's own private cache (Bridge.pycache); a .pyc or .so beside the sources, which
+    Python would import, is a file of utils/ like any other and counted."""
     state: dict[str, tuple[int, int, int, int]] = {}
     tops = [p for p in repo.iterdir() if p.is_file() and p.suffix in (".sh", ".sbatch", ".py")]
     for top in [repo / "utils", repo / "configs", *tops]:
@@ -214,6 +218,10 @@ class Bridge:
         self.policy = make_policy(cfg)
         self.audit = audit
         self.code = code_state(REPO) if cfg.check_code else {}
+        # the tools' bytecode goes to, and is read only from, a directory of ours that only we may write:
+        # never a __pycache__ of the repository, which whoever may write the repository could fill
+        self.pycache = tempfile.mkdtemp(prefix="mst-bridge-pycache-")
+        self.env = {**os.environ, "PYTHONPYCACHEPREFIX": self.pycache}
         self.slots = threading.BoundedSemaphore(MAX_CONCURRENT)
         self.running: set[subprocess.Popen[bytes]] = set()
         self.lock = threading.Lock()
@@ -295,6 +303,7 @@ class Bridge:
             proc = subprocess.Popen(
                 todo.argv,
                 cwd=REPO,
+                env=self.env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -342,6 +351,7 @@ class Bridge:
         with self.lock:
             for proc in list(self.running):
                 kill_group(proc)
+        shutil.rmtree(self.pycache, ignore_errors=True)
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:

@@ -3,25 +3,36 @@
 from __future__ import annotations
 
 import collections
+import os
 import re
+import stat
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from mcp.server.mcpserver.exceptions import ToolError
 
+from bridge import paths
 from diagnosis import joblog, locate, tsdb
 from mcpserver.reports import Context, triage_report
 
 MAX_JOBS = 500  # list_jobs returns at most this many, newest id first
 MAX_LINES = 200  # job_log_excerpt: lines returned at most
 MAX_CHARS = 400  # ... and characters per line (a longer line is cut and says so)
+MAX_LINE_BYTES = 8192  # bytes of a log line held (and searched by a pattern); the rest is read and dropped
+CHUNK = 1 << 16  # the log is read in pieces of this size
+MAX_PATTERN = 1000  # characters of a pattern
+ADVICE = "give a job of the workspace (list_jobs)"
 # docs/security.md "Secret names" (utils/launch/lib.sh SECRET_NAME_RE) and MaxText's credential keys:
 # a value the launcher missed is still not returned
 SECRET_NAME = re.compile(
     r"TOKEN($|_)|SECRET|PASSW|PASSPHRASE|CREDENTIAL|COOKIE|PRIVATE|AUTH|APIKEY|(^|_)KEY($|_)|(^|_)PAT($|_)|(^|_)DSN($|_)"
 )
 SECRET_KEYS = {"HF_ACCESS_TOKEN"}
-ASSIGNMENT = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)=(\S+)")
+# NAME=VALUE; VALUE as a shell writes it: bare characters, backslash escapes and quoted strings ("a b",
+# 'a b', $'a b') glued together; a quote left open (a line cut short) runs to the line's end
+VALUE = r"""(?:"(?:[^"\\]|\\.)*(?:"|$)|\$?'[^']*(?:'|$)|\\.|[^\s"'\\])+"""
+ASSIGNMENT = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)=(" + VALUE + ")?")
 REDACTED = "<redacted>"
 
 
@@ -32,7 +43,10 @@ def is_secret(name: str) -> bool:
 
 
 def redact(line: str) -> str:
-    """NAME=VALUE (VALUE up to the next blank) with a secret-looking NAME as NAME=<redacted>."""
+    """Every NAME=VALUE with a secret-looking NAME as NAME=<redacted>, VALUE whole: up to the next blank
+    outside quotes (`HF_TOKEN="a b"` and `hf_access_token='a b'` lose the whole quoted value)."""
+    if "=" not in line:
+        return line
     return ASSIGNMENT.sub(lambda m: f"{m.group(1)}={REDACTED}" if is_secret(m.group(1)) else m.group(0), line)
 
 
@@ -42,17 +56,68 @@ def redact_arg(arg: str) -> str:
     return f"{name}={REDACTED}" if eq and re.fullmatch(r"[A-Za-z_]\w*", name) and is_secret(name) else arg
 
 
-def _status(job_dir: Path) -> str | None:
-    summary = job_dir / "summary.txt"
+def open_log(ctx: Context, prog: str, log: Path) -> BinaryIO:
+    """LOG opened for reading, never through a link, and only when what was opened is a regular file
+    whose real path (the kernel's, /proc/self/fd: no race with a rename) lies in the workspace."""
     try:
-        return joblog.parse_block(summary.read_text(errors="replace").splitlines()).get("status")
+        fd = os.open(log, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO does not block
+    except OSError as e:
+        raise ToolError(f"{prog}: cannot open the job log {log} (links are not followed): {e.strerror}") from None
+    f = os.fdopen(fd, "rb", buffering=0)
+    st = os.fstat(fd)
+    why = None
+    if not stat.S_ISREG(st.st_mode):
+        why = f"it is not a regular file (owner {paths.owner(st.st_uid)}, mode {stat.filemode(st.st_mode)})"
+    else:
+        try:
+            real = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            real = str(log)  # no /proc: the checks before the open stand
+        if not Path(real).is_relative_to(ctx.workspace):
+            why = f"it was opened as {real}, outside the workspace {ctx.workspace}"
+    if why:
+        f.close()
+        raise ToolError(f"{prog}: refusing job log {log}: {why}; {ADVICE}")
+    return f
+
+
+def lines(f: BinaryIO, limit: int = MAX_LINE_BYTES) -> Iterator[tuple[str, int]]:
+    """The lines of F as (text, bytes dropped): at most LIMIT bytes of a line are kept, the rest is read
+    and dropped, so that memory stays bounded (about CHUNK + LIMIT) whatever the file holds."""
+    held = bytearray()
+    dropped = 0
+    while chunk := f.read(CHUNK):
+        at = 0
+        while at < len(chunk):
+            nl = chunk.find(b"\n", at)
+            end = len(chunk) if nl < 0 else nl
+            room = limit - len(held)
+            if room > 0:
+                held += chunk[at : min(end, at + room)]
+            dropped += max(0, end - at - max(room, 0))
+            if nl < 0:
+                break
+            yield held.decode(errors="replace"), dropped
+            held, dropped, at = bytearray(), 0, nl + 1
+    if held or dropped:
+        yield held.decode(errors="replace"), dropped
+
+
+def _status(job_dir: Path) -> str | None:
+    try:  # never through a link, at most 64 KiB
+        fd = os.open(job_dir / "summary.txt", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            text = f.read(1 << 16).decode(errors="replace")
     except OSError:
         return None
+    return joblog.parse_block(text.splitlines()).get("status")
 
 
 def list_jobs(ctx: Context) -> dict[str, Any]:
     """The jobs of the workspace: directories and logs named <id>-JAX-<model>[-<tag>] (not the earlier
-    results submit.sh moved aside)."""
+    results submit.sh moved aside). A link is listed only when it is ours and leads into the workspace."""
     ws = ctx.workspace
     try:
         entries = list(ws.iterdir())
@@ -62,6 +127,11 @@ def list_jobs(ctx: Context) -> dict[str, Any]:
     for p in entries:
         if "-JAX-" not in p.name or locate.EARLIER.search(p.name):
             continue
+        if p.is_symlink():
+            try:
+                paths.confine(p, [ws], "job")
+            except paths.Outside:
+                continue
         if p.is_dir():
             name = p.name
         elif p.is_file() and p.name.endswith(".log"):
@@ -106,7 +176,8 @@ def job_log_excerpt(
     before: int = 20,
     after: int = 20,
 ) -> dict[str, Any]:
-    """LINE's neighbourhood, else the first match of PATTERN, else the line triage cites first (its decisive
+    """LINE's neighbourhood, else the first match of PATTERN (searched in each line as it would be shown:
+    its first MAX_LINE_BYTES, secret values redacted), else the line triage cites first (its decisive
     evidence; else the log's end): at most MAX_LINES lines, each cut at MAX_CHARS characters, secret values
     redacted."""
     prog = "job_log_excerpt"
@@ -116,6 +187,8 @@ def job_log_excerpt(
         raise ToolError(f"{prog}: give line or pattern, not both")
     rx = None
     if pattern is not None:
+        if len(pattern) > MAX_PATTERN:
+            raise ToolError(f"{prog}: a pattern of {len(pattern)} characters; at most {MAX_PATTERN}")
         try:
             rx = re.compile(pattern)
         except re.error as e:
@@ -131,21 +204,21 @@ def job_log_excerpt(
             evidence = []
         first = next((e for e in evidence if e.get("file") == str(found.log) and e.get("line")), None)
         line, how, why = (first["line"], "triage_evidence", first.get("why")) if first else (None, "end", None)
-    test = (lambda n, text: n == line) if line is not None else (lambda n, text: bool(rx and rx.search(text)))
-    window: collections.deque[tuple[int, str]] = collections.deque(maxlen=before + 1)
+    # a pattern sees each line as it would be shown, secret values redacted: it cannot test a secret
+    test = (lambda n, text: n == line) if line is not None else (lambda n, text: bool(rx and rx.search(redact(text))))
+    window: collections.deque[tuple[int, str, int]] = collections.deque(maxlen=before + 1)
     center, total, tail = None, 0, []
-    try:
-        with found.log.open(errors="replace") as fh:
-            for total, text in enumerate(fh, 1):  # streamed: a log of gigabytes is read once, never held
-                text = text.rstrip("\n")
+    with open_log(ctx, prog, found.log) as f:
+        try:  # streamed, each line held up to MAX_LINE_BYTES: a log of gigabytes (or one giant line) is never held
+            for total, (text, dropped) in enumerate(lines(f), 1):
                 if center is None:
-                    window.append((total, text))
+                    window.append((total, text, dropped))
                     if test(total, text):
                         center = total
                 elif len(tail) < after:
-                    tail.append((total, text))
-    except OSError as e:
-        raise ToolError(f"{prog}: cannot read {found.log}: {e.strerror or e}") from None
+                    tail.append((total, text, dropped))
+        except OSError as e:
+            raise ToolError(f"{prog}: cannot read {found.log}: {e.strerror or e}") from None
     if line is not None and center is None:  # (triage cites lines of this log: only a given line is outside)
         raise ToolError(f"{prog}: line {line} is outside the log (1..{total})")
     if center is None and rx is not None:
@@ -161,10 +234,11 @@ def job_log_excerpt(
         center = total
     out = []
     cut = 0
-    for n, text in [*window, *tail]:
+    for n, text, dropped in [*window, *tail]:
         text = redact(text)
-        if len(text) > MAX_CHARS:
-            text, cut = text[:MAX_CHARS] + f" [... {len(text) - MAX_CHARS} more characters]", cut + 1
+        if len(text) > MAX_CHARS or dropped:
+            more = len(text) - MAX_CHARS + dropped
+            text, cut = text[:MAX_CHARS] + f" [... {more} more characters]", cut + 1
         out.append({"line": n, "text": text})
     return {
         "job": found.name,

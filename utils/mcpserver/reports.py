@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 
+from bridge import paths
 from diagnosis import diagnose as diag
 from diagnosis import investigate as inv
 from diagnosis import locate, tsdb
@@ -25,26 +27,48 @@ from diagnosis.cli import InputError, one_line
 from mcpserver.cache import Cache, Hit, fingerprint
 
 META = "maxtext-slurm/cache"  # the key in a result's _meta: {"cached", "seconds", "runs"}
+ADVICE = "give a job of the workspace (list_jobs)"
 
 
 @dataclasses.dataclass
 class Context:
-    """What every tool call shares: the workspace it may read and the results cache."""
+    """What every tool call shares: the workspace it may read (by its real path) and the results cache."""
 
     workspace: Path
     cache: Cache = dataclasses.field(default_factory=Cache)
 
-    def find(self, prog: str, job: str, *, what: str = "JOB", need_log: bool = False) -> locate.Job:
-        """The job JOB names (locate's rule), inside the workspace; ToolError "PROG: why" otherwise."""
+    def __post_init__(self) -> None:
+        self.workspace = Path(os.path.realpath(self.workspace))
+
+    def confine(self, prog: str, path: Path | str, what: str) -> Path:
+        """The real path of PATH when it leads into the workspace through no link but our own
+        (bridge/paths.py); ToolError "PROG: refusing ..." otherwise."""
         try:
-            found = locate.find_log(job, self.workspace, what=what) if need_log else locate.find(job, self.workspace)
+            return paths.confine(path, [self.workspace], what, advice=ADVICE)
+        except paths.Outside as e:
+            raise ToolError(f"{prog}: {e}") from None
+
+    def find(self, prog: str, job: str, *, what: str = "JOB", need_log: bool = False) -> locate.Job:
+        """The job JOB names (locate's rule), by its real paths, when the job, its directory and its
+        log lead into the workspace (checked after every link is followed); ToolError "PROG: why"
+        otherwise."""
+        if "/" not in job and job not in (".", ".."):  # a name or id: looked up in the workspace, not here
+            named: Path | None = None
+        else:
+            named = self.confine(prog, job, f"{what} path")
+        try:
+            arg = str(named) if named is not None else job
+            found = locate.find_log(arg, self.workspace, what=what) if need_log else locate.find(arg, self.workspace)
         except InputError as e:
             raise ToolError(f"{prog}: {one_line(e)}") from None
-        if not found.path.absolute().is_relative_to(self.workspace.absolute()):
-            raise ToolError(
-                f"{prog}: {job} is outside the workspace {self.workspace}: give a job id or name from list_jobs"
-            )
-        return found
+        where = self.confine(prog, found.path, "job")
+        job_dir = self.confine(prog, found.dir, "job directory") if found.dir else None
+        log = None
+        if found.log is not None:
+            if job_dir is not None and os.path.islink(job_dir / "log"):
+                self.confine(prog, job_dir / "log", "job log")  # the link's owner and where it leads
+            log = self.confine(prog, found.log, "job log")
+        return locate.Job(found.name, where, job_dir, log)
 
     def run(self, prog: str, tool: str, key: tuple, compute: Callable[[], Any]) -> Hit:
         """compute() through the cache; the tools' InputError and TSDBError become one-line ToolErrors."""
@@ -89,6 +113,9 @@ def _diagnose(ctx: Context, job: str, vs: str | None) -> dict:
                 "give vs=OTHER_JOB"
             )
         other, auto = picked
+        for p in (other.job_dir, other.tsdb):  # a teammate's link among the candidates is not followed
+            if p is not None:
+                ctx.confine("diagnose.py", p, "vs auto's baseline")
     elif vs:
         other = diag.locate(vs, ws, "vs")
     if other is not None and other.tsdb.resolve() == target.tsdb.resolve():

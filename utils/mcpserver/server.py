@@ -107,7 +107,10 @@ def build(workspace: Path, conf: cfg.Config) -> MCPServer:
     def job_log_excerpt(
         job: Job,
         line: Annotated[int | None, Field(ge=1, description="the line to show (1-based)")] = None,
-        pattern: Annotated[str | None, Field(description="a Python regex: its first match is shown")] = None,
+        pattern: Annotated[
+            str | None,
+            Field(description="a Python regex, searched in each line as shown (secret values redacted)"),
+        ] = None,
         before: Annotated[int, Field(ge=0, le=199, description="lines before")] = 20,
         after: Annotated[int, Field(ge=0, le=199, description="lines after")] = 20,
     ) -> dict[str, Any]:
