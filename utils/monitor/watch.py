@@ -13,6 +13,7 @@ saves and evals left out) are in `Rules` and `_check_*`; triage is asked once th
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -228,7 +229,7 @@ class Watch:
         monitor's own directory (held open: the path may be someone else's by now)."""
         self.refused = why
         ev = Event(
-            "untrusted",
+            f"untrusted:{hashlib.sha256(why.encode()).hexdigest()[:12]}",  # told once per reason
             "untrusted",
             "failure",
             "stopped watching: a path is not trusted (nothing resubmitted)",
