@@ -342,6 +342,7 @@ def test_a_teammate_cannot_make_the_victims_monitor_resubmit_her_code(cluster, r
         if "job_id" in locals():
             run(["scancel", job_id], env=cluster)
         shutil.rmtree(base, ignore_errors=True)
+        (victim.home / f"notify-{base.name}.conf").unlink(missing_ok=True)
 
 
 def _attacker_payload(attacker, where: Path) -> str:
