@@ -243,11 +243,8 @@ def test_resubmit_command_keeps_the_arguments_and_merges_exclude(tmp_path):
     snap = tmp_path / "snap"
     (snap / ".submit").mkdir(parents=True)
     (snap / ".submit/command.txt").write_text("submit.sh tiny -N 2 -- _env_TOKEN=<redacted>\n")
-    job = tmp_path / "1-JAX-tiny"
-    job.mkdir()
-    (job / "artifact").symlink_to(snap)
     with pytest.raises(recover.RecoverError, match="secrets redacted"):
-        recover.command_of(job)
+        recover.command_of(snap)
 
 
 # --- the command ------------------------------------------------------------------------------

@@ -21,9 +21,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import REPO, launcher_env, run
+from conftest import REPO, VENV, launcher_env, run
 
 from helpers.jobs import SUBMITTED, log_has, trainer_pid, wait_for, wait_job_end
+from helpers.users import as_user, ensure_users, reachable_base, shared_workspace
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 MONITOR = str(REPO / "utils/job_monitor.py")
@@ -249,3 +250,108 @@ def test_self_healing_resubmits_without_the_killed_node_and_restores(three_nodes
     assert re.search(r"first step \((\d+)\)", first["title"]).group(1) not in ("0", "1"), first  # restored
     assert re.search(r"restoring from this run's directory step \d+", new_log.read_text())
     assert rec["at"] < first["at"] and failed["at"] <= rec["at"]
+
+
+# --- attack 1 of issue 19 on a real job in a group workspace ---------------------------------------
+def test_a_teammate_cannot_make_the_victims_monitor_resubmit_her_code(cluster, receiver):
+    """The victim submits with --auto-recover 1 in a 2775 group workspace under umask 002. While the
+    job trains, a teammate tries attack 1: replace `artifact`, plant monitor state, append a JOB
+    SUMMARY blaming n2 (all refused by the file system: the job dir is 0755, the log 0644), then
+    moves the job dir and log aside and puts her own in their place (payload snapshot with its right
+    hash, a state with a budget, a failed log). The monitor stops with one line naming the path and
+    its owner, the payload's canary never appears, and the victim's job trains on."""
+    victim, attacker = ensure_users()
+    base = reachable_base()
+    try:
+        ws = shared_workspace(base, "group")
+        conf = victim.home / f"notify-{base.name}.conf"
+        res = as_user(
+            victim, ["bash", "-c", f"umask 077; echo json://127.0.0.1:{receiver.port}/hook > {conf}"], check=True
+        )
+        env = {**cluster, "MAXTEXT_SLURM_VENV": str(VENV), "JOB_WORKSPACE": str(ws), "MST_NOTIFY_CONFIG": str(conf)}
+        res = as_user(
+            victim,
+            [
+                str(REPO / "submit.sh"),
+                "tiny",
+                "-N",
+                "2",
+                "--auto-recover",
+                "1",
+                "--",
+                "steps=1000000",
+                "log_period=1000",
+            ],
+            env=env,
+            umask=0o002,
+            cwd=REPO,
+        )
+        assert res.returncode == 0, res.stdout + res.stderr
+        m = re.search(r"Submitted job (\d+) \((\S+)\)", res.stdout)
+        assert m and "monitor: pid" in res.stdout, res.stdout + res.stderr
+        job_id, name = m.group(1), f"{m.group(1)}-{m.group(2)}"
+        SUBMITTED.append(job_id)
+        job, log = ws / name, ws / f"{name}.log"
+        wait_for(lambda: log_has(log, r"^n2: .*completed step: 20,"), 300, "the victim's job to train")
+        pay = ws / "payload"
+        h = _attacker_payload(attacker, pay)
+        summary = (
+            "==================== JOB SUMMARY ====================\\nstatus: failed\\nfailed_nodes: n2 (exit 137)\\n"
+        )
+        tried = as_user(
+            attacker,
+            [
+                "bash",
+                "-c",
+                f"""ln -sfn {pay} {job}/artifact && echo REPLACED-ARTIFACT
+                mkdir {job}/monitor/x 2>/dev/null && echo PLANTED-STATE
+                echo '{{"recover_left": 5}}' > {job}/monitor/state.json && echo PLANTED-STATE
+                printf '{summary}' >> {log} && echo APPENDED""",
+            ],
+            umask=0o002,
+        )
+        assert not re.search(r"REPLACED|PLANTED|APPENDED", tried.stdout), tried.stdout + tried.stderr
+        swap = as_user(
+            attacker,
+            [
+                "bash",
+                "-c",
+                f"""set -e; cd {ws}
+                mv {name} {name}.away; mv {name}.log {name}.log.away
+                mkdir {name}; ln -s {pay} {name}/artifact; printf '%s  %s\\n' {h} {pay} > {name}/snapshot.sha256
+                mkdir {name}/monitor; echo '{{"job_id": "{job_id}", "recover_left": 5}}' > {name}/monitor/state.json
+                {{ head -c 4000 {name}.log.away; printf '{summary}'; }} > {name}.log
+                ln -s {ws}/{name}.log {name}/log""",
+            ],
+            umask=0o002,
+        )
+        assert swap.returncode == 0, swap.stderr
+        said = wait_for(lambda: receiver.first(job_id, "stopped watching"), 60, "the monitor to say why it stopped")
+        assert f"refusing the job directory {job}: it is owned by mstattacker (mode 2775)" in said["message"], said
+        steps = len(re.findall(r"completed step", (ws / f"{name}.log.away").read_text()))
+        time.sleep(25)  # two more polls of the detached monitor, and the job trains on
+        assert not (ws / "CANARY").exists(), "the attacker's submit.sh ran as the victim"
+        assert len(re.findall(r"completed step", (ws / f"{name}.log.away").read_text())) > steps
+        state = run(["scontrol", "show", "job", "-o", job_id], env=cluster).stdout
+        assert "JobState=RUNNING" in state, state
+        mon_log = (ws / f"{name}.away/monitor/monitor.log").read_text()
+        assert f"{name}: untrusted: stopped watching" in mon_log, mon_log
+        assert "resubmitted as job" not in mon_log and "Traceback" not in mon_log, mon_log
+        print(f"\nattack 1 on job {job_id}: the monitor said: {said['message']}")
+    finally:
+        if "job_id" in locals():
+            run(["scancel", job_id], env=cluster)
+        shutil.rmtree(base, ignore_errors=True)
+        (victim.home / f"notify-{base.name}.conf").unlink(missing_ok=True)
+
+
+def _attacker_payload(attacker, where: Path) -> str:
+    """A snapshot of the attacker's whose submit.sh writes the canary as whoever runs it; its hash."""
+    script = (
+        f"mkdir -p {where}/.submit; printf '#!/bin/bash\\nid -un > \"$JOB_WORKSPACE/CANARY\"\\n' > {where}/submit.sh; "
+        f"chmod 755 {where}/submit.sh; echo 'submit.sh tiny' > {where}/.submit/command.txt"
+    )
+    assert as_user(attacker, ["bash", "-c", script]).returncode == 0
+    res = as_user(attacker, ["bash", str(REPO / "_job.sbatch"), "--snapshot-hash", str(where)])
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()

@@ -19,8 +19,9 @@ import os
 import re
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 BLOCK = 4 << 20  # bytes read per block (4 MiB measured fastest: stays in cache)
 LOOKAHEAD = 64 << 10  # bytes kept after the last processed line (tracebacks, task lists)
@@ -1037,16 +1038,18 @@ class Tick:
 class Follower:
     """Reads what was appended to a job log since the last call, whole lines only, and returns the
     Ticks in it; `offset` (bytes consumed) can be saved and given back to resume after a restart.
-    Lines are read in blocks of 1 MiB; a line longer than that is skipped."""
+    Lines are read in blocks of 1 MiB; a line longer than that is skipped. `opener` opens the log
+    (default: by its path); the job monitor passes one that opens only a log it may trust."""
 
-    def __init__(self, path: str | Path, offset: int = 0) -> None:
+    def __init__(self, path: str | Path, offset: int = 0, opener: Callable[[Path], BinaryIO] | None = None) -> None:
         self.path, self.offset = Path(path), offset
+        self.opener = opener or (lambda p: p.open("rb"))
         self.clock: AbslClock | None = None
 
     def read(self, max_bytes: int = 64 << 20) -> list[Tick]:
         out: list[Tick] = []
         try:
-            f = self.path.open("rb")
+            f = self.opener(self.path)
         except OSError:
             return out
         with f:

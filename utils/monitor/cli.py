@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import fcntl
 import getpass
-import json
 import os
 import re
 import signal
@@ -14,10 +13,13 @@ import sys
 import time
 from pathlib import Path
 
+import trust
+from trust import UntrustedPath
+
 from diagnosis import joblog, locate, sweep
 from diagnosis.cli import InputError
-from monitor import notify, recover
-from monitor.watch import Event, Rules, Watch, private_dir, span, utc
+from monitor import notify, recover, store
+from monitor.watch import Event, Rules, Watch, span, utc
 
 BAD_INPUT = 2
 PROG = "job_monitor.py"
@@ -32,7 +34,11 @@ monitor goes on from <job dir>/monitor/state.json. JOB: a job id, job name, job 
 --auto-recover N: a job that failed or hung because of specific nodes (triage: node_failure,
 gpu_health, heartbeat_timeout, collective_error, hang with a culprit) is cancelled if still running
 and resubmitted from its snapshot without those nodes (restoring its run's latest checkpoint), at
-most N times. Exit: 0 when every watched job has ended (or after --stop), 2 on bad input."""
+most N times, and only from the snapshot recorded at submit (<job dir>/snapshot.sha256) when its
+content hash still matches. The monitor acts on a job only while its directory, monitor/ and log
+are yours and writable by you only; otherwise it stops watching that job with one line naming the
+path. Exit: 0 when every watched job has ended (or after --stop), 1 when a job was not trusted,
+2 on bad input."""
 
 
 def say(msg: str) -> None:
@@ -127,26 +133,60 @@ class Monitor:
         self.watches: dict[Path, Watch] = {}
         self.outboxes: dict[Path, notify.Outbox] = {}
         self.locks: dict[Path, int] = {}
+        self.refused: dict[Path, str] = {}  # jobs not watched or no longer: a path not ours to trust
         self.stop = False
 
-    def add(self, job_dir: Path, recover_left: int | None = None) -> None:
-        if job_dir in self.watches:
+    def refuse(self, job_dir: Path, why: str) -> None:
+        """Stop acting on a job: one line in the log and, when configured, one notification (sent
+        directly: its outbox is in the directory that is not trusted)."""
+        if job_dir in self.refused:
             return
-        home = private_dir(job_dir / "monitor")
-        fd = os.open(home / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        self.refused[job_dir] = why
+        say(f"{job_dir.name}: not watched (nothing resubmitted): {why}")
+        if self.notifier is not None:
+            self.notifier.send(
+                f"[maxtext-slurm] job {job_dir.name}: not watched, a path is not trusted", why, "failure"
+            )
+
+    def add(self, job_dir: Path, recover_left: int | None = None) -> None:
+        if job_dir in self.watches or job_dir in self.refused:
+            return
+        try:
+            w = Watch(job_dir, self.rules)
+        except UntrustedPath as e:
+            self.refuse(job_dir, str(e))
+            return
+        try:
+            fd = w.home.open_private("lock", "the monitor lock", os.O_RDWR)
+        except UntrustedPath as e:
+            w.close()
+            self.refuse(job_dir, str(e))
+            return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
+            w.close()
             say(f"{job_dir.name}: watched by another monitor already; left to it")
             return
+        try:
+            outbox = notify.Outbox(w.home.path / "outbox.json", self.notifier, say, home=w.home)
+        except UntrustedPath as e:
+            os.close(fd)
+            w.close()
+            self.refuse(job_dir, str(e))
+            return
         self.locks[job_dir] = fd
-        w = Watch(job_dir, self.rules)
         if recover_left is not None:
             w.s["recover_left"] = recover_left
-        w.s.setdefault("recover_left", self.a.auto_recover)
+        else:  # never more than this monitor's own --auto-recover allows
+            try:
+                saved = int(w.s.get("recover_left", self.a.auto_recover))
+            except (TypeError, ValueError):
+                saved = 0
+            w.s["recover_left"] = max(0, min(saved, self.a.auto_recover))
         self.watches[job_dir] = w
-        self.outboxes[job_dir] = notify.Outbox(home / "outbox.json", self.notifier, say)
+        self.outboxes[job_dir] = outbox
         say(f"{job_dir.name}: watching (state {w.s['phase']}, {len(w.s['sent'])} event(s) sent before)")
 
     def tell(self, w: Watch, ev: Event) -> None:
@@ -163,10 +203,15 @@ class Monitor:
             if w.ended:
                 continue
             now = time.time()
-            for ev in w.poll(now, slurm_state(w.job_id)):
+            events = w.poll(now, slurm_state(w.job_id))
+            for ev in events:
                 self.tell(w, ev)
-                if ev.kind == "hang" or (ev.key == "end" and ev.kind == "failed"):
+                if w.refused is None and (ev.kind == "hang" or (ev.key == "end" and ev.kind == "failed")):
                     self.maybe_recover(w, ev)
+            if w.refused is not None:
+                self.refused[w.dir] = w.refused
+                if not any(e.kind == "untrusted" for e in events):
+                    say(f"{w.name}: untrusted: stopped watching (nothing resubmitted)\n    {w.refused}")
         for ob in self.outboxes.values():
             ob.flush()
 
@@ -176,10 +221,11 @@ class Monitor:
             return
         now = time.time()
         if ev.kind == "hang":
-            from diagnosis import triage  # the hang's culprit, while the job still runs
-
-            try:
-                rep = triage.triage(str(w.dir), self.ws, triage.Options(now=now))
+            try:  # the hang's culprit, while the job still runs
+                rep = w.triage(now, scheduler=True)
+            except UntrustedPath as e:
+                self.stop_watch(w, str(e), now)
+                return
             except Exception as e:  # noqa: BLE001
                 rep = {"status": "running", "failure_class": None, "summary": f"triage failed: {e}"}
             if rep.get("failure_class") in (None, "hang") and not rep.get("culprit_hosts"):
@@ -201,7 +247,12 @@ class Monitor:
             while time.time() < end and slurm_state(w.job_id) not in (None, "GONE", "CANCELLED", "FAILED", "COMPLETED"):
                 time.sleep(1)
         try:
-            new = recover.resubmit(w.dir, exclude, w.s.get("header") or {})
+            w.jd.verify()
+        except UntrustedPath as e:
+            self.stop_watch(w, str(e), now)
+            return
+        try:
+            new = recover.resubmit(w.dir, w.jd, exclude, w.s.get("header") or {})
         except recover.RecoverError as e:
             w.emit(out := [], Event(key, "recovery", "failure", f"could not resubmit: {e}", [why], at=now))
         else:
@@ -223,10 +274,18 @@ class Monitor:
                 ),
             )
             self.add(Path(new["job_dir"]), recover_left=left - 1)
-            self.watches[Path(new["job_dir"])].s["recovered_from"] = w.job_id
+            if Path(new["job_dir"]) in self.watches:
+                self.watches[Path(new["job_dir"])].s["recovered_from"] = w.job_id
         for e in out:
             self.tell(w, e)
         w.save()
+
+    def stop_watch(self, w: Watch, why: str, now: float) -> None:
+        """w is no longer trusted: tell it once and act on it no more."""
+        w.stop(why, now, out := [])
+        for e in out:
+            self.tell(w, e)
+        self.refused[w.dir] = why
 
     def done(self) -> bool:
         return not self.a.all and all(w.ended for w in self.watches.values())
@@ -240,7 +299,7 @@ class Monitor:
         while not self.stop:
             self.poll()
             if self.a.once:
-                return 0
+                return 1 if self.refused else 0
             if self.done():
                 end = time.time() + self.a.linger
                 while self.pending() and time.time() < end and not self.stop:
@@ -250,7 +309,7 @@ class Monitor:
                 if self.pending():
                     say(f"giving up on {self.pending()} undelivered notification(s) (see the lines above)")
                 say("every watched job has ended")
-                return 0
+                return 1 if self.refused else 0
             t = time.time() + self.a.interval
             while time.time() < t and not self.stop:
                 time.sleep(min(0.5, t - time.time()))
@@ -269,15 +328,26 @@ def cancel(job_id: str) -> None:
 
 
 # --- start, detach, stop ---------------------------------------------------------------------
-def monitor_home(a: argparse.Namespace, ws: Path, dirs: list[Path]) -> Path:
-    """Where the pid file and log of a detached monitor go."""
-    return private_dir(dirs[0] / "monitor" if len(dirs) == 1 and not a.all else ws / ".monitor")
-
-
-def pid_alive(pid_file: Path) -> int | None:
-    """The pid in pid_file when that process is a job monitor of this user, else None."""
+def monitor_home(a: argparse.Namespace, ws: Path, dirs: list[Path]) -> store.Dir:
+    """Where the pid file and log of a detached monitor go: the job's monitor/, or for --all and
+    several jobs .monitor/ in your own root of the workspace ($JOB_WORKSPACE/<user>/). UntrustedPath
+    when that is not yours alone."""
+    if len(dirs) == 1 and not a.all:
+        top = store.Dir.open(dirs[0])
+        name, what = "monitor", "the monitor directory"
+    else:
+        top = store.Dir.open(trust.own_dir(ws / getpass.getuser()), "your directory in the workspace")
+        name, what = ".monitor", "the monitor directory"
     try:
-        pid = int(pid_file.read_text().strip())
+        return top.sub(name, what)
+    finally:
+        top.close()
+
+
+def pid_alive(home: store.Dir) -> int | None:
+    """The pid in the home's monitor.pid when that process is a job monitor of this user, else None."""
+    try:
+        pid = int((home.read("monitor.pid", "the monitor's pid file", limit=64) or b"").strip())
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         uid = Path(f"/proc/{pid}").stat().st_uid
     except (OSError, ValueError):
@@ -285,12 +355,12 @@ def pid_alive(pid_file: Path) -> int | None:
     return pid if b"job_monitor" in cmd and uid == os.getuid() else None
 
 
-def detach(argv: list[str], home: Path) -> int:
-    pid_file, log = home / "monitor.pid", home / "monitor.log"
-    if (pid := pid_alive(pid_file)) is not None:
+def detach(argv: list[str], home: store.Dir) -> int:
+    pid_file, log = home.path / "monitor.pid", home.path / "monitor.log"
+    if (pid := pid_alive(home)) is not None:
         return fail(f"a monitor already runs for this (pid {pid}, {pid_file}); stop it with --stop")
     args = [a for a in argv if a != "--detach"]
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    fd = home.open_private("monitor.log", "the monitor's log", os.O_WRONLY | os.O_APPEND)
     script = Path(__file__).resolve().parents[1] / "job_monitor.py"
     p = subprocess.Popen(
         [sys.executable, str(script), *args],
@@ -300,17 +370,14 @@ def detach(argv: list[str], home: Path) -> int:
         start_new_session=True,
     )
     os.close(fd)
-    tmp = home / f".monitor.pid.{p.pid}"
-    tmp.write_text(f"{p.pid}\n")
-    tmp.chmod(0o600)
-    tmp.replace(pid_file)
+    home.write("monitor.pid", f"{p.pid}\n".encode())
     print(f"monitor started: pid {p.pid}\n  log:  {log}\n  stop: {PROG} {' '.join(args)} --stop")
     return 0
 
 
-def stop(home: Path) -> int:
-    pid_file = home / "monitor.pid"
-    pid = pid_alive(pid_file)
+def stop(home: store.Dir) -> int:
+    pid_file = home.path / "monitor.pid"
+    pid = pid_alive(home)
     if pid is None:
         print(f"no monitor runs for this ({pid_file} names none of yours)")
         return 0
@@ -318,18 +385,40 @@ def stop(home: Path) -> int:
     end = time.time() + 15
     while time.time() < end and Path(f"/proc/{pid}").exists():
         time.sleep(0.1)
-    pid_file.unlink(missing_ok=True)
+    try:
+        os.unlink("monitor.pid", dir_fd=home.fd)
+    except FileNotFoundError:
+        pass
     print(f"monitor pid {pid} stopped")
     return 0
 
 
+def read_state(d: Path) -> dict | None:
+    """The monitor state of job dir d (None: not watched yet), read only when trusted."""
+    if not os.path.lexists(d / "monitor"):
+        return None
+    jd = store.Dir.open(d)
+    try:
+        home = store.Dir.open(d / "monitor", "the monitor directory")
+        try:
+            s = home.read_json("state.json", "the monitor state")
+        finally:
+            home.close()
+    finally:
+        jd.close()
+    return s if isinstance(s, dict) else None
+
+
 def status(dirs: list[Path]) -> int:
     for d in dirs:
-        f = d / "monitor" / "state.json"
-        if not f.exists():
+        try:
+            s = read_state(d)
+        except UntrustedPath as e:
+            print(f"{d.name}: {e}")
+            continue
+        if s is None:
             print(f"{d.name}: not watched yet")
             continue
-        s = json.loads(f.read_text())
         step = s.get("last_step")
         ago = f", last step {step} {span(time.time() - s['last_progress'])} ago" if step is not None else ""
         print(f"{d.name}: {s.get('phase')}{ago}; events sent: {', '.join(s.get('sent') or []) or 'none'}")
@@ -364,8 +453,14 @@ def main(argv: list[str] | None = None) -> int:
             return fail(f"{j}: no job directory (the monitor keeps its state there)")
         dirs.append(found.dir)
     if a.status:
-        return status(dirs if dirs else [p for p in sorted(ws.glob("*-JAX-*")) if p.is_dir()])
-    home = monitor_home(a, ws, dirs)
+        mine = [p for p in sorted(ws.glob("*-JAX-*")) if p.is_dir() and p.stat().st_uid == os.geteuid()]
+        return status(dirs if dirs else mine)
+    try:  # a job whose directory is not ours alone is refused before anything is started
+        for d in dirs:
+            store.Dir.open(d).close()
+        home = monitor_home(a, ws, dirs)
+    except UntrustedPath as e:
+        return fail(str(e))
     if a.stop:
         return stop(home)
     notifier = None

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import apprise
 
+from monitor.store import Dir, read_file
+
 LEVELS = {
     "info": apprise.NotifyType.INFO,
     "success": apprise.NotifyType.SUCCESS,
@@ -117,15 +119,22 @@ def _write_private(path: Path, data: object) -> None:
 
 
 class Outbox:
-    """Messages to deliver, kept in `path` (0600) until delivered; a key is put once, ever."""
+    """Messages to deliver, kept in `path` (0600) until delivered; a key is put once, ever. With
+    `home` (the monitor's directory, held open: monitor/store.py) the file is read and written
+    through it, only when it is ours to trust (else trust.UntrustedPath)."""
 
-    def __init__(self, path: Path, notifier: Notifier | None, log: Callable[[str], None]) -> None:
-        self.path, self.notifier, self.log = path, notifier, log
+    def __init__(
+        self, path: Path, notifier: Notifier | None, log: Callable[[str], None], home: Dir | None = None
+    ) -> None:
+        self.path, self.notifier, self.log, self.home = path, notifier, log, home
         self.items: list[dict] = []
         try:
-            self.items = json.loads(path.read_text())
-        except FileNotFoundError:
-            pass
+            if home is not None:
+                data = home.read(path.name, "the notification outbox")
+            else:
+                data = read_file(path, "the notification outbox", path)
+            if data is not None:
+                self.items = json.loads(data)
         except (OSError, ValueError) as e:
             log(f"notify: {path} unreadable ({e}); starting a new outbox")
 
@@ -165,4 +174,7 @@ class Outbox:
         return sent
 
     def _save(self) -> None:
-        _write_private(self.path, self.items)
+        if self.home is not None:
+            self.home.write_json(self.path.name, self.items)
+        else:
+            _write_private(self.path, self.items)

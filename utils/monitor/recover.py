@@ -2,8 +2,11 @@
 because of specific nodes, without them, from the same code snapshot (docs/job-monitor.md).
 
 `plan()` decides from triage's report alone; `resubmit()` runs the snapshot's own submit.sh with
-the recorded command plus --exclude. The job's run alias (--run) makes the new job restore the
-latest checkpoint; a job without one starts over (the notification says so).
+the recorded command plus --exclude, only for the snapshot named in <job dir>/snapshot.sha256 (never
+the `artifact` link) once it is ours, nobody else can write it, and its content hash, computed
+again by this monitor's own _job.sbatch, is the one submit.sh recorded. The job's run alias
+(--run) makes the new job restore the latest checkpoint; a job without one starts over (the
+notification says so).
 """
 
 from __future__ import annotations
@@ -11,8 +14,14 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import stat
 import subprocess
 from pathlib import Path
+
+import trust
+from trust import UntrustedPath
+
+from monitor import store
 
 # classes that name nodes at fault rather than the job itself (docs/triage.md); never config
 # errors, out of memory, NaN loss or the job's own exceptions
@@ -40,12 +49,82 @@ def plan(report: dict, nodes: list[str]) -> tuple[list[str], str]:
     return culprits, f"{cls} on {' '.join(culprits)}"
 
 
-def command_of(job_dir: Path) -> tuple[Path, list[str]]:
-    """The snapshot's submit.sh and the recorded arguments (artifact/.submit/command.txt)."""
-    snap = (job_dir / "artifact").resolve()
+RECORD = "snapshot.sha256"  # <job dir>/snapshot.sha256: "<64 hex>  <snapshot path>", written by submit.sh
+REPO = Path(__file__).resolve().parents[2]  # this monitor's own checkout: its _job.sbatch hashes snapshots
+
+
+def recorded_snapshot(job_dir: Path, jd: store.Dir) -> tuple[str, Path]:
+    """(hash, snapshot) from the job's snapshot record, read through the trusted job directory."""
+    where = job_dir / RECORD
     try:
-        text = (snap / ".submit" / "command.txt").read_text().splitlines()[0]
-    except (OSError, IndexError) as e:
+        data = jd.read(RECORD, "the snapshot record", limit=4096)
+    except UntrustedPath as e:
+        raise RecoverError(str(e)) from None
+    if data is None:
+        raise RecoverError(f"no snapshot record {where} (a job submitted before it was written): resubmit it yourself")
+    m = re.fullmatch(rb"([0-9a-f]{64})  (/[^\n]+)\n?", data)
+    snap = m and os.fsdecode(m.group(2))
+    if not m or not snap or os.path.normpath(snap) != snap:
+        raise RecoverError(f"the snapshot record {where} is not '<sha256>  <absolute snapshot path>'")
+    return m.group(1).decode(), Path(snap)
+
+
+def check_snapshot(snap: Path, ws: Path) -> None:
+    """The snapshot and every directory between the job's workspace and it are ours and writable by
+    us only, and so is everything in it (links aside: their targets are in the hash), so that what
+    is hashed is what runs. RecoverError otherwise."""
+    roots = [r for r in (ws, Path(os.path.realpath(ws))) if snap.is_relative_to(r)]
+    if not roots:
+        raise RecoverError(f"refusing the snapshot {snap}: it is not under the job's workspace {ws}")
+    try:
+        trust.check_under(roots[0], snap, "the job's snapshot", store.ADVICE)
+        for top, dirs, files in os.walk(snap):
+            for name in dirs + files:
+                p = os.path.join(top, name)
+                st = os.lstat(p)
+                if not stat.S_ISLNK(st.st_mode) and (why := trust.problem(st, p)):
+                    raise UntrustedPath(f"refusing the job's snapshot {snap}: {p} {why}")
+    except (UntrustedPath, OSError) as e:
+        raise RecoverError(str(e)) from None
+
+
+def snapshot_hash(snap: Path) -> str:
+    """The snapshot's content hash by this monitor's own _job.sbatch (never the snapshot's)."""
+    try:
+        res = subprocess.run(
+            ["bash", str(REPO / "_job.sbatch"), "--snapshot-hash", str(snap)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        raise RecoverError(f"cannot hash the snapshot {snap}: {e}") from None
+    h = res.stdout.strip()
+    if res.returncode != 0 or not re.fullmatch(r"[0-9a-f]{64}", h):
+        raise RecoverError(f"cannot hash the snapshot {snap}: {(res.stderr.strip() or h)[:300]}")
+    return h
+
+
+def verified_snapshot(job_dir: Path, jd: store.Dir) -> Path:
+    """The job's snapshot, from its record only (never the `artifact` link), checked (ours, no link,
+    nobody else can write it) and hashed again: its content is what submit.sh recorded."""
+    want, snap = recorded_snapshot(job_dir, jd)
+    check_snapshot(snap, job_dir.parent)
+    got = snapshot_hash(snap)
+    if got != want:
+        raise RecoverError(
+            f"refusing the job's snapshot {snap}: its content hash {got[:12]}... is not the {want[:12]}... "
+            f"recorded at submit ({job_dir / RECORD}); it changed since: resubmit it yourself"
+        )
+    return snap
+
+
+def command_of(snap: Path) -> tuple[Path, list[str]]:
+    """The snapshot's submit.sh and the recorded arguments (<snapshot>/.submit/command.txt)."""
+    try:
+        data = store.read_file(snap / ".submit" / "command.txt", "the recorded command", snap / ".submit/command.txt")
+        text = (data or b"").decode(errors="replace").splitlines()[0]
+    except (OSError, IndexError, UntrustedPath) as e:
         raise RecoverError(f"no recorded submit command in {snap}/.submit/command.txt ({e})") from None
     if "=<redacted>" in text:
         raise RecoverError("the recorded command had secrets redacted: resubmit it yourself")
@@ -94,14 +173,15 @@ def with_exclude(args: list[str], hosts: list[str]) -> list[str]:
     return [*out, f"--exclude={','.join(merged)}", *tail]
 
 
-def resubmit(job_dir: Path, exclude: list[str], header: dict[str, str]) -> dict[str, str]:
-    """Submit the job again without `exclude`: {job_id, name, log, job_dir, command}."""
-    submit, args = command_of(job_dir)
+def resubmit(job_dir: Path, jd: store.Dir, exclude: list[str], header: dict[str, str]) -> dict[str, str]:
+    """Submit the job again without `exclude`, from its verified snapshot (`jd`: the job directory,
+    held open and trusted): {job_id, name, log, job_dir, command}."""
+    submit, args = command_of(verified_snapshot(job_dir, jd))
     if not os.access(submit, os.X_OK):
         raise RecoverError(f"{submit} is not there or not executable")
     args = with_exclude(args, exclude)
     env = {**os.environ, "JOB_WORKSPACE": str(job_dir.parent)}
-    repo = Path(__file__).resolve().parents[2]  # this checkout: its environment and site file
+    repo = REPO  # this checkout: its environment and site file
     if (repo / ".venv").is_dir():
         env.setdefault("MAXTEXT_SLURM_VENV", str(repo / ".venv"))
     if (repo / "configs" / "site.env.sh").is_file():

@@ -4,6 +4,8 @@
 log) and the scheduler's state, and returns the new events; every event has a key that is sent
 once, and the watch's state (log offset, step statistics, keys already sent) is saved in
 <job dir>/monitor/state.json, so a restarted monitor goes on where it stopped, without repeats.
+The job directory, its monitor/ and the log are used only while they are ours to trust (store.py,
+utils/trust.py); otherwise the watch stops with one `untrusted` event naming the path.
 The rules (hang by step progress, slowdown against the job's own steady step time, with checkpoint
 saves and evals left out) are in `Rules` and `_check_*`; triage is asked once the job has ended.
 """
@@ -11,16 +13,20 @@ saves and evals left out) are in `Rules` and `_check_*`; triage is asked once th
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
 import re
 import statistics
-import tempfile
 import time
 from pathlib import Path
+from typing import BinaryIO
+
+from trust import UntrustedPath
 
 from diagnosis import joblog, locate, triage
+from monitor import store
 
 ENDED_GRACE = 60.0  # seconds to wait for the JOB SUMMARY once Slurm says the job has ended
 RECENT = 50  # step times kept for the hang threshold and the slowdown window
@@ -71,40 +77,17 @@ def span(seconds: float) -> str:
     return f"{s // 3600} h {s % 3600 // 60} min"
 
 
-def private_dir(path: Path) -> Path:
-    """path as a directory of the caller's only (made 0700; an existing one must be the caller's)."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = path.stat()
-    if st.st_uid != os.getuid():
-        raise PermissionError(f"{path} belongs to uid {st.st_uid}, not to you")
-    if st.st_mode & 0o077:
-        path.chmod(0o700)
-    return path
-
-
-def write_json(path: Path, data: dict) -> None:
-    """Atomically (a temp file in the same dir, then rename), mode 0600."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def planned_steps(header: dict[str, str]) -> int | None:
     """steps=N from the header's MaxText overrides (None: the config's default, not in the log)."""
     m = re.search(r"(?:^|\s)steps=(\d+)(?:\s|$)", header.get("overrides", ""))
     return int(m.group(1)) if m else None
 
 
-def read_header(log: Path) -> dict[str, str]:
-    """The JOB header's fields (the last run's), from the start of the log."""
+def read_header(f: BinaryIO) -> dict[str, str]:
+    """The JOB header's fields (the last run's), from the start of the open log."""
     try:
-        with log.open("rb") as f:
-            head = f.read(64 << 10).decode(errors="replace").splitlines()
+        f.seek(0)
+        head = f.read(64 << 10).decode(errors="replace").splitlines()
     except OSError:
         return {}
     if not head or head[0] != "=" * 20 + " JOB " + "=" * 20:
@@ -118,16 +101,22 @@ def read_header(log: Path) -> dict[str, str]:
 
 
 class Watch:
-    """One job, by its directory: state in <job dir>/monitor/."""
+    """One job, by its directory: state in <job dir>/monitor/. Raises trust.UntrustedPath when the
+    job directory, monitor/ or the state in it is not ours to trust."""
 
     def __init__(self, job_dir: Path, rules: Rules) -> None:
         self.dir = job_dir
         self.rules = rules
-        self.home = private_dir(job_dir / "monitor")
-        self.state_file = self.home / "state.json"
-        self.events_file = self.home / "events.jsonl"
+        self.jd = store.Dir.open(job_dir)
+        try:
+            self.home = self.jd.sub("monitor", "the monitor directory")
+        except BaseException:
+            self.jd.close()
+            raise
         self.name = job_dir.name
         self.job_id = locate.job_id_of(self.name) or ""
+        self.refused: str | None = None  # why the watch stopped: a path not ours to trust
+        self.log_ident: tuple[int, int] | None = None  # the log first read: never another file
         self.s: dict = {
             "job_id": self.job_id,
             "offset": 0,
@@ -150,22 +139,34 @@ class Watch:
             "summary_seen": False,
             "header": {},
         }
-        if self.state_file.exists():
-            try:
-                self.s.update(json.loads(self.state_file.read_text()))
-            except (OSError, ValueError):
-                pass  # a damaged state: start over (events may repeat once)
+        try:
+            saved = self.home.read_json("state.json", "the monitor state")  # None: a damaged state, start over
+        except BaseException:
+            self.close()
+            raise
+        if isinstance(saved, dict):
+            if saved.get("job_id") not in (None, self.job_id):
+                self.close()
+                raise UntrustedPath(
+                    f"refusing the monitor state {self.home.path}/state.json: it is job {saved.get('job_id')}'s, "
+                    f"not job {self.job_id}'s (a job directory moved?)"
+                )
+            self.s.update(saved)
         self.follower: joblog.Follower | None = None
+
+    def close(self) -> None:
+        self.home.close()
+        self.jd.close()
 
     # --- state --------------------------------------------------------------------------
     @property
     def ended(self) -> bool:
-        return self.s["phase"] == "ended"
+        return self.s["phase"] == "ended" or self.refused is not None
 
     def save(self) -> None:
         if self.follower is not None:
             self.s["offset"] = self.follower.offset
-        write_json(self.state_file, self.s)
+        self.home.write_json("state.json", self.s)
 
     def emit(self, out: list[Event], ev: Event) -> None:
         """Queue ev unless its key was sent before (also by an earlier monitor)."""
@@ -175,25 +176,79 @@ class Watch:
         ev.data.setdefault("job_id", self.job_id)
         ev.data.setdefault("job", self.name)
         out.append(ev)
-        with self.events_file.open("a") as f:
-            f.write(json.dumps(ev.record()) + "\n")
-        os.chmod(self.events_file, 0o600)
+        self.home.append("events.jsonl", "the monitor's events", (json.dumps(ev.record()) + "\n").encode())
 
     def log_path(self) -> Path | None:
         return locate.log_of(self.dir)
 
+    def open_log(self, log: Path) -> BinaryIO:
+        """The job log, opened only when it is ours, a regular file that nobody else can write,
+        and the same file as at the first read (FileNotFoundError before it exists)."""
+        fd = store.open_file(log, "the job log", log)
+        if fd is None:
+            raise FileNotFoundError(log)
+        st = os.fstat(fd)
+        if self.log_ident is None:
+            self.log_ident = (st.st_dev, st.st_ino)
+        elif (st.st_dev, st.st_ino) != self.log_ident:
+            os.close(fd)
+            raise UntrustedPath(
+                f"refusing the job log {log}: it was replaced by another file since the monitor first read it"
+            )
+        return os.fdopen(fd, "rb")
+
+    def triage(self, now: float, scheduler: bool) -> dict:
+        """Triage's report on the trusted log and job directory, read through descriptors that were
+        checked (a path swapped meanwhile cannot feed it another file)."""
+        log = self.log_path()
+        if log is None:
+            raise FileNotFoundError(f"{self.dir} has no log yet")
+        with self.open_log(log) as f:
+            proc = f"/proc/self/fd/{f.fileno()}"
+            rep = triage.Triage(Path(proc), self.jd.proc, triage.Options(now=now, scheduler=scheduler)).report()
+        names = {str(self.jd.proc): str(self.dir), proc: str(log)}
+        text = re.sub(r"/proc/self/fd/\d+", lambda m: names.get(m.group(0), m.group(0)), json.dumps(rep))
+        return json.loads(text)
+
     # --- one poll -----------------------------------------------------------------------
     def poll(self, now: float, sched: str | None) -> list[Event]:
-        """New events; sched is Slurm's JobState (None when unknown: no Slurm, id forgotten)."""
+        """New events; sched is Slurm's JobState (None when unknown: no Slurm, id forgotten). A path
+        not ours to trust stops the watch: one `untrusted` event, nothing acted on after it."""
         out: list[Event] = []
-        s = self.s
-        if s["phase"] == "ended":
+        if self.ended:
             return out
+        try:
+            self.jd.verify()
+            self._poll(now, sched, out)
+        except UntrustedPath as e:
+            self.stop(str(e), now, out)
+        return out
+
+    def stop(self, why: str, now: float, out: list[Event]) -> None:
+        """Stop acting on this job because of ``why`` (a trust refusal): one event, kept in the
+        monitor's own directory (held open: the path may be someone else's by now)."""
+        self.refused = why
+        ev = Event(
+            f"untrusted:{hashlib.sha256(why.encode()).hexdigest()[:12]}",  # told once per reason
+            "untrusted",
+            "failure",
+            "stopped watching: a path is not trusted (nothing resubmitted)",
+            [why],
+            at=now,
+        )
+        try:
+            self.emit(out, ev)
+            self.save()
+        except (OSError, UntrustedPath):
+            out.append(ev)
+
+    def _poll(self, now: float, sched: str | None, out: list[Event]) -> None:
+        s = self.s
         if sched == "PENDING":
             self.emit(out, Event("queued", "queued", "info", "queued", [f"Slurm state {sched}"], at=now))
         log = self.log_path()
         if log is not None and self.follower is None:
-            self.follower = joblog.Follower(log, s["offset"])
+            self.follower = joblog.Follower(log, s["offset"], self.open_log)
         if sched == "RUNNING" or (self.follower is not None and log is not None and log.exists()):
             if s["running_at"] is None:
                 s["running_at"] = now
@@ -202,7 +257,11 @@ class Watch:
         if self.follower is not None:
             ticks = self.follower.read()
             if ticks and not s["header"] and log is not None:
-                s["header"] = read_header(log)
+                try:
+                    with self.open_log(log) as f:
+                        s["header"] = read_header(f)
+                except FileNotFoundError:
+                    pass
             self._ticks(ticks, now, out)
         ended = sched is not None and sched not in triage.RUNNING_STATES
         if ended and s["ended_seen"] is None:
@@ -212,7 +271,6 @@ class Watch:
         elif s["phase"] == "running" and s["last_step"] is not None and not ended:
             self._check_hang(now, out)
         self.save()
-        return out
 
     def _ticks(self, ticks: list[joblog.Tick], now: float, out: list[Event]) -> None:
         s, r = self.s, self.rules
@@ -386,7 +444,9 @@ class Watch:
         s = self.s
         s["phase"] = "ended"
         try:
-            rep = triage.triage(str(self.dir), self.dir.parent, triage.Options(now=now, scheduler=False))
+            rep = self.triage(now, scheduler=False)
+        except UntrustedPath:
+            raise
         except Exception as e:  # noqa: BLE001 - the end is told even when triage cannot read the log
             rep = {"status": "failed" if sched != "COMPLETED" else "completed", "summary": f"triage failed: {e}"}
         status = rep.get("status") or "unknown"
@@ -437,9 +497,13 @@ class Watch:
     report: dict | None = None
 
     def summary(self) -> dict[str, str]:
-        """The JOB SUMMARY's fields (summary.txt in the job dir), {} before the job wrote it."""
+        """The JOB SUMMARY's fields (summary.txt in the job dir, a file of ours that nobody else can
+        write), {} before the job wrote it."""
         try:
-            lines = (self.dir / "summary.txt").read_text().splitlines()
+            data = self.jd.read("summary.txt", "the job summary", limit=1 << 20)
         except OSError:
             return {}
+        if data is None:
+            return {}
+        lines = data.decode(errors="replace").splitlines()
         return joblog.parse_block([x for x in lines if not x.startswith("=====")])
