@@ -15,7 +15,9 @@
 # what was tried. Under auto a CPU-only node without the image runs natively (the local cluster, CI).
 # CONTAINER_RUNTIME=none on a GPU node needs an environment made for that GPU
 # (MST_ACCELERATOR=cuda|rocm utils/setup_env.sh); a CPU one is refused.
-# Records $JOB_DIR/.images/<host>, which _container.sh then runs exactly:
+# Records $JOB_DIR/.images/<host> (a new file in a .images/ of ours, never through a link; the records
+# are read only when they and the directories from JOB_WORKSPACE to them are ours), which
+# _container.sh then runs exactly:
 #   runtime=podman|docker image=NAME digest=sha256:ID source=local|tar|pull   (ID: `image inspect`)
 #   runtime=none python=PATH accelerator=cpu|cuda|rocm
 # --agree compares the records of every node of JOB_NODELIST: a missing record, or another runtime,
