@@ -5,6 +5,8 @@
 # image, or natively when no runtime is used.
 #   In a job, the image stage (utils/launch/image.sh) has chosen: the node's record
 #   $JOB_DIR/.images/<host> names the runtime and the exact image (by ID), and that is what runs.
+#   The record is refused (one line, the job fails) unless it and every directory from JOB_WORKSPACE
+#   to it are ours, not links and not writable by others; its python= must be this job's MST_VENV's.
 #   Without a record (run by hand): CONTAINER_RUNTIME=auto|podman|docker|none (default auto:
 #   podman, then docker, each only if it has CONTAINER_IMAGE locally, then native).
 #   CONTAINER_IMAGE defaults to localhost/maxtext-slurm:latest (built from the Dockerfile).
@@ -42,16 +44,30 @@ runtime=${CONTAINER_RUNTIME:-auto}
 shown_image=$image
 has_image() { command -v "$1" >/dev/null 2>&1 && "$1" image inspect "$image" >/dev/null 2>&1; }
 record="${JOB_DIR:-/nonexistent}/.images/${JOB_HOSTNAME:-$(hostname)}"
-if [[ -n "${JOB_DIR:-}" && -f "$record" ]]; then
-  # the image stage's choice for this node (utils/launch/image.sh), not resolved again
+if [[ -n "${JOB_DIR:-}" ]] && [[ -e "$record" || -L "$record" ]]; then
+  # the image stage's choice for this node (utils/launch/image.sh), not resolved again; it decides what
+  # runs, so it is read only when it and every directory from the workspace to it are ours to trust
+  advice="the job's own image stage writes it; resubmit in a JOB_WORKSPACE only you can write"
+  if [[ -n "${JOB_WORKSPACE:-}" && "$record" == "${JOB_WORKSPACE%/}/"* ]]; then
+    check_trusted_under "$JOB_WORKSPACE" "$record" "the image record" "$advice"
+  else
+    check_trusted "$JOB_DIR" "the image record" "$advice"
+    check_trusted_under "$JOB_DIR" "$record" "the image record" "$advice"
+  fi
+  [[ -f "$record" ]] || die "refusing the image record $record: it is not a regular file; $advice"
   read -r -a fields < "$record"
   declare -A rec=()
   for kv in "${fields[@]}"; do rec[${kv%%=*}]=${kv#*=}; done
   runtime=${rec[runtime]:-}
   case "$runtime" in
-    none) [[ -n "${rec[python]:-}" ]] && export MST_PYTHON=${rec[python]} ;;
+    none)
+      # only the interpreter image.sh records for this job's environment (MST_VENV), nothing else
+      py=${MST_VENV:+$MST_VENV/bin/python}; py=${py:-python3}
+      [[ "${rec[python]:-}" == "$py" ]] ||
+        die "the image record $record names python=${rec[python]:-(none)}, not this job's environment's $py; rerun the job"
+      export MST_PYTHON=$py ;;
     podman|docker)
-      [[ "${rec[digest]:-}" == sha256:* ]] || die "the image record $record has no digest=sha256:...; rerun the job"
+      [[ "${rec[digest]:-}" =~ ^sha256:[0-9a-f]{64}$ ]] || die "the image record $record has no digest=sha256:<64 hex>; rerun the job"
       image=${rec[digest]} shown_image="${rec[image]:-?} (${rec[digest]})" ;;
     *) die "the image record $record names no runtime (podman, docker or none); rerun the job" ;;
   esac

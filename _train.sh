@@ -48,18 +48,37 @@ while IFS= read -r kv; do
   [[ "$kv" == [A-Z]*=* && ! -v "${kv%%=*}" ]] || continue
   export "${kv?}"; set_vars+=("${kv%%=*}")
 done < <("$repo/utils/launch/netenv.sh" --print)
-# 5. MaxText overrides: credentials (SECRET_MAXTEXT_KEYS, e.g. hf_access_token) reach MaxText as
-# M_<KEY> environment variables (MaxText reads those), never in the trainer's argv (ps shows argv).
-overrides=()
+# 5. MaxText overrides. A credential never reaches MaxText's config: MaxText writes its whole config
+# into TensorBoard's text summaries (event files whoever reads the job directory reads), and copies
+# HF_TOKEN into it. The Hugging Face token (hf_access_token=..., or HF_TOKEN, HUGGING_FACE_HUB_TOKEN,
+# M_HF_ACCESS_TOKEN in the environment, e.g. from _env_HF_TOKEN) goes into a private file that the
+# Hugging Face libraries read (HF_TOKEN_PATH), and none of those variables reaches the trainer:
+# MaxText's hf_access_token stays unset, so its downloads send the file's token. Never in argv either
+# (ps shows argv).
+overrides=() hf_token=""
 while IFS= read -r kv; do
   [[ -n "$kv" ]] || continue
-  if is_secret_key "${kv%%=*}"; then
-    key=${kv%%=*}; key="M_${key^^}"
-    export "$key=${kv#*=}"; set_vars+=("$key")
+  key=${kv%%=*}
+  if is_secret_key "$key"; then
+    [[ "${key##*.}" == hf_access_token ]] ||
+      die "the MaxText key $key is a credential MaxText would write into TensorBoard; pass the Hugging Face token as hf_access_token=... or _env_HF_TOKEN instead"
+    hf_token=${kv#*=}
   else
     overrides+=("$kv")
   fi
 done <<< "${TRAIN_OVERRIDES:-}"
+for v in M_HF_ACCESS_TOKEN HF_TOKEN HUGGING_FACE_HUB_TOKEN; do
+  [[ -z "$hf_token" && -n "${!v:-}" ]] && hf_token=${!v}
+  unset "$v"
+done
+kept=()
+for v in "${set_vars[@]}"; do [[ -v "$v" ]] && kept+=("$v"); done
+set_vars=("${kept[@]}")
+if [[ -n "$hf_token" ]]; then
+  export HF_TOKEN_PATH="<a private file, made at launch>"; set_vars+=(HF_TOKEN_PATH)
+fi
+# the trainer's Python never imports from its working directory (nor do the Pythons it starts)
+export PYTHONSAFEPATH=1; set_vars+=(PYTHONSAFEPATH)
 
 # Multi-process JAX from the generic job variables (MaxText's hardware=gpu path; on CPU
 # JAX_PLATFORMS=cpu keeps it there). One process per node drives all of the node's devices.
@@ -73,7 +92,24 @@ if [[ "$mode" == env ]]; then
   for v in "${set_vars[@]}"; do shown_kv env "$v=${!v}"; done | awk '!seen[$0]++'
   exit 0
 fi
+# hf_token_file: the Hugging Face token in a new file only we can read, in this node's private job
+# scratch (utils/launch/lib.sh job_scratch: labelled, so preflight removes what a killed job left);
+# removed when this process, the trainer after exec, ends.
+hf_token_file() {
+  local d
+  d=$(job_scratch) || exit 1
+  (umask 077; new_file "$d/hf_token") || exit 1
+  printf '%s\n' "$hf_token" > "$d/hf_token"
+  export HF_TOKEN_PATH="$d/hf_token"
+  (
+    trap '' HUP INT TERM
+    while kill -0 "$1" 2>/dev/null; do sleep 2; done
+    rm -rf -- "$d"
+  ) < /dev/null > /dev/null 2>&1 &
+}
+
 if [[ "$mode" == shell ]]; then
+  [[ -z "$hf_token" ]] || hf_token_file $$
   echo "_train.sh: shell in the job environment (MODEL=${MODEL:-none}, python: ${MST_PYTHON:-python3}); exit to leave" >&2
   exec bash -i
 fi
@@ -86,16 +122,25 @@ args=("$config" "run_name=${JOB_NAME:-maxtext}" "base_output_directory=$JOB_DIR"
       "jax_cache_dir=${JOB_WORKSPACE:-$JOB_DIR}/.jax_cache")
 # a run (--run): checkpoints on; their directory is a link to the run's (utils/launch/run_alias.sh)
 [[ -z "${MST_RUN:-}" ]] || args+=("enable_checkpointing=true")
-cmd=("${MST_PYTHON:-python3}" -m maxtext.trainers.pre_train.train "${args[@]}" "${overrides[@]}")
+py=${MST_PYTHON:-python3}
+cmd=("$py" -P -m maxtext.trainers.pre_train.train "${args[@]}" "${overrides[@]}")
 
 if [[ "$mode" == cmd ]]; then
   shown_cmd "${cmd[@]}"
   exit 0
 fi
 
+# -P (Python >= 3.11): the working directory is not on the import path. An older Python would import
+# from it, and cannot run MaxText 0.2.5 (>= 3.12) anyway: refused.
+if ! "$py" -I -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  v=$("$py" -I -c 'import platform; print(platform.python_version())' 2>/dev/null) ||
+    die "cannot run the trainer's Python '$py' on ${JOB_HOSTNAME:-$(hostname)}; check MST_VENV (MAXTEXT_SLURM_VENV) or the image"
+  die "the trainer's Python '$py' is $v: older than 3.11 it would import from its working directory (no -P); MaxText 0.2.5 needs Python >= 3.12 (utils/setup_env.sh)"
+fi
+[[ -z "$hf_token" ]] || hf_token_file $$
 if [[ "${ENABLE_COREDUMPS:-0}" == 1 ]]; then
   source "$repo/utils/launch/coredump.sh"
-  core_setup "${MST_PYTHON:-python3}"   # cd into the core directory, ulimit -c unlimited, context.txt
+  core_setup "$py"   # cd into the (private) core directory, ulimit -c unlimited, context.txt
 fi
 stray=$(compgen -v | grep -E '^M_[A-Z0-9_]+$' | grep -vxF -f <(printf '%s\n' "${set_vars[@]}") | paste -sd' ' || true)
 [[ -z "$stray" ]] || echo "_train.sh: warning: MaxText reads M_<KEY> variables as config overrides; set in this environment: $stray" >&2

@@ -91,7 +91,7 @@ def test_a_stopped_stage_waits_for_the_core_being_written(tmp_path):
     fake = tmp_path / "python"
     fake.write_text(
         "#!/bin/bash\n"
-        '[[ "${1:-}" == - ]] && exec "$REAL_PYTHON" "$@"   # coredump.sh asks for the versions\n'
+        '[[ "${1:-}" == -I || "${2:-}" == - ]] && exec "$REAL_PYTHON" "$@"  # the version probes\n'
         'exec "$REAL_PYTHON" -c \'import os, time; b = b"\\x01" * (768 << 20); '
         'print("ready", os.getpid(), flush=True); time.sleep(600)\'\n'
     )

@@ -75,10 +75,11 @@ def test_env_precedence(scratch_repo: Path):
     # the model's env file beats the launcher default
     got = composed(MODEL="probe")
     assert got["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.5" and got["PROBE_MODEL_ONLY"] == "model"
-    # _env_ overrides beat both; a secret-looking value is redacted when printed
+    # _env_ overrides beat both; the Hugging Face token reaches the trainer as a private file
+    # (HF_TOKEN_PATH, redacted: a secret-looking name), never as HF_TOKEN (MaxText copies that into its config)
     got = composed(MODEL="probe", TRAIN_ENV_OVERRIDES="XLA_PYTHON_CLIENT_MEM_FRACTION=0.7\nHF_TOKEN=hunter2\n")
     assert got["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.7"
-    assert got["HF_TOKEN"] == "<redacted>"
+    assert got["HF_TOKEN_PATH"] == "<redacted>" and "HF_TOKEN" not in got
     # the generic job variables become MaxText's multi-process variables
     got = composed(
         MODEL="tiny",
@@ -97,7 +98,8 @@ def test_env_precedence(scratch_repo: Path):
 
 
 def test_trainer_command(scratch_repo: Path):
-    """MaxText overrides go on the command line, except credentials (argv is public: ps)."""
+    """MaxText overrides go on the command line, except credentials (argv is public: ps; they reach the
+    Hugging Face libraries in a private file, docs/security.md); -P keeps the working directory off the import path."""
     env = {
         "MST_REPO": str(scratch_repo),
         "MODEL": "tiny",
@@ -110,9 +112,11 @@ def test_trainer_command(scratch_repo: Path):
     res = run([str(scratch_repo / "_train.sh"), "--print-cmd"], env=env)
     assert res.returncode == 0, res.stderr
     printed_env = run([str(scratch_repo / "_train.sh"), "--print-env"], env=env).stdout.splitlines()
-    assert "M_HF_ACCESS_TOKEN=<redacted>" in printed_env and "hf_secret7" not in "".join(printed_env)
+    assert "HF_TOKEN_PATH=<redacted>" in printed_env and "hf_secret7" not in "".join(printed_env)
+    assert not [v for v in printed_env if v.startswith("M_")], printed_env
     assert res.stdout.split() == [
         "/venv/bin/python",
+        "-P",
         "-m",
         "maxtext.trainers.pre_train.train",
         f"{scratch_repo}/configs/tiny.yml",

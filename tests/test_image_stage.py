@@ -195,6 +195,7 @@ def stage(tmp_path: Path, podman_root: Path, gpu: str = "", venv: str | None = N
     if gpu:
         (dev / gpu).touch()
     job_dir = tmp_path / "job"
+    job_dir.mkdir(exist_ok=True)  # made by submit.sh / run_local.sh before the job runs
     full = {
         **podman_settings(podman_root),
         "JOB_DIR": str(job_dir),

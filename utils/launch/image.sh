@@ -15,7 +15,9 @@
 # what was tried. Under auto a CPU-only node without the image runs natively (the local cluster, CI).
 # CONTAINER_RUNTIME=none on a GPU node needs an environment made for that GPU
 # (MST_ACCELERATOR=cuda|rocm utils/setup_env.sh); a CPU one is refused.
-# Records $JOB_DIR/.images/<host>, which _container.sh then runs exactly:
+# Records $JOB_DIR/.images/<host> (a new file in a .images/ of ours, never through a link; the records
+# are read only when they and the directories from JOB_WORKSPACE to them are ours), which
+# _container.sh then runs exactly:
 #   runtime=podman|docker image=NAME digest=sha256:ID source=local|tar|pull   (ID: `image inspect`)
 #   runtime=none python=PATH accelerator=cpu|cuda|rocm
 # --agree compares the records of every node of JOB_NODELIST: a missing record, or another runtime,
@@ -35,13 +37,33 @@ fail() { echo "image: FAILED: $*" >&2; exit 1; }
 # what a failed runtime command said, in one line: its "Error: ..." line, else its last line
 said() { { grep -m1 '^Error' <<< "$1" || tail -n 1 <<< "$1"; } | cut -c1-300; }
 
-# record FIELDS...: this node's record, written whole (a reader never sees half of it)
+# trusted_record PATH: die with one line unless PATH (a record, or the records' directory) and every
+# directory from JOB_WORKSPACE (or from JOB_DIR, outside a workspace) to it are ours to trust
+trusted_record() {
+  local advice="records are written by the job's own image stage; remove it and resubmit, in a JOB_WORKSPACE only you can write"
+  if [[ -n "${JOB_WORKSPACE:-}" && "$1" == "${JOB_WORKSPACE%/}/"* ]]; then
+    check_trusted_under "$JOB_WORKSPACE" "$1" "the image record" "$advice"
+  else
+    check_trusted "$JOB_DIR" "the image record" "$advice"
+    check_trusted_under "$JOB_DIR" "$1" "the image record" "$advice"
+  fi
+}
+
+# record FIELDS...: this node's record, written whole (a reader never sees half of it): a new file
+# (never through a link) in the records' directory, made ours (own_dir; under umask 022, so that
+# another node never sees it group-writable), renamed over an earlier record of this node
 record() {
-  mkdir -p "$rec_dir"
-  local tmp
-  tmp=$(mktemp "$rec_dir/.$host.XXXXXX")
+  local tmp umask_was
+  umask_was=$(umask)
+  umask 022
+  own_dir "$rec_dir" 755
+  trusted_record "$rec_dir"
+  tmp="$rec_dir/.$host.$$"
+  rm -f -- "$tmp"
+  new_file "$tmp"
+  umask "$umask_was"
   printf '%s\n' "$*" > "$tmp"
-  mv -f -- "$tmp" "$rec_dir/$host"
+  mv -f -T -- "$tmp" "$rec_dir/$host"
   echo "image: this node: $*"
 }
 
@@ -56,7 +78,8 @@ if [[ "${1:-}" == --agree ]]; then
   read -r -a nodes <<< "${JOB_NODELIST:?image.sh: JOB_NODELIST is not set}"
   declare -A key=() rec=() count=()
   for n in "${nodes[@]}"; do
-    [[ -f "$rec_dir/$n" ]] || continue
+    [[ -e "$rec_dir/$n" || -L "$rec_dir/$n" ]] || continue
+    trusted_record "$rec_dir/$n"
     rec[$n]=$(head -n 1 "$rec_dir/$n")
     r=$(field runtime "${rec[$n]}")
     if [[ "$r" == none ]]; then key[$n]="none accelerator=$(field accelerator "${rec[$n]}")"
