@@ -440,3 +440,61 @@ def test_ray_job_in_a_group_workspace_trains_with_its_collector_and_dashboards(u
     assert ray_dir.lstat().st_uid == victim.uid and stat.S_IMODE(ray_dir.lstat().st_mode) == 0o755
     assert (ray_dir / "head").lstat().st_uid == victim.uid and not (ray_dir / "auth").exists()
     assert {p.name for p in ray_dir.iterdir()} >= {"head", "done", "logs-n1", "logs-n2"}
+
+
+# --- attack 10 in parts: the setgid bit, and a fallback that says why ----------------------------
+
+
+@pytest.mark.slow
+def test_ray_head_in_a_setgid_job_dir_makes_a_private_token_dir(users, base):
+    """The condition of attack 10: a job dir made in a 2775 workspace inherits the setgid bit, and so
+    did `ray/` and `ray/auth` (2700, which the privacy check refuses: RAY=1 fell back without a word).
+    The victim's Ray head now makes `ray/` 0755 and `ray/auth` 0700 without it, and starts."""
+    victim, _ = users
+    ws = shared_workspace(base, "group")
+    job = ws / "5-JAX-tiny"
+    script = f"""
+set -u
+mkdir "$JOB_DIR"
+export MST_JOB_SCRATCH; MST_JOB_SCRATCH=$(mktemp -d /tmp/rXXXXXX)
+{REPO}/utils/observe/ray_cluster.sh head 127.0.0.1 > /dev/null 2> "$MST_JOB_SCRATCH/err"; rc=$?
+echo "rc=$rc modes=$(stat -c %a "$JOB_DIR" "$JOB_DIR/ray" "$JOB_DIR/ray/auth" "$JOB_DIR/ray/auth/token" | paste -sd,)"
+tail -n 1 "$MST_JOB_SCRATCH/err"
+{REPO}/utils/observe/ray_cluster.sh stop
+rm -rf "$MST_JOB_SCRATCH"
+"""
+    env = {
+        "JOB_DIR": str(job),
+        "JOB_WORKSPACE": str(ws),
+        "JOB_ID": f"sws-{uuid.uuid4().hex[:8]}",
+        "JOB_HOSTNAME": "h1",
+        "JOB_NUM_NODES": "1",
+        "MST_PYTHON": str(VENV / "bin/python"),
+    }
+    res = as_user(victim, ["bash", "-c", script], env=env, umask=0o022, timeout=180)
+    assert res.stdout.startswith("rc=0 modes=2755,755,700,600\n"), res.stdout + res.stderr
+
+
+def test_a_late_fallback_says_why_in_the_observe_block(tmp_path):
+    """Ray stopped being usable after the OBSERVE block was printed (nodes did not join): the block is
+    printed again, the Ray dashboard and token lines replaced by one `ray: off - WHY` line."""
+    job = tmp_path / "job"
+    (job / "metrics" / "run").mkdir(parents=True)
+    (job / "metrics" / "run" / "observe").write_text("prometheus: http://127.0.0.1:9190   tunnel: x\n")
+    res = subprocess.run(
+        [str(REPO / "utils/observe/job_services.sh"), "fallback", "Ray could not run the job: nodes did not join"],
+        env={**os.environ, "JOB_DIR": str(job), "JOB_HOSTNAME": "n1"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    assert res.stdout.splitlines() == [
+        "==================== OBSERVE ====================",
+        "prometheus: http://127.0.0.1:9190   tunnel: x",
+        "ray: off - Ray could not run the job: nodes did not join; training with the plain launch"
+        " (metrics, Prometheus and TensorBoard stay on)",
+        f"tsdb: {job}/prometheus",
+        f"browse_later: utils/prometheus.sh view {job}",
+        "=================================================",
+    ]

@@ -26,7 +26,7 @@ bind=${DASHBOARD_BIND:-127.0.0.1}
 interval=${METRICS_INTERVAL:-5}
 
 ray_off() {  # WHY: the OBSERVE line of a RAY=1 job that trains without Ray
-  printf 'ray: off - %s; training with the plain launch (metrics, Prometheus and TensorBoard stay on)\n' "$(tr '\n' ' ' <<< "$1")"
+  printf 'ray: off - %s; training with the plain launch (metrics, Prometheus and TensorBoard stay on)\n' "${1//$'\n'/ }"
 }
 
 observe() {  # LINE...: print the OBSERVE block with these lines, then where the TSDB is

@@ -91,9 +91,9 @@ os.close(fd)' "$token_file" || die "cannot write the Ray token '$token_file'"
 }
 
 check_token() {  # every node, before ray start: the token is there and private, and so is the way to it
-  check_trusted_under "$root" "$token_file" "the Ray token" "not starting Ray with it"
   { is_private "$token_dir" d 700 && is_private "$token_file" f 600; } ||
     die "the Ray token '$token_file' is missing or not private (want: directory 0700, file 0600, owned by $(id -un)); not starting Ray without it"
+  check_trusted_under "$root" "$token_file" "the Ray token" "not starting Ray with it"
 }
 
 # `ray start` with the Ray client server left out: Ray 2.60 starts it (port 10001, with the
