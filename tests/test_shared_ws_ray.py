@@ -33,9 +33,7 @@ from conftest import REPO, VENV
 
 from helpers.jobs import SUBMITTED, job_state, log_has, summary, wait_for, wait_job_end
 from helpers.users import GROUP, User, as_user, ensure_users, reachable_base, shared_workspace
-
-sys.path.insert(0, str(REPO / "utils" / "observe"))
-import job_record  # noqa: E402
+from observe import job_record
 
 # The attacker's listener: accepts every connection on 127.0.0.1:PORT and appends what it gets to
 # CAPTURE ("connect" and the bytes); a Ray node that trusted the planted record would connect here

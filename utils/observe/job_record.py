@@ -17,13 +17,25 @@ Exit status: 0 read; 1 refused (one line on stderr naming the path, its owner an
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import stat
 import sys
+import types
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import trust  # noqa: E402  (utils/trust.py: the one rule)
+
+def _own_trust() -> types.ModuleType:
+    """utils/trust.py of this clone (the one rule), by its path: never another clone's module that an
+    environment's import roots may name."""
+    spec = importlib.util.spec_from_file_location("trust", Path(__file__).resolve().parent.parent / "trust.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+trust = _own_trust()
 
 MISSING = 3
 
