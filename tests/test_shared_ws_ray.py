@@ -121,6 +121,32 @@ def submit_as(user: User, cluster: dict[str, str], ws: Path, *args: str, umask: 
     return m.group(1), ws / f"{m.group(1)}-{m.group(2)}.log"
 
 
+# The attacker's loop in a job dir of his own: keep a `ray/` anyone may write there (the job moves
+# earlier files aside), and once the head has made its token, put his address in `ray/head` at once
+# (the other nodes would then join him with the token).
+REPLANT = r"""
+for _ in $(seq 6000); do
+  if [[ -d "$1/ray/auth" ]]; then
+    echo "$2" > "$1/ray/.h" && mv -f "$1/ray/.h" "$1/ray/head"
+    exit 0
+  fi
+  [[ -d "$1/ray" ]] || { mkdir -p "$1/ray" && chmod 777 "$1/ray" && chmod g-s "$1/ray"; } 2>/dev/null
+  sleep 0.05
+done
+"""
+
+
+def spawn_as(user: User, cmd: list[str]) -> subprocess.Popen:
+    """Start ``cmd`` as ``user`` in the background (umask 002, no output)."""
+    return subprocess.Popen(
+        ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--init-groups", "--"]
+        + ["bash", "-c", 'umask 002; exec "$@"', "spawn_as", *cmd],
+        env={"HOME": str(user.home), "PATH": "/usr/bin:/bin"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 class Listener:
     """The attacker's listener, run as the attacker."""
 
@@ -128,13 +154,7 @@ class Listener:
         where.mkdir()
         shutil.chown(where, attacker.name)
         self.port_file, self.capture = where / "port", where / "capture"
-        self.proc = subprocess.Popen(
-            ["setpriv", f"--reuid={attacker.uid}", f"--regid={attacker.gid}", "--init-groups", "--"]
-            + [sys.executable, "-c", LISTENER, str(self.port_file), str(self.capture)],
-            env={"HOME": str(attacker.home), "PATH": "/usr/bin:/bin"},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        self.proc = spawn_as(attacker, [sys.executable, "-c", LISTENER, str(self.port_file), str(self.capture)])
         self.port = int(str(wait_for(lambda: self.port_file.exists() and self.port_file.read_text(), 30, "listener")))
         with socket.create_connection(("127.0.0.1", self.port), timeout=5):
             pass  # it answers (and counts this one)
@@ -163,7 +183,8 @@ def plant(attacker: User, ws: Path, job_dir: Path, address: str) -> dict[str, su
         [
             "bash",
             "-c",
-            'mv -T "$1" "$1.moved" && mkdir -m 777 "$1" "$1/ray" && echo "$2" > "$1/ray/head"'
+            'mv -T "$1" "$1.moved" && mkdir -m 777 "$1" "$1/ray" && chmod g-s "$1" "$1/ray"'
+            ' && echo "$2" > "$1/ray/head"'
             ' && chmod 666 "$1/ray/head"',
             "plant",
             str(job_dir),
@@ -315,7 +336,8 @@ def test_a_worker_never_sends_the_token_to_a_planted_head(users, base, tmp_path)
 @pytest.mark.parametrize("kind", ["sticky", "group"])
 def test_planted_ray_head_gets_no_token_and_runs_nothing(users, base, cluster, kind):
     """The victim's 2-node RAY=1 job in a shared workspace (1777 with umask 022, 2775 with umask 002);
-    while it is held, the attacker plants `ray/head` -> his listener where he can. No node connects
+    while it is held, the attacker plants `ray/head` -> his listener where he can (and, where he could
+    put his own job dir in its place, keeps planting it while the job runs). No node connects
     to the listener; the job either trains with Ray as usual (nothing could be planted) or stops with
     one line naming the attacker's directory; the Ray job the attacker would submit with a token is
     refused and its canary never appears."""
@@ -324,7 +346,7 @@ def test_planted_ray_head_gets_no_token_and_runs_nothing(users, base, cluster, k
     umask = 0o002 if kind == "group" else 0o022
     canary = victim.home / f"canary-{uuid.uuid4().hex}"
     listener = Listener(attacker, base / "attacker")
-    job_id = ""
+    job_id, swapped = "", False
     try:
         job_id, log = submit_as(
             victim,
@@ -345,6 +367,9 @@ def test_planted_ray_head_gets_no_token_and_runs_nothing(users, base, cluster, k
         assert tries["direct"].returncode != 0, "the attacker could write into the victim's job dir"
         swapped = tries["swap"].returncode == 0
         assert swapped == (kind == "group"), tries["swap"].stderr  # a sticky workspace keeps her entries hers
+        replant = None
+        if swapped:  # keep a record in place while the job runs (the job moves earlier files aside)
+            replant = spawn_as(attacker, ["bash", "-c", REPLANT, "replant", str(job_dir), f"127.0.0.1:{listener.port}"])
         assert as_user(victim, ["scontrol", "release", job_id], env=cluster).returncode == 0
         status = None
         if not swapped:
@@ -354,6 +379,9 @@ def test_planted_ray_head_gets_no_token_and_runs_nothing(users, base, cluster, k
         got = listener.got()
     finally:
         listener.stop()
+        if swapped and replant:
+            replant.kill()
+            replant.wait()
         if job_id and job_state(cluster, job_id) in ("PENDING", "RUNNING"):
             subprocess.run(["scancel", job_id], env={**os.environ, **cluster}, check=False)
     text = log.read_text(errors="replace")
@@ -364,6 +392,7 @@ def test_planted_ray_head_gets_no_token_and_runs_nothing(users, base, cluster, k
         assert state == "FAILED", text[-3000:]
         refusals = re.findall(r"^n\d: \S+: refusing .* it is owned by mstattacker.*$", text, re.M)
         assert refusals, text[-3000:]
+        print("\n".join(refusals))
         assert "ray_dashboard:" not in text and not re.search(r"completed step", text)
     else:
         assert state == "COMPLETED", text[-3000:]
