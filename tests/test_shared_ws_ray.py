@@ -392,7 +392,6 @@ def test_planted_ray_head_gets_no_token_and_runs_nothing(users, base, cluster, k
         assert state == "FAILED", text[-3000:]
         refusals = re.findall(r"^n\d: \S+: refusing .* it is owned by mstattacker.*$", text, re.M)
         assert refusals, text[-3000:]
-        print("\n".join(refusals))
         assert "ray_dashboard:" not in text and not re.search(r"completed step", text)
     else:
         assert state == "COMPLETED", text[-3000:]
