@@ -15,7 +15,8 @@ The driver, like every Ray process of the job, authenticates with the job's toke
 RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 in the driver too, which is set here.
 
 Exit status: the first failing node's status, 0 when all succeed, 200 when Ray itself could not
-run the job (the launcher then falls back to the plain launch).
+run the job (the launcher then falls back to the plain launch; the reason, one line, is also
+written to MST_RAY_REASON_FILE when that is set, for the OBSERVE block).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 RAY_UNUSABLE = 200
@@ -149,6 +151,22 @@ class NodeTrainer:
             pass
 
 
+def unusable(say: Callable[[str], None], why: str) -> int:
+    """Say why Ray cannot run the job, leave the reason (one line) for the launcher's OBSERVE
+    block in MST_RAY_REASON_FILE (a new file in the node's private scratch), return RAY_UNUSABLE."""
+    why = " ".join(why.split())[:300]
+    say(why)
+    path = os.environ.get("MST_RAY_REASON_FILE")
+    if path:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(why + "\n")
+        except OSError:
+            pass  # the launcher then points at the line above
+    return RAY_UNUSABLE
+
+
 def main() -> int:
     if len(sys.argv) > 1:
         print(__doc__.strip())
@@ -169,16 +187,14 @@ def main() -> int:
         while not wanted <= set(ray.cluster_resources()):
             if time.monotonic() > deadline:
                 missing = sorted(wanted - set(ray.cluster_resources()))
-                say(f"nodes did not join Ray within {join_timeout:.0f} s: {missing}")
-                return RAY_UNUSABLE
+                return unusable(say, f"nodes did not join Ray within {join_timeout:.0f} s: {missing}")
             time.sleep(0.5)
         actor_cls = ray.remote(num_cpus=0, max_concurrency=4)(NodeTrainer)
         command = [str(Path(repo) / "_container.sh"), "_train.sh"]
         actors = {h: actor_cls.options(resources={host_resource(h): 0.001}).remote(h, command) for h in hosts}
         pids = ray.get([a.start.remote() for a in actors.values()], timeout=120)
     except Exception as e:  # any failure before training started: let the launcher fall back
-        say(f"Ray could not start the training actors: {type(e).__name__}: {e}")
-        return RAY_UNUSABLE
+        return unusable(say, f"Ray could not start the training actors: {type(e).__name__}: {e}")
     say("trainers started: " + ", ".join(f"{h} pid {p}" for h, p in zip(hosts, pids, strict=True)))
 
     # One outstanding drain per node, all at once: a node answers when it has output (batched for

@@ -7,9 +7,13 @@
 # bound to the node's address so only the cluster can scrape it; 127.0.0.1 for a one-node job) and
 # its part of the Ray cluster (utils/observe/ray_cluster.sh: token-authenticated, temp dir in the scratch).
 # Node rank 0 also starts Prometheus and TensorBoard (utils/observe/job_services.sh), prints the OBSERVE
-# block, and runs _ray_actor.py, which trains through one thin actor per node. The other nodes
-# wait until the head reports the end ($JOB_DIR/ray/done). If Ray cannot start or nodes cannot
-# join, every node says so and falls back to the plain launch (_train.sh), metrics still on.
+# block, publishes its Ray address in $JOB_DIR/ray/head (a new file of its own) and runs
+# _ray_actor.py, which trains through one thin actor per node. The other nodes read that address
+# only after checking the record and every directory above it up to JOB_WORKSPACE (ours, no link,
+# writable by nobody else; refused with one line otherwise: they never send the token to an address
+# someone else wrote), join, and wait until the head reports the end ($JOB_DIR/ray/done). If Ray
+# cannot start or nodes cannot join, every node says so and falls back to the plain launch
+# (_train.sh), metrics, Prometheus and TensorBoard still on; the OBSERVE block says why ("ray: off").
 # At the end each node keeps its Ray logs in $JOB_DIR/ray/logs-<host> (regular files only) and
 # removes its scratch. Reads the variables of docs/env-contract.md; stops only what it started.
 set -uo pipefail
@@ -25,9 +29,22 @@ addr=${addrs[$rank]:-127.0.0.1}
 (( ${JOB_NUM_NODES:-1} > 1 )) || addr=127.0.0.1  # one node: nothing outside needs to reach it
 py=${MST_PYTHON:-python3}
 ray_dir="$JOB_DIR/ray"
-mkdir -p "$ray_dir" "$JOB_DIR/metrics/targets"
 join_timeout=${RAY_JOIN_TIMEOUT:-120}
 say() { echo "_train_with_ray.sh: $*"; }
+
+# The job dir may sit in a shared workspace (docs/security.md#shared-workspaces): the directories
+# this script writes into, and the head's address record the other nodes read, must be ours, not
+# links, writable by nobody else, and so must every directory between the workspace and them.
+root=${JOB_WORKSPACE:-}
+[[ -n "$root" && "$JOB_DIR" == "${root%/}/"* ]] || root=$(dirname "$JOB_DIR")
+# a job dir of ours made under a group umask (002) is closed to the others' writes first
+[[ -d "$JOB_DIR" && -O "$JOB_DIR" && ! -L "$JOB_DIR" ]] && chmod go-w -- "$JOB_DIR"
+check_trusted_under "$root" "$JOB_DIR" "the job directory" "it must be the job's own (made by submit.sh); not starting Ray"
+# Everything the job's services write into the workspace is readable by the group and writable by
+# us only (as submit.sh makes the job's log and directory), whatever umask the job was given.
+umask 022
+# made here on every node (the same user everywhere): 0755, no inherited setgid
+for d in "$JOB_DIR/metrics" "$JOB_DIR/metrics/targets" "$ray_dir"; do own_dir "$d"; done
 
 # This node's private scratch (new, 0700, ours: nobody else can have made it or look inside):
 # Ray's temp dir, the saved environment, the exporter's plugin state. If it cannot be made
@@ -50,7 +67,7 @@ keep_ray_logs() {
   local s dest="$ray_dir/logs-$host"
   for s in "$scratch/ray"/session_2*; do
     [[ -d "$s/logs" && ! -L "$s" && ! -L "$s/logs" ]] || continue
-    mkdir -p "$dest"
+    [[ -d "$dest" && ! -L "$dest" ]] || (own_dir "$dest") || return 0
     (cd "$s/logs" && find . -type f -print0 | xargs -0 -r cp -P --parents -t "$dest") 2>/dev/null
   done
   return 0
@@ -86,23 +103,41 @@ plain() {  # the fallback: train without Ray, same environment
   "$repo/_train.sh"
 }
 
+# last_line FILE: its last non-empty line, at most 300 characters (the reason a Ray step failed)
+last_line() {
+  local l
+  l=$(grep -v '^[[:space:]]*$' "$1" 2>/dev/null | tail -n 1)
+  printf '%s\n' "${l:0:300}"
+}
+
 if (( rank == 0 )); then
-  if ! head_info=$("$repo/utils/observe/ray_cluster.sh" head "$addr" 2> "$JOB_DIR/metrics/ray-start-$host.log"); then
+  start_log="$JOB_DIR/metrics/ray-start-$host.log"
+  if ! head_info=$("$repo/utils/observe/ray_cluster.sh" head "$addr" 2> "$start_log"); then
     touch "$ray_dir/FAILED"
-    plain "Ray head did not start on $host (see $JOB_DIR/metrics/ray-start-$host.log)"
+    why="Ray head did not start on $host: $(last_line "$start_log") (see $start_log)"
+    # Prometheus and TensorBoard still run; the OBSERVE block says why there is no Ray
+    MST_RAY_FALLBACK=$why "$repo/utils/observe/job_services.sh" start
+    plain "$why"
     exit $?
   fi
   read -r address dash_port token_file <<< "$head_info"
-  echo "$address" > "$ray_dir/head.tmp" && mv "$ray_dir/head.tmp" "$ray_dir/head"
+  # The record the other nodes connect to (and send the token to): a new file of ours in the
+  # directory made above, renamed into place whole, never written through a link.
+  new_file "$ray_dir/head.tmp"
+  { printf '%s\n' "$address" > "$ray_dir/head.tmp" && mv -T -- "$ray_dir/head.tmp" "$ray_dir/head"; } ||
+    die "cannot write the Ray head's address $ray_dir/head"
   RAY_DASHBOARD_PORT=$dash_port MST_RAY_TOKEN_FILE=$token_file "$repo/utils/observe/job_services.sh" start
   say "Ray head $address; waiting for ${JOB_NUM_NODES:-1} node(s) to join"
-  # the driver authenticates with the job's token like every other Ray process (its path only)
-  RAY_ADDRESS=$address RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$token_file \
+  # the driver authenticates with the job's token like every other Ray process (its path only);
+  # when Ray cannot run the job it says why in MST_RAY_REASON_FILE (the node's private scratch)
+  RAY_ADDRESS=$address RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$token_file MST_RAY_REASON_FILE=$scratch/ray-unusable \
     RAY_JOIN_TIMEOUT=$join_timeout "$py" "$repo/_ray_actor.py"
   rc=$?
   if (( rc == 200 )); then
     touch "$ray_dir/FAILED"
-    plain "Ray could not run the job"
+    why="Ray could not run the job: $(head -c 300 "$scratch/ray-unusable" 2>/dev/null || echo 'see the _ray_actor.py line above')"
+    "$repo/utils/observe/job_services.sh" fallback "$why"
+    plain "$why"
     exit $?
   fi
   # let every exporter poll once more and Prometheus scrape it, so the last steps are kept
@@ -113,19 +148,35 @@ if (( rank == 0 )); then
   exit "$rc"
 fi
 
-# Other nodes: join the head, then wait for the end (or for the head to give up on Ray).
-waited=0
-while [[ ! -e "$ray_dir/head" && ! -e "$ray_dir/FAILED" ]] && (( waited < join_timeout * 4 )); do
+# Other nodes: read the head's address, join the head, then wait for the end (or for the head to
+# give up on Ray). The address is read only from the head's own record, checked race-free (ours,
+# no link, nobody else can write it or a directory above it; utils/observe/job_record.py) before
+# this node connects to it and sends it the token: a record someone else planted stops the node.
+waited=0 head=""
+while (( waited < join_timeout * 4 )) && [[ ! -e "$ray_dir/FAILED" ]]; do
+  if [[ -e "$ray_dir/head" || -L "$ray_dir/head" ]]; then
+    head=$("$py" "$repo/utils/observe/job_record.py" read "$root" "$ray_dir/head" --max 256 \
+      --what "the Ray head's address" --advice "someone else made it; not connecting to it" 2>&1)
+    case $? in
+      0) break ;;
+      3) head="" ;;  # gone again between the test and the read
+      *) die "$head" ;;
+    esac
+  fi
   sleep 0.25; waited=$((waited + 1))
 done
-if [[ ! -e "$ray_dir/head" ]]; then
-  plain "no Ray head appeared within ${join_timeout} s"
+head=${head%$'\n'}
+if [[ -z "$head" ]]; then
+  if [[ -e "$ray_dir/FAILED" ]]; then plain "the head could not start Ray"
+  else plain "no Ray head appeared within ${join_timeout} s"; fi
   exit $?
 fi
+[[ "$head" =~ ^[A-Za-z0-9._-]+:[0-9]{1,5}$ ]] ||
+  die "the Ray head's address record $ray_dir/head holds no address ('${head:0:80}'); not connecting"
 # Ray gives a raylet 30 s to register with the GCS; on a loaded node that can pass once: one more try
 # (after stopping what the first one left, only this job's Ray processes on this node).
 for attempt in 1 2; do
-  if "$repo/utils/observe/ray_cluster.sh" worker "$addr" "$(cat "$ray_dir/head")" 2>> "$JOB_DIR/metrics/ray-start-$host.log"; then
+  if "$repo/utils/observe/ray_cluster.sh" worker "$addr" "$head" 2>> "$JOB_DIR/metrics/ray-start-$host.log"; then
     break
   fi
   "$repo/utils/observe/ray_cluster.sh" stop

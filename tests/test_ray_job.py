@@ -322,7 +322,18 @@ def test_falls_back_to_the_plain_launch_when_ray_cannot_start(cluster, workspace
         RAY_JOIN_TIMEOUT="20",
     )
     assert wait_job_end(cluster, job_id, 300) == "COMPLETED", log.read_text()[-3000:]
-    assert log_has(log, r"^n1: _train_with_ray.sh: Ray head did not start on n1 .* falling back to the plain launch")
+    assert log_has(log, r"^n1: _train_with_ray.sh: Ray head did not start on n1: .* falling back to the plain launch")
+    # the OBSERVE block says why there is no Ray, and Prometheus and TensorBoard still run
+    text = log.read_text()
+    block = text.split("n1: ==================== OBSERVE ====================\n", 1)[1].split("\nn1: =====", 1)[0]
+    ray_lines = [line for line in block.splitlines() if line.startswith("n1: ray")]
+    assert len(ray_lines) == 1, block
+    assert re.fullmatch(
+        r"n1: ray: off - Ray head did not start on n1: .+ \(see \S+/metrics/ray-start-n1\.log\);"
+        r" training with the plain launch \(metrics, Prometheus and TensorBoard stay on\)",
+        ray_lines[0],
+    ), ray_lines[0]
+    assert re.search(r"^n1: prometheus: http://127\.0\.0\.1:\d+ ", block, re.M) and "n1: tensorboard: " in block
     assert log_has(log, r"^n2: _train_with_ray.sh: .*falling back to the plain launch")
     for host in ("n1", "n2"):
         assert log_has(log, rf"^{host}: .*completed step: 4,")

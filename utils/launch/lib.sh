@@ -59,13 +59,15 @@ free_port() {
 
 # private_dir PARENT: a fresh directory PARENT/mst.XXXXXXXX for one job's secrets and sockets on
 # this node. mktemp -d makes it atomically (a new random name, mode 0700) so nobody else can have
-# made it first; it is then checked (a directory, not a link, ours, mode 700) before it is used.
+# made it first; the setgid bit a group directory hands down (2700) is dropped; it is then checked
+# (a directory, not a link, ours, mode 700) before it is used.
 # The name is short on purpose: Ray puts Unix sockets below it (107-byte path limit).
 # Dies with one line when PARENT is unusable.
 private_dir() {
   local parent=$1 d mode
   d=$(mktemp -d "$parent/mst.XXXXXXXX" 2>/dev/null) ||
     die "cannot create a private directory in '$parent' (set TMPDIR to a writable node-local directory)"
+  [[ -O "$d" && ! -L "$d" ]] && chmod g-s -- "$d"
   mode=$(stat -c %a "$d" 2>/dev/null || true)
   [[ -d "$d" && ! -L "$d" && -O "$d" && "$mode" == 700 ]] ||
     die "'$d' is not a private directory (owner or mode $mode changed under us); refusing to use it"

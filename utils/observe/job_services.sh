@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: utils/observe/job_services.sh start | stop
+# Usage: utils/observe/job_services.sh start | fallback WHY | stop
 #
 # The job's head-node services for RAY=1: Prometheus and TensorBoard.
 #   start  Prometheus (PROMETHEUS_BIN or prometheus on PATH) scraping every file_sd target in
@@ -9,7 +9,10 @@
 #          (default 127.0.0.1) on a free port from 9190 / 6006. Prints the OBSERVE block
 #          (URLs, SSH tunnel commands, where the TSDB is, how to browse it later; with
 #          RAY_DASHBOARD_PORT the Ray dashboard, and with MST_RAY_TOKEN_FILE where its token is:
-#          the path, never the value).
+#          the path, never the value; with MST_RAY_FALLBACK=WHY the line "ray: off - WHY; ..."
+#          instead: the job trains without Ray, and this is why).
+#   fallback WHY  Ray stopped being usable after start: prints the OBSERVE block again, its Ray
+#          lines replaced by "ray: off - WHY; ...".
 #   stop   stops them (SIGTERM: Prometheus flushes its head block) and waits.
 # A missing Prometheus is reported and skipped: the job still runs.
 set -uo pipefail
@@ -22,9 +25,21 @@ run_dir="$JOB_DIR/metrics/run"
 bind=${DASHBOARD_BIND:-127.0.0.1}
 interval=${METRICS_INTERVAL:-5}
 
+ray_off() {  # WHY: the OBSERVE line of a RAY=1 job that trains without Ray
+  printf 'ray: off - %s; training with the plain launch (metrics, Prometheus and TensorBoard stay on)\n' "${1//$'\n'/ }"
+}
+
+observe() {  # LINE...: print the OBSERVE block with these lines, then where the TSDB is
+  echo "==================== OBSERVE ===================="
+  printf '%s\n' "$@"
+  echo "tsdb: $JOB_DIR/prometheus"
+  echo "browse_later: utils/prometheus.sh view $JOB_DIR"
+  echo "================================================="
+}
+
 case "${1:-}" in
   start)
-    mkdir -p "$run_dir" "$JOB_DIR/metrics/targets" "$JOB_DIR/prometheus"
+    for d in "$JOB_DIR/metrics" "$JOB_DIR/metrics/targets" "$run_dir" "$JOB_DIR/prometheus"; do own_dir "$d"; done
     cat > "$JOB_DIR/metrics/prometheus.yml" <<CONF
 global:
   scrape_interval: ${interval}s
@@ -61,15 +76,22 @@ CONF
       >> "$JOB_DIR/metrics/tensorboard.log" 2>&1 &
     echo $! > "$run_dir/tensorboard.pid"
     lines+=("tensorboard: http://$bind:$tb_port   tunnel: ssh -N -L $tb_port:$bind:$tb_port $JOB_HOSTNAME")
-    [[ -n "${RAY_DASHBOARD_PORT:-}" ]] &&
-      lines+=("ray_dashboard: http://$bind:$RAY_DASHBOARD_PORT   tunnel: ssh -N -L $RAY_DASHBOARD_PORT:$bind:$RAY_DASHBOARD_PORT $JOB_HOSTNAME")
-    [[ -n "${MST_RAY_TOKEN_FILE:-}" ]] &&
-      lines+=("ray_token: $MST_RAY_TOKEN_FILE   (mode 600, gone when the job ends; the dashboard asks for its content; ray CLI: RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=<that file>; HTTP: Authorization: Bearer <content>)")
-    echo "==================== OBSERVE ===================="
-    printf '%s\n' "${lines[@]}"
-    echo "tsdb: $JOB_DIR/prometheus"
-    echo "browse_later: utils/prometheus.sh view $JOB_DIR"
-    echo "================================================="
+    # the lines without Ray's, for a later `fallback` (ours, in the job's own metrics/run)
+    printf '%s\n' "${lines[@]}" > "$run_dir/observe"
+    if [[ -n "${MST_RAY_FALLBACK:-}" ]]; then
+      lines+=("$(ray_off "$MST_RAY_FALLBACK")")
+    else
+      [[ -n "${RAY_DASHBOARD_PORT:-}" ]] &&
+        lines+=("ray_dashboard: http://$bind:$RAY_DASHBOARD_PORT   tunnel: ssh -N -L $RAY_DASHBOARD_PORT:$bind:$RAY_DASHBOARD_PORT $JOB_HOSTNAME")
+      [[ -n "${MST_RAY_TOKEN_FILE:-}" ]] &&
+        lines+=("ray_token: $MST_RAY_TOKEN_FILE   (mode 600, gone when the job ends; the dashboard asks for its content; ray CLI: RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=<that file>; HTTP: Authorization: Bearer <content>)")
+    fi
+    observe "${lines[@]}"
+    ;;
+  fallback)
+    (( $# == 2 )) || die "usage: job_services.sh fallback WHY"
+    mapfile -t lines < "$run_dir/observe" 2>/dev/null || lines=()
+    observe "${lines[@]}" "$(ray_off "$2")"
     ;;
   stop)
     touch "$run_dir/stop" 2>/dev/null

@@ -1326,8 +1326,10 @@ def private_state_dir(path: str | None) -> str:
 
 
 def _write_atomic(path: str, text: str) -> None:
+    """Write ``path`` whole: a new file (never through a link, 0644) renamed over it."""
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(tmp, path)
 

@@ -10,9 +10,11 @@
 # Secure by default:
 #   - token authentication (Ray's RAY_AUTH_MODE=token) on every Ray process of the job: GCS,
 #     raylets, object managers, workers, dashboard and its agents refuse a caller without the
-#     token. The head makes it (random, 256 bits) in $JOB_DIR/ray/auth/token (directory 0700,
-#     file 0600, created before the head's address is published); every node reads it from
-#     there (RAY_AUTH_TOKEN_PATH: the value is never in an argument, a log or the environment).
+#     token. The head makes it (random, 256 bits) in $JOB_DIR/ray/auth/token (directory new,
+#     0700 without the setgid bit a group workspace hands down, file 0600, created before the
+#     head's address is published); every node checks it and every directory above it up to
+#     JOB_WORKSPACE (ours, no link, writable by nobody else) and reads it from there
+#     (RAY_AUTH_TOKEN_PATH: the value is never in an argument, a log or the environment).
 #   - no Ray client server, no autoscaler monitor, no log monitor (the job uses none of them);
 #     the dashboard (and its Jobs API) binds DASHBOARD_BIND (default 127.0.0.1).
 #   - a one-node job keeps all of Ray on 127.0.0.1; with several nodes Ray uses the node's address.
@@ -69,20 +71,29 @@ is_private() {
   if [[ "$2" == d ]]; then [[ -d "$1" ]]; else [[ -f "$1" ]]; fi
 }
 
+# The job dir may be in a shared workspace: the token's directories must be ours up to it.
+root=${JOB_WORKSPACE:-}
+[[ -n "$root" && "$JOB_DIR" == "${root%/}/"* ]] || root=$(dirname "$JOB_DIR")
+
 make_token() {  # the head, before its address is published: a new 0700 dir, a new 0600 token
-  mkdir -p "$JOB_DIR/ray"
+  (umask 022; own_dir "$JOB_DIR/ray") || exit 1
+  check_trusted_under "$root" "$JOB_DIR/ray" "the Ray directory" "not putting the Ray token there"
   mkdir -m 700 "$token_dir" 2>/dev/null ||
     die "cannot create '$token_dir' for the Ray token (it must not exist before the job starts)"
-  is_private "$token_dir" d 700 || die "'$token_dir' is not a private directory (owner or mode changed); refusing to put the Ray token there"
+  # a group workspace's setgid bit is inherited by new directories (2700): not ours to keep
+  [[ -O "$token_dir" && ! -L "$token_dir" ]] && chmod g-s -- "$token_dir"
+  is_private "$token_dir" d 700 ||
+    die "'$token_dir' is not a private directory (owner $(stat -c %U -- "$token_dir" 2>/dev/null || echo '?'), mode $(stat -c %a -- "$token_dir" 2>/dev/null || echo '?'); want yours, 700); refusing to put the Ray token there"
   "$py" -c 'import os, secrets, sys
 fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
 os.write(fd, secrets.token_hex(32).encode())
 os.close(fd)' "$token_file" || die "cannot write the Ray token '$token_file'"
 }
 
-check_token() {  # every node, before ray start: the token is there and private
+check_token() {  # every node, before ray start: the token is there and private, and so is the way to it
   { is_private "$token_dir" d 700 && is_private "$token_file" f 600; } ||
     die "the Ray token '$token_file' is missing or not private (want: directory 0700, file 0600, owned by $(id -un)); not starting Ray without it"
+  check_trusted_under "$root" "$token_file" "the Ray token" "not starting Ray with it"
 }
 
 # `ray start` with the Ray client server left out: Ray 2.60 starts it (port 10001, with the
