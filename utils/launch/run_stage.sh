@@ -24,6 +24,7 @@ shift 2
 host=${JOB_HOSTNAME:-$(hostname)}
 rec_dir="$JOB_DIR/.stages/$stage"
 # the records go into directories of ours (made here, or checked: never someone else's or a link)
+[[ -e "$JOB_DIR" || -L "$JOB_DIR" ]] || own_dir "$JOB_DIR"
 own_dir "$JOB_DIR/.stages"
 own_dir "$rec_dir"
 
