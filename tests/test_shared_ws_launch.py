@@ -173,9 +173,9 @@ def test_a_swapped_snapshot_never_runs(how, base, users, cluster, venv):
     assert not canary.exists()
     comment = run(["scontrol", "show", "job", jid], env=cluster).stdout
     assert "Comment=_job.sbatch: error: the job's code snapshot" in comment
-    # the job's private copy of the code is gone
+    # the job's private copy of the code is gone (labelled "slurm ID HOST WORKSPACE")
     assert not [
-        d for d in Path("/tmp").glob("mst.*") if (d / "job").is_file() and f"slurm {jid} " in (d / "job").read_text()
+        d for d in Path("/tmp").glob("mst.*") if (d / "job").is_file() and (d / "job").read_text().endswith(f" {ws}\n")
     ]
 
 
