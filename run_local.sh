@@ -4,9 +4,11 @@
 #
 # Runs the same training as submit.sh on this one machine, without Slurm: same tiers
 # (_container.sh -> _train.sh), same snapshot, log, job directory and JOB SUMMARY.
-# --run ALIAS: a resumable run, as with submit.sh: checkpoints in $JOB_WORKSPACE/runs/ALIAS/, restored
+# --run ALIAS: a resumable run, as with submit.sh: checkpoints in $JOB_WORKSPACE/<user>/runs/ALIAS/, restored
 # by the next job of the run; refused (one line, nothing written) while another job holds the run.
-# Output goes to the terminal and to $JOB_WORKSPACE/<id>-JAX-<model>[-<tag>].log.
+# Output goes to the terminal and to $JOB_WORKSPACE/<id>-JAX-<model>[-<tag>].log (a new file of ours).
+# The snapshot is made in $JOB_WORKSPACE/<user>/.snapshots/; the job runs a private copy of it
+# (in TMPDIR or /tmp) checked against the snapshot's hash, removed when the job ends.
 # Environment: as submit.sh (JOB_WORKSPACE, STAGE_TIMEOUTS, CONTAINER_RUNTIME, ...), and the same
 # site settings (configs/site.env.sh or MST_SITE_FILE; the header's site: line shows them), except
 # the site's sbatch flags, which it ignores (and says so).
@@ -58,7 +60,10 @@ fi
 prepare_launch "$model_arg" "$repo"
 (( ${#SITE_SBATCH[@]} == 0 )) ||
   echo "run_local.sh: the site's sbatch flags do not apply here (no Slurm): ${SITE_SBATCH[*]}" >&2
+umask 022   # what the job writes into a (possibly shared) workspace: readable by the group, writable by us only
 make_workspace
+make_user_root   # $JOB_WORKSPACE/<user>/{.snapshots,runs}: ours, or refused with one line
+[[ -z "${MST_RUN:-}" ]] || run_prepare
 
 # A new job id whose directory did not exist (mkdir is atomic): no earlier job is ever reused.
 for try in 0 1 2 3 4 5 6 7 8 9; do
@@ -66,18 +71,35 @@ for try in 0 1 2 3 4 5 6 7 8 9; do
   export JOB_ID; JOB_ID="local-$(date +%Y%m%d-%H%M%S)-$$$suffix"
   export JOB_NAME="$JOB_ID-$MODEL_NAME"
   export JOB_DIR="$JOB_WORKSPACE/$JOB_NAME" JOB_LOG="$JOB_WORKSPACE/$JOB_NAME.log"
-  [[ ! -e "$JOB_LOG" ]] && mkdir "$JOB_DIR" 2>/dev/null && break
+  [[ ! -e "$JOB_LOG" && ! -L "$JOB_LOG" ]] && mkdir "$JOB_DIR" 2>/dev/null && break
   (( try < 9 )) || die "could not create a new job directory in $JOB_WORKSPACE (every name tried exists)"
 done
+chmod 755 "$JOB_DIR" && chmod g-s "$JOB_DIR"
+# the log: a new file of ours, opened once here (the job appends to this open file, never to
+# whatever a name may point to later)
+new_file "$JOB_LOG"
+exec {log_fd}>>"$JOB_LOG"
+[[ "$(stat -L -c %d:%i "/proc/$$/fd/$log_fd")" == "$(stat -c %d:%i -- "$JOB_LOG")" && ! -L "$JOB_LOG" ]] ||
+  die "refusing the log $JOB_LOG: it was replaced while this job opened it"
+code_copy=""
+cleanup() {
+  [[ -z "${MST_RUN:-}" ]] || run_release
+  [[ -z "$code_copy" ]] || { chmod -R u+w -- "${code_copy%/repo}"; rm -rf -- "${code_copy%/repo}"; }
+}
+trap cleanup EXIT
 if [[ -n "${MST_RUN:-}" ]]; then
-  run_claim || { rmdir "$JOB_DIR"; exit 1; }   # refused: nothing of this job is left
-  trap run_release EXIT
+  run_claim || { rmdir "$JOB_DIR"; rm -f -- "$JOB_LOG"; exit 1; }   # refused: nothing of this job is left
 fi
 export JOB_COORDINATOR_PORT; JOB_COORDINATOR_PORT=$(free_port $((61440 + $$ % 4096)))
 export JOB_START_TIME; JOB_START_TIME=$(date +%s)
-export MST_REPO; MST_REPO=$("$repo/utils/launch/snapshot.sh" "$repo" "$JOB_WORKSPACE/.snapshots" "$command_text")
+export MST_SNAPSHOT; MST_SNAPSHOT=$("$repo/utils/launch/snapshot.sh" "$repo" "$(user_root_path)/.snapshots" "$command_text")
+export MST_REPO_SHA256; MST_REPO_SHA256=$(bash "$repo/_job.sbatch" --snapshot-hash "$MST_SNAPSHOT") ||
+  die "cannot hash the snapshot $MST_SNAPSHOT"
+# the job runs a private copy checked against the hash (a later change of the snapshot changes nothing)
+code_copy=$(bash "$repo/_job.sbatch" --code-copy "$MST_SNAPSHOT" "$MST_REPO_SHA256" "local $JOB_ID $JOB_HOSTNAME $JOB_WORKSPACE") || exit 1
+export MST_REPO=$code_copy
 export TRAIN_OVERRIDES TRAIN_ENV_OVERRIDES
-ln -sfn "$MST_REPO" "$JOB_DIR/artifact"
+ln -sfn "$MST_SNAPSHOT" "$JOB_DIR/artifact"
 ln -sfn "$JOB_LOG" "$JOB_DIR/log"
 declare -A limit=()
 while read -r name secs; do limit[$name]=$secs; done < <(stage_timeouts "${STAGE_TIMEOUTS:-}")
@@ -117,5 +139,5 @@ job() {
 echo "run_local.sh: job $JOB_ID, log $JOB_LOG"
 rc=0
 # tee ignores SIGINT so the summary written after Ctrl-C still reaches the log
-job 2>&1 | tee -i -a "$JOB_LOG" || rc=$?
+job 2>&1 | tee -i -a "/dev/fd/$log_fd" || rc=$?
 exit "$rc"

@@ -6,8 +6,8 @@
 #   TAG       added to the job name, so parallel experiments of one model stay apart
 #   -N NODES  number of nodes (default 1); other flags go to sbatch unchanged, except those
 #             that contradict the launcher (-J/--job-name, -o/--output, -e/--error, --nodes ...)
-#   --run ALIAS  a resumable run: checkpoints on, kept in $JOB_WORKSPACE/runs/ALIAS/ (outside the
-#             job dir); each job of the run restores the latest one. One job of a run at a time: a
+#   --run ALIAS  a resumable run: checkpoints on, kept in $JOB_WORKSPACE/<user>/runs/ALIAS/ (outside the
+#             job dir; a run directory of before, $JOB_WORKSPACE/runs/ALIAS/, is moved there once); each job of the run restores the latest one. One job of a run at a time: a
 #             job that starts while another holds the run fails at once (chain with --dependency)
 #   --notify  start utils/job_monitor.py for the job (detached): hang, slowdown, failure and
 #             completion events to the destinations of your notification config
@@ -27,9 +27,11 @@
 #   (SITE_SBATCH_FLAGS, CONTAINER_IMAGE, ...; configs/site.env.sh.example). They apply only where
 #   your environment has not set the variable; the site's sbatch flags go before yours, and one
 #   whose option you give is dropped. --dry-run and the job header's site: line show what it added.
-# Makes a read-only snapshot of this repository (code, command, git state), submits
-# _job.sbatch from it and prints the job id, the log and the job directory:
+# Makes a read-only snapshot of this repository (code, command, git state) in your own root
+# $JOB_WORKSPACE/<user>/.snapshots/ (nobody else can write it; the job runs only code with the
+# snapshot's hash), submits _job.sbatch from it and prints the job id, the log and the job directory:
 #   $JOB_WORKSPACE/<jobid>-JAX-<model>[-<tag>].log and $JOB_WORKSPACE/<jobid>-JAX-<model>[-<tag>]/
+# (made here, new and ours, while the job is held). A shared workspace (1777, 2775): docs/security.md.
 # Secret values (docs/security.md) are redacted wherever the command is shown or recorded.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -88,6 +90,9 @@ if [[ -n "$notify" ]]; then
 fi
 monitor_cmd=("$repo/utils/job_monitor.py")
 if (( dry_run )); then
+  # what the submission would refuse, without making anything: your root in the workspace
+  root=$(user_root_path)
+  [[ ! -e "$root" && ! -L "$root" ]] || check_trusted "$root" "your root in the workspace" "remove it or use a JOB_WORKSPACE of your own"
   echo "dry run: nothing submitted"
   echo "model: $MODEL ($repo/configs/$MODEL.yml${MODEL_TAG:+, tag $MODEL_TAG})"
   echo "sbatch: sbatch --parsable --job-name=$MODEL_NAME --nodes=$nodes --output=$JOB_WORKSPACE/%j-$MODEL_NAME.log$(
@@ -104,10 +109,12 @@ fi
 
 umask 022   # what the job writes into a (possibly shared) workspace: readable by the group, writable by us only
 make_workspace
-snapshot=$("$repo/utils/launch/snapshot.sh" "$repo" "$JOB_WORKSPACE/.snapshots" "$command_text")
+make_user_root   # $JOB_WORKSPACE/<user>/{.snapshots,runs}: ours, or refused with one line
+[[ -z "${MST_RUN:-}" ]] || run_prepare
+snapshot=$("$repo/utils/launch/snapshot.sh" "$repo" "$(user_root_path)/.snapshots" "$command_text")
 # the job runs only code with this hash (the job's environment is the job's own: nobody can change it)
 MST_REPO_SHA256=$(bash "$repo/_job.sbatch" --snapshot-hash "$snapshot") || die "cannot hash the snapshot $snapshot"
-export MST_REPO=$snapshot MST_REPO_SHA256 TRAIN_OVERRIDES TRAIN_ENV_OVERRIDES
+export MST_SNAPSHOT=$snapshot MST_REPO=$snapshot MST_REPO_SHA256 TRAIN_OVERRIDES TRAIN_ENV_OVERRIDES
 log_pattern="$JOB_WORKSPACE/%j-$MODEL_NAME.log"
 # Held until an earlier job's files with the same id (Slurm's ids restart after a state reset)
 # are moved aside, so the new job never appends to or replaces them.

@@ -1,5 +1,5 @@
 """Checkpoint/resume with a run alias (`--run ALIAS`, utils/launch/run_alias.sh): real MaxText on the
-CPU (configs/tiny.yml) through run_local.sh writes its checkpoints into $JOB_WORKSPACE/runs/ALIAS and
+CPU (configs/tiny.yml) through run_local.sh writes its checkpoints into $JOB_WORKSPACE/<user>/runs/ALIAS and
 the next job of the run restores the latest one (the log's restore line, the header's run line,
 triage's restored_from_step, and the steps go on from there); a job without --run is unaffected;
 the run's lock refuses a second job while the first runs (a held lock, no second training) and is
@@ -31,7 +31,7 @@ def owner_line(job: str, scheduler: str = "local", user: str = USER, host: str =
 
 def hold(workspace: Path, alias: str, owner: str) -> Path:
     """A lock on the run as a job that holds it leaves it: RUN_DIR/lock/owner."""
-    lock = workspace / "runs" / alias / "lock"
+    lock = workspace / USER / "runs" / alias / "lock"
     lock.mkdir(parents=True)
     (lock / "owner").write_text(owner + "\n")
     return lock
@@ -76,7 +76,7 @@ def test_the_lock_of_an_ended_slurm_job_is_taken_over(workspace):
         "_job.sbatch: run 'r1': took over the lock of job 12, which has ended without giving it back"
     )
     link = workspace / "13-JAX-tiny" / "13-JAX-tiny" / "checkpoints"
-    assert link.is_symlink() and link.resolve() == (workspace / "runs" / "r1" / "checkpoints").resolve()
+    assert link.is_symlink() and link.resolve() == (workspace / USER / "runs" / "r1" / "checkpoints").resolve()
     assert sorted(p.name for p in lock.iterdir()) == ["owner"]
 
 
@@ -124,9 +124,9 @@ def test_release_only_by_the_holder(workspace):
     script = f'source "{LIB}/lib.sh"; source "{LIB}/run_alias.sh"; run_release'
     env = {"JOB_WORKSPACE": str(workspace), "MST_RUN": "r1"}
     assert run(["bash", "-c", script], env={**env, "JOB_ID": "13"}).returncode == 0
-    assert (workspace / "runs" / "r1" / "lock" / "owner").exists()
+    assert (workspace / USER / "runs" / "r1" / "lock" / "owner").exists()
     assert run(["bash", "-c", script], env={**env, "JOB_ID": "12"}).returncode == 0
-    assert not (workspace / "runs" / "r1" / "lock").exists()
+    assert not (workspace / USER / "runs" / "r1" / "lock").exists()
 
 
 def test_refused_slurm_job_ends_with_a_summary_that_triage_explains(workspace):
@@ -164,7 +164,7 @@ def test_refused_slurm_job_ends_with_a_summary_that_triage_explains(workspace):
     assert r["evidence"][0]["text"].startswith("_job.sbatch: run 'r1' is in use by job 12")
     assert r["run"] == {
         "alias": "r1",
-        "dir": str(workspace / "runs" / "r1"),
+        "dir": str(workspace / USER / "runs" / "r1"),
         "restored_from_step": None,
         "restore_line": None,
     }
@@ -193,13 +193,13 @@ def test_bad_run_input_is_refused(args, message, fake_sbatch, workspace, venv): 
 
 
 def test_dry_run_shows_the_run_and_an_inherited_alias_is_dropped(fake_sbatch, workspace, venv):  # noqa: F811
-    ckpts = workspace / "runs" / "r1" / "checkpoints"
+    ckpts = workspace / USER / "runs" / "r1" / "checkpoints"
     for d in ("3", "12", "15.orbax-checkpoint-tmp-1795512232", "notes"):
         (ckpts / d).mkdir(parents=True)
     env = {**fake_sbatch, **launcher_env(workspace)}
     res = run([str(REPO / "submit.sh"), "tiny", "--run", "r1", "--dry-run"], env=env)
     assert res.returncode == 0, res.stderr
-    assert f"run: r1 {workspace}/runs/r1 (latest checkpoint: step 12, training goes on at step 13)" in res.stdout
+    assert f"run: r1 {workspace}/{USER}/runs/r1 (latest checkpoint: step 12, training goes on at step 13)" in res.stdout
     res = run([str(REPO / "submit.sh"), "tiny", "--dry-run"], env={**env, "MST_RUN": "r1"})
     assert res.returncode == 0 and not re.search(r"^run: ", res.stdout, re.M), res.stdout
 
@@ -216,7 +216,8 @@ def test_run_local_is_refused_while_the_run_is_held(workspace, venv):
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 1 and len(lines) == 1, res.stderr
     assert lines[0].startswith("run_local.sh: run 'r1' is in use by job local-20261124-000000-2 (local job of")
-    assert sorted(p.name for p in workspace.iterdir()) == ["runs"]
+    assert sorted(p.name for p in workspace.iterdir()) == [USER]
+    assert not any((workspace / USER / ".snapshots").iterdir())
     assert (lock / "owner").read_text().startswith("job=local-20261124-000000-2 ")
 
 
@@ -284,7 +285,7 @@ def steps_of(log: Path) -> list[int]:
 
 @pytest.mark.slow
 def test_a_resubmission_restores_the_latest_checkpoint(workspace, venv):
-    run_dir = workspace / "runs" / "r1"
+    run_dir = workspace / USER / "runs" / "r1"
     ckpt = "checkpoint_period=3 async_checkpointing=false".split()
     # job 1: a new run (checkpointing switched on by --run), checkpoints at steps 0, 3 and the last, 5
     log1 = train(workspace, "--run", "r1", "--", "steps=6", *ckpt)
@@ -344,7 +345,7 @@ def test_a_resubmission_restores_the_latest_checkpoint(workspace, venv):
 def test_a_slurm_run_restores_on_two_nodes_and_refuses_a_second_job(cluster, workspace, venv):
     """submit.sh --run on 2 nodes: the resubmission restores on both; while a job of the run is
     active (here a held one, which squeue lists) another is refused before its first stage."""
-    run_dir = workspace / "runs" / "c1"
+    run_dir = workspace / USER / "runs" / "c1"
     ckpt = ["checkpoint_period=2", "async_checkpointing=false"]
     job1, log1 = submit(cluster, workspace, "tiny", "-N", "2", "--run", "c1", "--", "steps=4", *ckpt)
     assert wait_job_end(cluster, job1, 300) == "COMPLETED", log1.read_text()[-3000:]

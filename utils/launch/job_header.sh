@@ -3,7 +3,7 @@
 #
 # Prints the block that opens every job log: job, model, nodes, coordinator, stage time
 # limits (with the defaults), container, what the site file contributed (MST_SITE_APPLIED), code
-# snapshot, overrides (secrets redacted), paths; for a run (--run, MST_RUN) its alias, run
+# snapshot and its hash (MST_SNAPSHOT, MST_REPO_SHA256), overrides (secrets redacted), paths; for a run (--run, MST_RUN) its alias, run
 # directory and the checkpoint step it resumes from.
 # Reads the generic JOB_* variables and the launch variables of docs/env-contract.md.
 set -euo pipefail
@@ -26,7 +26,8 @@ stage_timeouts: $timeouts (defaults $STAGE_TIMEOUT_DEFAULTS; set STAGE_TIMEOUTS)
 container: ${CONTAINER_RUNTIME:-auto} ${CONTAINER_IMAGE:-localhost/maxtext-slurm:latest}
 site: ${MST_SITE_APPLIED:-none}
 ray: ${RAY:-0}
-code: ${MST_REPO:-?}
+code: ${MST_SNAPSHOT:-${MST_REPO:-?}}
+code_sha256: ${MST_REPO_SHA256:-?} (each node runs a private copy checked against it)
 overrides: $(shown_list maxtext <<< "${TRAIN_OVERRIDES:-}")
 env_overrides: $(shown_list env <<< "${TRAIN_ENV_OVERRIDES:-}")
 ${run_line}job_dir: ${JOB_DIR:-?}

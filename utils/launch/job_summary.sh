@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Usage: utils/launch/job_summary.sh STATUS STAGE
 #
-# Prints the JOB SUMMARY block that ends every job log and saves it as $JOB_DIR/summary.txt.
+# Prints the JOB SUMMARY block that ends every job log and saves it as $JOB_DIR/summary.txt (a new
+# file renamed into place, only when the job directory is ours from $JOB_WORKSPACE down).
 # STATUS is what the caller saw (completed|failed|cancelled|timeout); a stage that hit its
 # time limit turns it into stage_timeout. STAGE is the last stage that ran (none: the job ended
 # before its first stage, e.g. refused because another job holds its run). Per-node outcomes
@@ -83,6 +84,7 @@ if [[ "$stage" =~ ^(preflight|image)$ && "$status" =~ ^(failed|stage_timeout)$ &
   resubmit=$(resubmit_excluding "$(head -n 1 "$command_file")" "${bad[@]}" "${missing[@]}")
 fi
 
+block=$(mktemp "${TMPDIR:-/tmp}/mst-summary.XXXXXX")
 now=$(date +%s); wall=$(( now - ${JOB_START_TIME:-$now} ))
 {
   echo "==================== JOB SUMMARY ===================="
@@ -101,4 +103,17 @@ now=$(date +%s); wall=$(( now - ${JOB_START_TIME:-$now} ))
   echo "job_dir: $JOB_DIR"
   echo "log: ${JOB_LOG:-?}"
   echo "====================================================="
-} | tee "$JOB_DIR/summary.txt"
+} > "$block"
+cat "$block"
+# summary.txt: a new file of ours renamed into place (never written through a link), and only
+# into a job directory that is ours from the workspace down
+root=${JOB_WORKSPACE:-}; [[ -n "$root" && "$JOB_DIR" == "${root%/}/"* ]] || root=$(dirname "$JOB_DIR")
+if why=$( (check_trusted_under "$root" "$JOB_DIR" "the job directory") 2>&1 ) &&
+   tmp=$(mktemp "$JOB_DIR/.summary.XXXXXX" 2>/dev/null) && cat "$block" > "$tmp" && chmod 644 "$tmp" &&
+   mv -f -T -- "$tmp" "$JOB_DIR/summary.txt"; then
+  :
+else
+  echo "job_summary.sh: summary.txt not written: ${why:-cannot write into $JOB_DIR}" >&2
+  [[ -z "${tmp:-}" ]] || rm -f -- "$tmp"
+fi
+rm -f -- "$block"

@@ -12,8 +12,13 @@
 #                             MST_SITE_APPLIED, sets MODEL_NAME and SITE_SBATCH; dies with a
 #                             one-line reason on bad input
 #   make_workspace            create JOB_WORKSPACE (the first side effect of a launch)
+#   user_root_path            print $JOB_WORKSPACE/<user>, this user's root in the workspace
+#   make_user_root            make the user's root, its .snapshots/ and runs/ ours (own_dir, 0755),
+#                             or die with one line (someone else's, a link, writable by others)
 #   move_aside PATH WHAT      an existing PATH (an earlier job's log or dir) is renamed
-#                             PATH.earlier-<UTC time>, never overwritten; says so on stderr
+#                             PATH.earlier-<UTC time>, never overwritten; says so on stderr; a PATH
+#                             that is not ours (someone else's, or a link someone put there) is
+#                             refused with one line
 
 source "$(dirname "${BASH_SOURCE[0]}")/site.sh"
 
@@ -126,9 +131,28 @@ make_workspace() {
   rm -f "$probe"
 }
 
+# A shared workspace (1777 scratch, 2775 group directory) holds one root per user: nobody else can
+# write into it, so the snapshots (the code a job runs) and the runs (checkpoints) below it are
+# the user's alone (docs/security.md#shared-workspaces).
+user_root_path() {
+  printf '%s/%s\n' "$JOB_WORKSPACE" "$(id -un)"
+}
+
+make_user_root() {
+  local root
+  root=$(user_root_path)
+  own_dir "$root"
+  own_dir "$root/.snapshots"
+  own_dir "$root/runs"
+}
+
 move_aside() {
   local path=$1 what=$2 dest
   [[ -e "$path" || -L "$path" ]] || return 0
+  # only an earlier job's file of ours moves aside; a name someone else made (a link at the next
+  # job's log path) is theirs: the job must not start with it
+  [[ "$(stat -c %u -- "$path" 2>/dev/null)" == "$EUID" && ! -L "$path" ]] ||
+    die "refusing the $what path $path: it $(trust_problem "$path"); someone put it there before this job could make it: ask them to remove it, or use a JOB_WORKSPACE of your own"
   dest="$path.earlier-$(date -u +%Y%m%dT%H%M%SZ)"
   [[ -e "$dest" || -L "$dest" ]] && dest=$(mktemp -u "$dest-XXXX")
   mv -n -- "$path" "$dest" || die "cannot move the earlier $what '$path' aside; move it yourself and retry"

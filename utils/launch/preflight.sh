@@ -155,7 +155,7 @@ net_failed=$(sed -n 's/^netenv: FAILED: //p' <<< "$net_out" | head -n 1)
 echo "preflight: uid $uid"
 
 # This node's report, read by the job when preflight failed somewhere (_job.sbatch).
-mkdir -p "$JOB_DIR/.preflight"
+own_dir "$JOB_DIR/.preflight"   # ours, or refused: the report is never written into someone else's directory
 tmp=$(mktemp "$JOB_DIR/.preflight/.$host.XXXXXX")
 if (( ${#problems[@]} )); then printf 'FAILED: %s\n' "${problems[@]}" > "$tmp"; else echo ok > "$tmp"; fi
 mv -f "$tmp" "$JOB_DIR/.preflight/$host"

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # The run alias (submit.sh / run_local.sh --run ALIAS, exported as MST_RUN): a run directory
-# $JOB_WORKSPACE/runs/ALIAS that outlives every job and holds the run's MaxText checkpoints. Each job
+# $JOB_WORKSPACE/<user>/runs/ALIAS (in the user's own root: nobody else can write it) that outlives every job and holds the run's MaxText checkpoints. Each job
 # of the run links MaxText's checkpoint directory (base_output_directory/run_name/checkpoints, which
 # MaxText derives and a key cannot set) to RUN_DIR/checkpoints, so a resubmission restores the
 # latest checkpoint while TensorBoard events and everything else stay in the job's own directory.
@@ -8,13 +8,17 @@
 # `owner` line naming the job). Source after lib.sh.
 #   check_run_alias ALIAS     dies unless ALIAS is a plain name (letters, digits, . _ -)
 #   check_run_overrides       dies on a MaxText override (TRAIN_OVERRIDES) that contradicts --run
-#   run_dir                   print $JOB_WORKSPACE/runs/$MST_RUN
+#   run_dir                   print $JOB_WORKSPACE/<user>/runs/$MST_RUN
+#   run_prepare               at submit: make the run directory ours (own_dir), moving the run's
+#                             directory from before the per-user layout ($JOB_WORKSPACE/runs/ALIAS)
+#                             there once; dies with one line where that is not safe
 #   run_latest_step DIR       print the highest step with a saved checkpoint in DIR/checkpoints
 #                             (nothing when there is none)
 #   run_describe              print "ALIAS RUN_DIR (latest checkpoint: ...)", the job header's run line
 #   run_claim                 take the run's lock for this job (JOB_ID) and link the job's checkpoint
 #                             directory to the run's; takes over the lock of a job that has ended
-#                             (saying so); returns 1 with one line on stderr when another job holds it
+#                             (saying so); returns 1 with one line on stderr when another job holds it,
+#                             or when the run directory (or a directory above it) is not ours to trust
 #   run_release               give the lock back, if this job holds it
 
 # check_run_alias ALIAS
@@ -33,7 +37,7 @@ check_run_overrides() {
     key=${kv%%=*} value=${kv#*=}
     case "$key" in
       run_name|base_output_directory)
-        die "'$key=...' contradicts --run, which keeps the checkpoints in \$JOB_WORKSPACE/runs/$MST_RUN; drop the override" ;;
+        die "'$key=...' contradicts --run, which keeps the checkpoints in \$JOB_WORKSPACE/<user>/runs/$MST_RUN; drop the override" ;;
       enable_checkpointing)
         [[ "${value,,}" =~ ^[\'\"]?(false|no|off|n|f|0)[\'\"]?$ ]] &&
           die "'$kv' contradicts --run, which saves checkpoints to resume from; drop one of them" ;;
@@ -43,7 +47,29 @@ check_run_overrides() {
 }
 
 run_dir() {
-  printf '%s\n' "$JOB_WORKSPACE/runs/$MST_RUN"
+  printf '%s\n' "$JOB_WORKSPACE/$(id -un)/runs/$MST_RUN"
+}
+
+# The run directories of before the per-user roots ($JOB_WORKSPACE/runs/ALIAS) hold checkpoints a
+# run must go on from: an old directory of ours, checked, moves to the new place once (one line
+# says so); one that cannot be trusted (a directory above it someone else's or writable by others)
+# or that a job still holds is refused with the mv command to run, never silently left behind.
+run_prepare() {
+  local old="$JOB_WORKSPACE/runs/$MST_RUN" new why
+  new=$(run_dir)
+  if [[ -e "$old" || -L "$old" ]] && [[ "$(stat -c %u -- "$old" 2>/dev/null)" == "$EUID" ]]; then
+    if [[ -e "$new" || -L "$new" ]]; then
+      die "run '$MST_RUN' has two directories: $old (from before the per-user layout) and $new; keep the one to go on from (e.g. mv -T $old $new after removing the other)"
+    fi
+    if ! why=$( (check_trusted_under "$JOB_WORKSPACE" "$old" "the earlier run directory") 2>&1 ); then
+      die "${why#"${PROG:-launch}: "}; if its checkpoints are yours, check them and move them yourself: mv -T $old $new"
+    fi
+    [[ ! -e "$old/lock" ]] ||
+      die "run '$MST_RUN': its earlier directory $old is held by a job ($old/lock); when that job has ended: mv -T $old $new"
+    mv -T -- "$old" "$new" || die "cannot move the run directory $old to $new; move it yourself: mv -T $old $new"
+    echo "${PROG:-launch}: run '$MST_RUN': moved its directory $old to $new (runs live in your own root now)" >&2
+  fi
+  own_dir "$new"
 }
 
 # Orbax writes a step to "<step>.orbax-checkpoint-tmp..." and renames it to "<step>" when it is
@@ -59,7 +85,12 @@ run_latest_step() {
 }
 
 run_describe() {
-  local step
+  local step why
+  if [[ -e "$(run_dir)" || -L "$(run_dir)" ]] &&
+     ! why=$( (check_trusted_under "$JOB_WORKSPACE" "$(run_dir)" "the run directory") 2>&1 ); then
+    printf '%s %s (%s)\n' "$MST_RUN" "$(run_dir)" "${why#"${PROG:-launch}: "}"
+    return 0
+  fi
   step=$(run_latest_step "$(run_dir)")
   if [[ -n "$step" ]]; then
     printf '%s %s (latest checkpoint: step %s, training goes on at step %s)\n' \
@@ -107,14 +138,16 @@ _run_refuse() {
 }
 
 run_claim() {
-  local run lock owner me id who age wait _
+  local run lock owner me id who age wait why _
   run=$(run_dir) lock="$(run_dir)/lock"
   me="job=$JOB_ID scheduler=${JOB_SCHEDULER:-?} user=$(id -un) host=$(hostname) pid=$$"
   me+=" since=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  mkdir -p "$run/checkpoints" 2>/dev/null || {
-    printf '%s: cannot create the run directory %s; check JOB_WORKSPACE\n' "${PROG:-launch}" "$run" >&2
+  # every directory from the workspace down is ours (not a link, nobody else can write it): no
+  # checkpoint is read from or written to someone else's directory
+  if ! why=$( (own_dir "${run%/runs/*}"; own_dir "${run%/*}"; own_dir "$run"; own_dir "$run/checkpoints") 2>&1 ); then
+    printf '%s\n' "$why" >&2
     return 1
-  }
+  fi
   for _ in 1 2 3; do
     if mkdir "$lock" 2>/dev/null; then
       printf '%s\n' "$me" > "$lock/owner.new" && mv -f "$lock/owner.new" "$lock/owner"
@@ -170,7 +203,7 @@ run_claim() {
 # $JOB_DIR/$JOB_NAME/checkpoints: that path becomes a link to the run's checkpoints.
 _run_link() {
   local out="$JOB_DIR/$JOB_NAME"
-  if ! { mkdir -p "$out" && ln -sfn "$1/checkpoints" "$out/checkpoints" && [[ -L "$out/checkpoints" ]]; }; then
+  if ! { (own_dir "$out") && ln -sfn "$1/checkpoints" "$out/checkpoints" && [[ -L "$out/checkpoints" ]]; }; then
     printf '%s: cannot link %s to the run directory %s\n' "${PROG:-launch}" "$out/checkpoints" "$1" >&2
     run_release
     return 1

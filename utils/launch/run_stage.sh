@@ -23,7 +23,10 @@ stage=$1 limit=$2
 shift 2
 host=${JOB_HOSTNAME:-$(hostname)}
 rec_dir="$JOB_DIR/.stages/$stage"
-mkdir -p "$rec_dir"
+# the records go into directories of ours (made here, or checked: never someone else's or a link)
+[[ -e "$JOB_DIR" || -L "$JOB_DIR" ]] || own_dir "$JOB_DIR"
+own_dir "$JOB_DIR/.stages"
+own_dir "$rec_dir"
 
 record() { (set -C; printf 'rc=%s end=%s reason=%s\n' "$1" "$(date +%s.%N | cut -c1-14)" "$2" > "$rec_dir/$host") 2>/dev/null || true; }
 

@@ -3,7 +3,8 @@
 #
 # Makes an immutable copy of REPO's code (tracked and untracked-but-not-ignored files;
 # everything but .git/.venv/outputs/.submit when REPO is not a git checkout, e.g. a snapshot) under a new directory
-# DEST_PARENT/<UTC time>-<random>/, records the submit command (as shown, secrets redacted by the
+# DEST_PARENT/<UTC time>-<random>/ (DEST_PARENT: the user's $JOB_WORKSPACE/<user>/.snapshots, which
+# must exist and be ours to trust: not a link, writable by nobody else), records the submit command (as shown, secrets redacted by the
 # caller) and the git state in its .submit/ folder, makes the copy read-only and prints its path.
 set -euo pipefail
 [[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"; usage; exit; }
@@ -11,7 +12,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 repo=$1 parent=$2 cmd=$3
 
-mkdir -p "$parent"
+check_trusted "$parent" "the snapshot directory" "the launcher makes it in your own \$JOB_WORKSPACE/<user>/"
 dest=$(mktemp -d "$parent/$(date -u +%Y%m%dT%H%M%SZ)-XXXXXX")
 chmod 755 "$dest"
 if git -C "$repo" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
