@@ -91,7 +91,9 @@ class NodeTrainer:
     def __init__(self, host: str, command: list[str]) -> None:
         self.host = host
         self.env = read_env_file(node_env_file())
-        self.command = command
+        # command[0] is a file of the launcher: this node's own checked copy of the code (MST_REPO
+        # in its saved environment), never the driver's, which lives in the head node's scratch
+        self.command = [str(Path(self.env["MST_REPO"]) / command[0]), *command[1:]]
         self.lines: list[str] = []
         self.lock = threading.Condition()
         self.proc: subprocess.Popen | None = None
@@ -176,7 +178,6 @@ def main() -> int:
     import ray  # only the driver and the actors import Ray; the trainer never does
 
     hosts = os.environ["JOB_NODELIST"].split()
-    repo = os.environ["MST_REPO"]
     join_timeout = float(os.environ.get("RAY_JOIN_TIMEOUT", "120"))
     say = lambda msg: print(f"_ray_actor.py: {msg}", flush=True)  # noqa: E731
 
@@ -190,7 +191,7 @@ def main() -> int:
                 return unusable(say, f"nodes did not join Ray within {join_timeout:.0f} s: {missing}")
             time.sleep(0.5)
         actor_cls = ray.remote(num_cpus=0, max_concurrency=4)(NodeTrainer)
-        command = [str(Path(repo) / "_container.sh"), "_train.sh"]
+        command = ["_container.sh", "_train.sh"]
         actors = {h: actor_cls.options(resources={host_resource(h): 0.001}).remote(h, command) for h in hosts}
         pids = ray.get([a.start.remote() for a in actors.values()], timeout=120)
     except Exception as e:  # any failure before training started: let the launcher fall back

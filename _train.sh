@@ -118,8 +118,10 @@ fi
 config="$repo/configs/$MODEL.yml"
 [[ -f "$config" ]] || die "no config $config for MODEL=$MODEL"
 : "${JOB_DIR:?_train.sh: JOB_DIR is not set}"
-args=("$config" "run_name=${JOB_NAME:-maxtext}" "base_output_directory=$JOB_DIR"
-      "jax_cache_dir=${JOB_WORKSPACE:-$JOB_DIR}/.jax_cache")
+# JAX's compilation cache holds compiled programs, that is code: the user's own, in the user's root
+# of the workspace (MST_USER_ROOT, docs/security.md#shared-workspaces), else the job's directory
+cache_dir=${MST_USER_ROOT:-$JOB_DIR}/.jax_cache
+args=("$config" "run_name=${JOB_NAME:-maxtext}" "base_output_directory=$JOB_DIR" "jax_cache_dir=$cache_dir")
 # a run (--run): checkpoints on; their directory is a link to the run's (utils/launch/run_alias.sh)
 [[ -z "${MST_RUN:-}" ]] || args+=("enable_checkpointing=true")
 py=${MST_PYTHON:-python3}
@@ -137,6 +139,9 @@ if ! "$py" -I -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null;
     die "cannot run the trainer's Python '$py' on ${JOB_HOSTNAME:-$(hostname)}; check MST_VENV (MAXTEXT_SLURM_VENV) or the image"
   die "the trainer's Python '$py' is $v: older than 3.11 it would import from its working directory (no -P); MaxText 0.2.5 needs Python >= 3.12 (utils/setup_env.sh)"
 fi
+[[ -z "${MST_USER_ROOT:-}" ]] ||
+  check_trusted_under "${JOB_WORKSPACE:?}" "$MST_USER_ROOT" "your root in the workspace" "it holds the compilation cache; use a JOB_WORKSPACE of your own"
+own_dir "$cache_dir"
 [[ -z "$hf_token" ]] || hf_token_file $$
 if [[ "${ENABLE_COREDUMPS:-0}" == 1 ]]; then
   source "$repo/utils/launch/coredump.sh"

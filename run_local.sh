@@ -92,7 +92,8 @@ if [[ -n "${MST_RUN:-}" ]]; then
 fi
 export JOB_COORDINATOR_PORT; JOB_COORDINATOR_PORT=$(free_port $((61440 + $$ % 4096)))
 export JOB_START_TIME; JOB_START_TIME=$(date +%s)
-export MST_SNAPSHOT; MST_SNAPSHOT=$("$repo/utils/launch/snapshot.sh" "$repo" "$(user_root_path)/.snapshots" "$command_text")
+export MST_USER_ROOT; MST_USER_ROOT=$(user_root_path)
+export MST_SNAPSHOT; MST_SNAPSHOT=$("$repo/utils/launch/snapshot.sh" "$repo" "$MST_USER_ROOT/.snapshots" "$command_text")
 export MST_REPO_SHA256; MST_REPO_SHA256=$(bash "$repo/_job.sbatch" --snapshot-hash "$MST_SNAPSHOT") ||
   die "cannot hash the snapshot $MST_SNAPSHOT"
 # the job runs a private copy checked against the hash (a later change of the snapshot changes nothing)

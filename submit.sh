@@ -114,7 +114,8 @@ make_user_root   # $JOB_WORKSPACE/<user>/{.snapshots,runs}: ours, or refused wit
 snapshot=$("$repo/utils/launch/snapshot.sh" "$repo" "$(user_root_path)/.snapshots" "$command_text")
 # the job runs only code with this hash (the job's environment is the job's own: nobody can change it)
 MST_REPO_SHA256=$(bash "$repo/_job.sbatch" --snapshot-hash "$snapshot") || die "cannot hash the snapshot $snapshot"
-export MST_SNAPSHOT=$snapshot MST_REPO=$snapshot MST_REPO_SHA256 TRAIN_OVERRIDES TRAIN_ENV_OVERRIDES
+MST_USER_ROOT=$(user_root_path)
+export MST_SNAPSHOT=$snapshot MST_REPO=$snapshot MST_REPO_SHA256 MST_USER_ROOT TRAIN_OVERRIDES TRAIN_ENV_OVERRIDES
 log_pattern="$JOB_WORKSPACE/%j-$MODEL_NAME.log"
 # Held until an earlier job's files with the same id (Slurm's ids restart after a state reset)
 # are moved aside, so the new job never appends to or replaces them.

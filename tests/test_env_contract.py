@@ -122,7 +122,7 @@ def test_trainer_command(scratch_repo: Path):
         f"{scratch_repo}/configs/tiny.yml",
         "run_name=7-JAX-tiny",
         "base_output_directory=/jobs/7-JAX-tiny",
-        "jax_cache_dir=/jobs/.jax_cache",
+        "jax_cache_dir=/jobs/7-JAX-tiny/.jax_cache",
         "steps=3",
         "per_device_batch_size=2",
     ]

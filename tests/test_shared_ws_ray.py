@@ -80,22 +80,9 @@ except OSError:
 """
 
 
-def reach_interpreter(venv: Path) -> None:
-    """Let the other users run the test environment's Python: every directory above its real
-    interpreter gets the search bit for others (a pyenv under /root is 0700 there). Search only, no
-    listing; left so (other test workers may be running as these users)."""
-    for p in (Path(os.path.realpath(venv / "bin" / "python")), venv.resolve()):
-        for d in p.parents:
-            mode = d.stat().st_mode
-            if not mode & stat.S_IXOTH:
-                d.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
-
-
 @pytest.fixture(scope="module")
 def users() -> tuple[User, User]:
-    victim, attacker = ensure_users()
-    reach_interpreter(VENV)
-    return victim, attacker
+    return ensure_users()
 
 
 @pytest.fixture

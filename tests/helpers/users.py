@@ -14,7 +14,9 @@ import grp
 import os
 import pwd
 import shutil
+import stat
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +42,21 @@ def _user(name: str) -> User:
     return User(name, pw.pw_uid, pw.pw_gid, Path(pw.pw_dir))
 
 
+def reach_interpreter() -> None:
+    """Let the other users run this test run's Python (the project's environment): every directory
+    above its real interpreter and the environment gets the search bit for others (a pyenv under
+    /root is 0700). Search only, no listing; left so, since other test workers may be running as
+    these users."""
+    for p in (Path(os.path.realpath(sys.executable)), Path(sys.prefix).resolve()):
+        for d in p.parents:
+            mode = d.stat().st_mode
+            if not mode & stat.S_IXOTH:
+                d.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+
+
 def ensure_users() -> tuple[User, User]:
-    """The victim and the attacker (created on first use; needs root)."""
+    """The victim and the attacker (created on first use; needs root), both able to run the
+    project's Python environment (reach_interpreter)."""
     if os.geteuid() != 0:
         raise PermissionError("the two-user tests make real users: run them as root (CI does)")
     try:
@@ -61,6 +76,7 @@ def ensure_users() -> tuple[User, User]:
             )
             if res.returncode != 0:
                 pwd.getpwnam(name)
+    reach_interpreter()
     return _user(VICTIM), _user(ATTACKER)
 
 
