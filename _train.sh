@@ -141,7 +141,11 @@ if ! "$py" -I -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null;
 fi
 [[ -z "${MST_USER_ROOT:-}" ]] ||
   check_trusted_under "${JOB_WORKSPACE:?}" "$MST_USER_ROOT" "your root in the workspace" "it holds the compilation cache; use a JOB_WORKSPACE of your own"
-own_dir "$cache_dir"
+if [[ -e "$cache_dir" || -L "$cache_dir" ]]; then
+  check_trusted "$cache_dir" "JAX's compilation cache" "it holds compiled programs; remove it"
+elif [[ -d "${cache_dir%/*}" ]]; then
+  own_dir "$cache_dir"
+fi
 [[ -z "$hf_token" ]] || hf_token_file $$
 if [[ "${ENABLE_COREDUMPS:-0}" == 1 ]]; then
   source "$repo/utils/launch/coredump.sh"

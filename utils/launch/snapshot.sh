@@ -2,7 +2,8 @@
 # Usage: utils/launch/snapshot.sh REPO DEST_PARENT COMMAND_TEXT
 #
 # Makes an immutable copy of REPO's code (tracked and untracked-but-not-ignored files;
-# everything but .git/.venv/outputs/.submit when REPO is not a git checkout, e.g. a snapshot) under a new directory
+# everything but .git/.venv/outputs/.submit when REPO is not a git checkout, e.g. a snapshot; never
+# tests/, which no job runs and which is most of the bytes every node copies and hashes) under a new directory
 # DEST_PARENT/<UTC time>-<random>/ (DEST_PARENT: the user's $JOB_WORKSPACE/<user>/.snapshots, which
 # must exist and be ours to trust: not a link, writable by nobody else), records the submit command (as shown, secrets redacted by the
 # caller) and the git state in its .submit/ folder, makes the copy read-only and prints its path.
@@ -17,10 +18,10 @@ dest=$(mktemp -d "$parent/$(date -u +%Y%m%dT%H%M%SZ)-XXXXXX")
 chmod 755 "$dest"
 if git -C "$repo" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
   git -C "$repo" ls-files -z --cached --others --exclude-standard |
-    while IFS= read -r -d '' f; do [[ -e "$repo/$f" ]] && printf '%s\0' "$f"; done |
+    while IFS= read -r -d '' f; do [[ "$f" != tests/* && -e "$repo/$f" ]] && printf '%s\0' "$f"; done |
     tar -C "$repo" --null -T - -cf - | tar -C "$dest" -xf -
 else
-  tar -C "$repo" --exclude=./.git --exclude=./.venv --exclude=./outputs --exclude=./.submit -cf - . | tar -C "$dest" -xf -
+  tar -C "$repo" --exclude=./.git --exclude=./.venv --exclude=./outputs --exclude=./.submit --exclude=./tests -cf - . | tar -C "$dest" -xf -
 fi
 
 mkdir "$dest/.submit"
