@@ -32,6 +32,6 @@ export PATH="$PATH:/usr/sbin:/sbin"
 "$repo/utils/setup_env.sh"
 cd "$repo"
 rc=0
-"$repo/.venv/bin/python" -m pytest "$@" || rc=$?
+"${MAXTEXT_SLURM_VENV:-$repo/.venv}/bin/python" -m pytest "$@" || rc=$?
 echo "tests/run.sh: finished in $((SECONDS - start)) s (exit $rc)" >&2
 exit "$rc"
