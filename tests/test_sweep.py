@@ -1,6 +1,7 @@
 """utils/sweep.py: exact commands of --dry-run, bad input, the decision logic on made-up results,
 and small real sweeps on the local Slurm cluster (batch, nodes, regress, Ctrl-C)."""
 
+import getpass
 import json
 import math
 import os
@@ -265,7 +266,7 @@ def test_regress_never_replays_a_redacted_value(workspace):
     fake_job(workspace, "79", "submit.sh tiny:base -N 1 -- steps=10")
     res = sweep_run(workspace, "regress", "llama3.1-8b", "--baseline", "79")
     assert res.returncode == 2 and "trained 'tiny'" in res.stderr, res.stderr
-    assert not (workspace / "sweeps").exists()
+    assert not (workspace / getpass.getuser() / "sweeps").exists()
 
 
 FAKE_SLURM = {  # record what submit.sh hands to sbatch (argv and environment); every job ends at once
@@ -574,8 +575,10 @@ def test_dry_run_models_plan(workspace):
     base, cand = rec["params"]["commits"]
     assert base == head and len(cand) == 40
     assert [j["commit"] for j in rec["jobs"]] == [base, cand]
-    assert commands(rec)[0].startswith(f"{workspace}/sweeps/checkouts/{base[:12]}/submit.sh tiny:c{base[:8]} -N 1 --")
-    assert not (workspace / "sweeps").exists(), "a dry run makes no checkout"
+    assert commands(rec)[0].startswith(
+        f"{workspace}/{getpass.getuser()}/sweeps/checkouts/{base[:12]}/submit.sh tiny:c{base[:8]} -N 1 --"
+    )
+    assert not list(workspace.iterdir()), "a dry run makes no checkout"
     for bad, why in (
         (["--commits", "nosuchref"], "not a commit"),
         (["--nodes", "a1,a2", "--models", "llama3.1-70b"], "needs 4 node(s)"),
@@ -766,7 +769,7 @@ def test_batch_real(cluster, batch_run):
     assert rec["result"]["best"] == {"value": best["value"], "job_id": best["job_id"], "tgs_steady": best["tgs_steady"]}
     assert rec["result"]["largest_fitting"] == "2"
     saved = json.loads(Path(rec["record"]).read_text())
-    assert Path(rec["record"]).parent == ws / "sweeps" and saved["jobs"] == rec["jobs"]
+    assert Path(rec["record"]).parent == ws / getpass.getuser() / "sweeps" and saved["jobs"] == rec["jobs"]
     assert commands(rec) == [f"{SUBMIT} tiny:bs{v} -N 1 -- per_device_batch_size={v} steps=5" for v in (1, 2)]
     show = run([str(VENV / "bin" / "python"), TOOL, "show", rec["record"]])
     assert show.returncode == 0 and "best per_device_batch_size=" in show.stdout
@@ -813,7 +816,7 @@ def test_models_two_commits_real(cluster, workspace, venv):
         workspace, cluster, "models --models tiny --commits HEAD~1,HEAD --steps 5 --nodes n1 --max-parallel 2"
     )
     assert res.returncode == 0, res.stderr
-    record = next((workspace / "sweeps").glob("*-models.json"))
+    record = next((workspace / getpass.getuser() / "sweeps").glob("*-models.json"))
     rec = json.loads(sweep_run(workspace, "show", str(record), "--json").stdout)
     assert rec["state"] == "done", rec
     row = rec["result"]["models"][0]
@@ -899,7 +902,7 @@ def test_ctrl_c_cancels_only_the_sweeps_jobs(cluster, workspace, venv):
             stderr=subprocess.PIPE,
             text=True,
         )
-        records = workspace / "sweeps"
+        records = workspace / getpass.getuser() / "sweeps"
 
         def submitted() -> str | None:
             for p in records.glob("*-batch.json"):

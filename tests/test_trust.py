@@ -8,9 +8,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import trust
 from conftest import REPO
 
+import trust
 from helpers.users import as_user, ensure_users, reachable_base, shared_workspace
 
 LIB = REPO / "utils/launch/lib.sh"

@@ -23,7 +23,7 @@ reports what the sweep found.
 
 After `--`: sbatch flags for every job; MaxText overrides (KEY=VALUE, _env_NAME=VALUE) after a
 second `--`, or given directly as KEY=VALUE tokens.
-Every sweep writes <workspace>/sweeps/<UTC time>-<kind>.json (each job's id, command and result),
+Every sweep writes <workspace>/<user>/sweeps/<UTC time>-<kind>.json (each job's id, command and result),
 updated as it goes. Ctrl-C, SIGTERM or SIGHUP cancel the jobs this sweep submitted, and only those.
 --json prints the record for programs (docs/sweep.md).
 Exit: 0 done; 1 done, but no job produced a measurement, or regress found a regression or its
@@ -50,6 +50,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import trust
 from diagnosis import cli, locate, sweep_policy, triage
 from diagnosis.cli import InputError
 from launch import check_config
@@ -57,6 +58,36 @@ from monitor.watch import Rules, Watch
 
 REPO = Path(__file__).resolve().parents[2]
 SUBMIT = REPO / "submit.sh"
+
+
+def sweeps_dir(workspace: Path) -> Path:
+    """This user's sweep folder, <workspace>/<user>/sweeps (the user's root, docs/security.md#shared-
+    workspaces): made ours when missing; InputError (one line) when it, or the root, is someone else's,
+    a link or writable by others. Records there are resubmitted by --resume, checkouts there run."""
+    root = workspace / pwd.getpwuid(os.geteuid()).pw_name
+    try:
+        for d in (root, root / "sweeps"):
+            trust.own_dir(d)
+    except trust.UntrustedPath as e:
+        raise InputError(f"{e} (set --workspace to a directory you can write)") from None
+    return root / "sweeps"
+
+
+def check_submit(workspace: Path, argv0: str) -> None:
+    """A job's submit.sh runs only from this repository or from a checkout of ours in
+    sweeps_dir(): InputError otherwise (a record can name anything)."""
+    if argv0 == str(SUBMIT):
+        return
+    checkouts = workspace / pwd.getpwuid(os.geteuid()).pw_name / "sweeps" / "checkouts"
+    path = Path(argv0)
+    if path.name != "submit.sh" or path.parent.parent != checkouts:
+        raise InputError(f"refusing to run {argv0}: a sweep runs {SUBMIT} or a checkout in {checkouts} only")
+    try:
+        trust.check_under(workspace, path, "the sweep's checkout")
+    except trust.UntrustedPath as e:
+        raise InputError(str(e)) from None
+
+
 PROG = "sweep.py"
 SCHEMA = "sweep/1"  # the record's "schema" (docs/sweep.md); records written before it have "version": 1
 OOM_CLASSES = ("oom_device", "oom_host")
@@ -388,14 +419,7 @@ class Sweep:
         return strict(rec)  # type: ignore[return-value]
 
     def open_record(self) -> None:
-        folder = self.opts.workspace / "sweeps"
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise InputError(
-                f"cannot make {folder} for the sweep's record: {e.strerror or e} (set --workspace to a "
-                "directory you can write)"
-            ) from None
+        folder = sweeps_dir(self.opts.workspace)
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.started_at))
         for n in range(1, 1000):
             path = folder / f"{stamp}{'' if n == 1 else f'-{n}'}-{self.kind}.json"
@@ -520,11 +544,19 @@ class Sweep:
             raise Interrupted(signal.Signals(self.stop_requested).name)
 
     def submit(self, job: Job) -> None:
+        argv = shlex.split(job.command)
+        try:
+            check_submit(self.opts.workspace, argv[0] if argv else "")
+        except InputError as e:
+            job.status, job.note = "submit_failed", str(e)
+            say(f"{job.label}: submit refused: {e}")
+            self.save()
+            return
         env = {**os.environ, "JOB_WORKSPACE": str(self.opts.workspace)}
         if (REPO / ".venv").is_dir():  # a scratch checkout (models --commits) has none: use this one's
             env.setdefault("MAXTEXT_SLURM_VENV", str(REPO / ".venv"))
         try:
-            res = quiet_run(shlex.split(job.command), timeout=600, env=env)
+            res = quiet_run(argv, timeout=600, env=env)
         except (OSError, subprocess.SubprocessError) as e:
             job.status, job.note = "submit_failed", f"submit.sh did not run: {e}"
             self.save()
@@ -1116,20 +1148,32 @@ def resolve_commit(ref: str) -> str:
 
 
 def checkout_of(sw: Sweep, sha: str) -> Path:
-    """A scratch clone of the repository at commit sha under <workspace>/sweeps/checkouts/ (made
-    once, reused; `git clone --shared`, so the repository's own worktree list is untouched): its
-    submit.sh snapshots that checkout, so each job runs the commit's code."""
-    path = sw.opts.workspace / "sweeps" / "checkouts" / sha[:12]
-    if sw.opts.dry_run or (path / "submit.sh").is_file():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for cmd in (
-        ["git", "clone", "--quiet", "--shared", "--no-checkout", str(REPO), str(path)],
-        ["git", "-C", str(path), "checkout", "--quiet", "--detach", sha],
-    ):
-        res = quiet_run(cmd, timeout=300)
-        if res.returncode != 0:
-            raise InputError(f"cannot make a checkout of {sha[:12]} at {path}: {res.stderr.strip()}")
+    """A scratch clone of the repository at commit sha under <workspace>/<user>/sweeps/checkouts/
+    (made once, reused when it is ours to trust; `git clone --shared`, so the repository's own
+    worktree list is untouched): its submit.sh snapshots that checkout, so each job runs the
+    commit's code."""
+    if sw.opts.dry_run:
+        return sw.opts.workspace / pwd.getpwuid(os.geteuid()).pw_name / "sweeps" / "checkouts" / sha[:12]
+    checkouts = sweeps_dir(sw.opts.workspace) / "checkouts"
+    path = checkouts / sha[:12]
+    try:
+        trust.own_dir(checkouts)
+        if (path / "submit.sh").exists() or (path / "submit.sh").is_symlink():
+            trust.check_under(sw.opts.workspace, path / "submit.sh", "the sweep's checkout")
+            return path
+    except trust.UntrustedPath as e:
+        raise InputError(str(e)) from None
+    old_umask = os.umask(0o022)  # nobody else writes into the code a job will run
+    try:
+        for cmd in (
+            ["git", "clone", "--quiet", "--shared", "--no-checkout", str(REPO), str(path)],
+            ["git", "-C", str(path), "checkout", "--quiet", "--detach", sha],
+        ):
+            res = quiet_run(cmd, timeout=300)
+            if res.returncode != 0:
+                raise InputError(f"cannot make a checkout of {sha[:12]} at {path}: {res.stderr.strip()}")
+    finally:
+        os.umask(old_umask)
     return path
 
 
@@ -1564,7 +1608,7 @@ def _this_schema(rec: dict) -> bool:
 
 def load_record(path: Path) -> dict:
     """A sweep record as written by this tool; InputError (one line) for anything else."""
-    where = "give a <workspace>/sweeps/<time>-<kind>.json file"
+    where = "give a <workspace>/<user>/sweeps/<time>-<kind>.json file"
     try:
         if not path.is_file():
             raise InputError(
@@ -1591,6 +1635,10 @@ def load_record(path: Path) -> dict:
 def resume(a: argparse.Namespace) -> int:
     """Go on with a record: ended jobs are kept, running ones waited for, the rest (re)submitted."""
     path = a.record
+    try:  # its commands are submitted again: only a record nobody else can have written
+        trust.check(path, "the sweep record", "resume only a record of your own")
+    except trust.UntrustedPath as e:
+        raise InputError(str(e)) from None
     rec = load_record(path)
     o = rec["options"]
     opts = Options(

@@ -14,12 +14,11 @@ import time
 from pathlib import Path
 
 import trust
-from trust import UntrustedPath
-
 from diagnosis import joblog, locate, sweep
 from diagnosis.cli import InputError
 from monitor import notify, recover, store
 from monitor.watch import Event, Rules, Watch, span, utc
+from trust import UntrustedPath
 
 BAD_INPUT = 2
 PROG = "job_monitor.py"

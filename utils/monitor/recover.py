@@ -19,9 +19,8 @@ import subprocess
 from pathlib import Path
 
 import trust
-from trust import UntrustedPath
-
 from monitor import store
+from trust import UntrustedPath
 
 # classes that name nodes at fault rather than the job itself (docs/triage.md); never config
 # errors, out of memory, NaN loss or the job's own exceptions

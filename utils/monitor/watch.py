@@ -23,10 +23,9 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
-from trust import UntrustedPath
-
 from diagnosis import joblog, locate, triage
 from monitor import store
+from trust import UntrustedPath
 
 ENDED_GRACE = 60.0  # seconds to wait for the JOB SUMMARY once Slurm says the job has ended
 RECENT = 50  # step times kept for the hang threshold and the slowdown window
