@@ -10,7 +10,12 @@ one line that names the path, its owner and mode:
   is refused before anything runs;
 - a real MaxText run given the Hugging Face token (hf_access_token=..., _env_HF_TOKEN=...) writes it
   into no TensorBoard event, while the Hugging Face libraries in the trainer's environment read it.
-Each payload would write a canary file; it never appears.
+End to end on the local 2-node cluster (marked cluster), against the victim's real jobs: core
+directories planted for her next job id on a shared COREDUMP_DIR stop the job in its train stage
+with one line per node; an image record and a summary.txt link planted in a copy of her job
+directory while the job is held (2775) stop it before its first stage; a job directory planted at
+her next id is refused by submit.sh. Links at context.txt and summary.txt point at a file of hers:
+it never changes. Each payload would write a canary file; it never appears.
 """
 
 from __future__ import annotations
