@@ -10,7 +10,12 @@ one line that names the path, its owner and mode:
   is refused before anything runs;
 - a real MaxText run given the Hugging Face token (hf_access_token=..., _env_HF_TOKEN=...) writes it
   into no TensorBoard event, while the Hugging Face libraries in the trainer's environment read it.
-Each payload would write a canary file; it never appears.
+End to end on the local 2-node cluster (marked cluster), against the victim's real jobs: core
+directories planted for her next job id on a shared COREDUMP_DIR stop the job in its train stage
+with one line per node; an image record and a summary.txt link planted in a copy of her job
+directory while the job is held (2775) stop it before its first stage; a job directory planted at
+her next id is refused by submit.sh. Links at context.txt and summary.txt point at a file of hers:
+it never changes. Each payload would write a canary file; it never appears.
 """
 
 from __future__ import annotations
@@ -23,13 +28,25 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, VENV, launcher_env
+from test_shared_ws_launch import (
+    UMASK,
+    attacker_sh,
+    env_of,
+    files_under,
+    job_id_of,
+    next_job_id,
+    one_line_refusal,
+    release,
+)
 
-from helpers.jobs import trainer_pid, wait_for
-from helpers.users import User, as_user, ensure_users, reachable_base, shared_workspace
+from helpers.jobs import SUBMITTED, job_state, summary, trainer_pid, wait_for, wait_job_end
+from helpers.users import ATTACKER, User, as_user, ensure_users, reachable_base, shared_workspace
 
 PY = VENV / "bin" / "python"
 HOST = "node1"
 JOB = "77-JAX-tiny"
+NODES = ("n1", "n2")  # the local cluster's nodes (utils/local_cluster.sh)
+TWO_NODES = ("-N", "2", "--", "steps=3")  # submit.sh arguments: a short job on both nodes
 
 
 @pytest.fixture
@@ -174,6 +191,71 @@ def test_the_trainer_imports_nothing_from_its_working_directory(base, canary):
     assert res.returncode != 0
     assert "steps" in res.stderr and "maxtext" in res.stderr.lower(), res.stderr[-2000:]
     assert not canary.exists()
+
+
+# --- end to end: the victim's real jobs on the local cluster -------------------------------------
+
+
+def precious_file(victim: User) -> Path:
+    """A file of the victim's that the attacker's links point at: it must never change."""
+    path = victim.home / "precious"
+    as_user(victim, ["bash", "-c", f"echo mine > {path}"], check=True)
+    return path
+
+
+def submit_victim(victim: User, cluster: dict[str, str], ws: Path, kind: str, *args: str, **env: str) -> str:
+    """submit.sh tiny ARGS as the victim, in the workspace's umask, with ENV; the job's id."""
+    res = as_user(
+        victim, [str(REPO / "submit.sh"), "tiny", *args], env={**env_of(cluster, ws), **env}, umask=UMASK[kind]
+    )
+    jid = job_id_of(res)
+    SUBMITTED.append(jid)
+    return jid
+
+
+def node_lines(log: Path, text: str) -> dict[str, list[str]]:
+    """The lines of each node (its "n1: " prefix, taken off) in the log that hold text."""
+    out: dict[str, list[str]] = {}
+    for ln in log.read_text(errors="replace").splitlines():
+        host, sep, rest = ln.partition(": ")
+        if sep and host in NODES and text in rest:
+            out.setdefault(host, []).append(rest)
+    return out
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("kind", ["sticky", "group"])
+def test_core_directories_planted_for_the_next_job_stop_it_with_one_line(kind, base, canary, cluster, venv):
+    """The attacker predicts the victim's next job id and makes its core directories on the shared
+    COREDUMP_DIR first (1777 scratch; a 2775 group directory under umask 002), for both nodes, each
+    with a `maxtext` package and a link at context.txt to a file of the victim's. The victim's
+    ENABLE_COREDUMPS=1 job stops in its train stage, each node with one line naming the attacker's
+    directory and its owner; no payload ran, the linked file and the attacker's tree are unchanged."""
+    victim, attacker = ensure_users()
+    ws = shared_workspace(base, kind)
+    (base / "s").mkdir()
+    cores = shared_workspace(base / "s", kind)
+    precious = precious_file(victim)
+    jid = next_job_id(attacker, cluster)
+    top = cores / f"{jid}-JAX-tiny"
+    for host in NODES:
+        plant_package(attacker, top / host, canary)
+        attacker_sh(attacker, f"ln -s {precious} {top / host / 'context.txt'}")
+    planted = files_under(top)
+    got = submit_victim(victim, cluster, ws, kind, *TWO_NODES, ENABLE_COREDUMPS="1", COREDUMP_DIR=str(cores))
+    assert got == str(jid)  # the prediction held: the planted directories are this job's
+    assert wait_job_end(cluster, got, 240) == "FAILED"
+    log = ws / f"{jid}-JAX-tiny.log"
+    refusal = f"_train.sh: refusing the directory {top}: it is owned by {ATTACKER}"
+    s = summary(log)
+    assert s["stage"] == "train" and refusal in s.get("first_error", ""), log.read_text()[-3000:]
+    said = node_lines(log, "_train.sh: ")
+    assert {h: len(lines) for h, lines in said.items()} == dict.fromkeys(NODES, 1), said  # one line each
+    assert all(refusal in lines[0] for lines in said.values()), said
+    assert not node_lines(log, "completed step")  # the trainer never started
+    assert not canary.exists()
+    assert precious.read_text() == "mine\n"
+    assert files_under(top) == planted
 
 
 def test_an_old_python_is_refused_with_one_line(tmp_path):
@@ -370,3 +452,65 @@ def test_the_hugging_face_token_never_reaches_tensorboard(workspace, venv, how):
     raw = b"".join(f.read_bytes() for f in log.with_suffix("").rglob("events.out.tfevents.*"))
     assert token.encode() not in raw
     wait_for(lambda: not token_file.exists(), 30, "the token file to go with the trainer")
+
+
+@pytest.mark.cluster
+def test_an_image_record_planted_while_the_job_is_held_never_runs(base, canary, cluster, venv):
+    """2775 group workspace, umask 002: while the victim's job is held, the teammate renames her job
+    directory (0755: he cannot write into it, but the workspace lets him rename it) and plants a copy
+    holding `.images/<host>` for both nodes with python=<his script>, and a link at summary.txt to a
+    file of hers. Released, the job stops before its first stage with one line naming his directory
+    and its owner; his script never runs, her file is unchanged, nothing lands in his directory."""
+    victim, attacker = ensure_users()
+    ws = shared_workspace(base, "group")
+    evil = evil_python(attacker, base, canary)
+    precious = precious_file(victim)
+    jid = submit_victim(victim, cluster, ws, "group", "--hold", *TWO_NODES)
+    job_dir = ws / f"{jid}-JAX-tiny"
+    attacker_sh(
+        attacker,
+        f"""
+        mv {job_dir} {job_dir}.gone
+        mkdir {job_dir} {job_dir}/.images
+        cp -P {job_dir}.gone/* {job_dir}/  # artifact and log links, snapshot.sha256: a faithful copy
+        {" && ".join(write_record(evil, job_dir / ".images" / host) for host in NODES)}
+        chmod 755 {job_dir} {job_dir}/.images
+        chmod 644 {job_dir}/.images/*
+        ln -s {precious} {job_dir}/summary.txt
+        """,
+    )
+    planted = files_under(job_dir)
+    release(victim, cluster, jid)
+    assert wait_job_end(cluster, jid, 240) == "FAILED"
+    log = ws / f"{jid}-JAX-tiny.log"
+    s = summary(log)
+    refusal = f"_job.sbatch: error: refusing the job directory {job_dir}: it is owned by {ATTACKER}"
+    assert s["stage"] == "none" and s["first_error"].startswith(refusal), s
+    assert "==================== JOB ====================" not in log.read_text()  # not one stage ran
+    assert not canary.exists()
+    assert precious.read_text() == "mine\n"
+    assert files_under(job_dir) == planted
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("kind", ["sticky", "group"])
+def test_a_job_directory_planted_at_the_next_id_is_refused_at_submit(kind, base, canary, cluster, venv):
+    """The attacker predicts the victim's next job id and makes its job directory first (1777
+    scratch; 2775 group directory), with `.images/<host>` naming his script and a link at
+    summary.txt: submit.sh refuses with one line and cancels the held job; nothing ran."""
+    victim, attacker = ensure_users()
+    ws = shared_workspace(base, kind)
+    evil = evil_python(attacker, base, canary)
+    precious = precious_file(victim)
+    jid = next_job_id(attacker, cluster)
+    job_dir = ws / f"{jid}-JAX-tiny"
+    records = " && ".join(write_record(evil, job_dir / ".images" / host) for host in NODES)
+    attacker_sh(attacker, f"mkdir -p {job_dir}/.images && {records} && ln -s {precious} {job_dir}/summary.txt")
+    planted = files_under(job_dir)
+    res = as_user(victim, [str(REPO / "submit.sh"), "tiny", *TWO_NODES], env=env_of(cluster, ws), umask=UMASK[kind])
+    line = one_line_refusal(res, f"refusing the job dir path {job_dir}: it ", f"owned by {ATTACKER}")
+    assert line.startswith("submit.sh: ") and "ask them to remove it" in line, line
+    assert job_state(cluster, str(jid)) in {"CANCELLED", "UNKNOWN"}  # the held job never ran
+    assert not canary.exists()
+    assert precious.read_text() == "mine\n"
+    assert files_under(job_dir) == planted

@@ -43,7 +43,8 @@ done
 [[ "$status" == completed && ${#failed[@]} -gt 0 ]] && status=failed
 
 # First error of the first failing node: an exception line (not indented, e.g. "ValueError: ..."),
-# else any other error-looking line that is not source code quoted in a traceback.
+# else any other error-looking line that is not source code quoted in a traceback (a launcher's
+# one-line refusal included: "_train.sh: refusing the directory ...").
 # A guess for the person reading the log, not a diagnosis, and the only reading of the log outside
 # utils/diagnosis/joblog.py: it stays here, in bash, because the summary must be printed at the end of
 # every job, also when Python is what failed (a broken environment; in container mode the batch host
@@ -51,7 +52,7 @@ done
 # signatures that decide a failure class live only in joblog.py; triage.py cites first_error as the
 # launcher's guess and never classifies from it. Keep these patterns generic: add signatures there.
 exc_re='[A-Za-z_.]*(Error|Exception|Exit|Interrupt)(: |$)'
-error_re='(Error|Exception|error:|FAILED|FATAL|Fatal|Aborted|Segmentation fault|Killed|core dumped|exceeded its)'
+error_re='(Error|Exception|error:|FAILED|FATAL|Fatal|Aborted|Segmentation fault|Killed|core dumped|exceeded its|: refusing )'
 info_re='[IW][0-9]{4} [0-9:.]+ '   # absl INFO/WARNING lines are not errors
 first_error=""
 this_run() {  # the log from the last JOB header on
