@@ -182,7 +182,7 @@ def test_pattern_is_no_oracle_over_redacted_values(ws):
 
 
 # --- MCP server, two users in a shared workspace ------------------------------------------------------
-@pytest.mark.parametrize("kind,umask", [("sticky", 0o022), ("group", 0o002)])
+@pytest.mark.parametrize("kind,umask", [("sticky", 0o022), ("group", 0o002)], ids=["sticky", "group"])
 def test_mcp_teammates_link_named_like_a_job_log_is_refused(kind, umask):
     """The attacker plants links named like job logs in the shared workspace: to the victim's private
     file and to the victim's own job log. The victim's MCP tools refuse both with one line (and do not
@@ -259,7 +259,7 @@ def test_bridge_bare_names_and_job_ids_are_checked_where_they_lead(tmp_path):
     assert plan(["utils/triage.py", "4242", "--json"], policy).kind == "tool"
 
 
-@pytest.mark.parametrize("kind,umask", [("sticky", 0o022), ("group", 0o002)])
+@pytest.mark.parametrize("kind,umask", [("sticky", 0o022), ("group", 0o002)], ids=["sticky", "group"])
 def test_bridge_refuses_a_teammates_link_as_a_job(kind, umask, tmp_path):
     """In a shared workspace the attacker's link named like a job log, even one that stays in the
     workspace (to the owner's own log), is not followed: the bridge refuses the call (exit 126) and
