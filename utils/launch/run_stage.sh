@@ -31,13 +31,10 @@ own_dir "$rec_dir"
 record() { (set -C; printf 'rc=%s end=%s reason=%s\n' "$1" "$(date +%s.%N | cut -c1-14)" "$2" > "$rec_dir/$host") 2>/dev/null || true; }
 
 # Lines that already carry a node's prefix (the Ray driver relays other nodes' output) keep it.
-# mawk (Debian's awk) reads a pipe in blocks unless told -W interactive: a hung trainer's last
-# lines would wait in its buffer instead of reaching the log.
-live_awk=(awk); awk -W version 2>&1 | grep -q '^mawk' && live_awk=(awk -W interactive)
-# shellcheck disable=SC2016  # the awk program
-exec 3> >("${live_awk[@]}" -v h="$host" -v hosts="${JOB_NODELIST:-}" '
-  BEGIN { n = split(hosts, hs, " "); for (i = 1; i <= n; i++) known[hs[i]] = 1 }
-  { p = index($0, ": "); if (p > 1 && (substr($0, 1, p - 1) in known)) print; else print h ": " $0; fflush() }')
+# Each line reaches the log as soon as it is complete, whole whatever its length or bytes; no awk
+# or sed (Ubuntu 24.04's mawk -W interactive dropped every line after one over 4096 bytes): see
+# prefix_lines.sh.
+exec 3> >(exec "$(dirname "${BASH_SOURCE[0]}")/prefix_lines.sh" "$host")
 prefixer=$!
 
 # SIGKILL cuts a core short: let a core being written finish first.
