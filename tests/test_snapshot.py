@@ -30,7 +30,8 @@ def project(where: Path) -> Path:
     where.mkdir(parents=True)
     files = run(["git", "-C", str(REPO), "ls-files", "-z", "-co", "--exclude-standard"]).stdout
     keep = "".join(f + "\0" for f in files.split("\0") if f and not f.startswith("tests/") and (REPO / f).exists())
-    subprocess.run(f"tar -C {REPO} --null -T - -cf - | tar -C {where} -xf -", input=keep, text=True, shell=True, check=True)
+    copy = f"tar -C {REPO} --null -T - -cf - | tar -C {where} -xf -"
+    subprocess.run(copy, input=keep, text=True, shell=True, check=True)
     (where / "tests").mkdir(exist_ok=True)
     (where / "tests/test_x.py").write_text("# no job runs tests\n")
     return where
