@@ -4,16 +4,21 @@ git checkout of its own (git ls-files: tracked and untracked-but-not-ignored fil
 resubmission with the default workspace makes); a release inside another git checkout that does
 not track it; a directory that an outer checkout ignores. Each snapshot holds what a job needs
 (submit.sh, _job.sbatch, utils/...), never tests/ or the workspace, can itself be snapshotted again,
-and its content hash (the caller's _job.sbatch --snapshot-hash) is stable."""
+and its content hash (the caller's _job.sbatch --snapshot-hash) is stable. On the local cluster: the monitor's
+recovery resubmits a job of the default workspace (<repo>/outputs) and the new job completes."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run
+from conftest import REPO, VENV, run
+
+from helpers.jobs import SUBMITTED, log_has, wait_job_end
 
 NEEDED = ("submit.sh", "_job.sbatch", "_container.sh", "utils/launch/snapshot.sh", "utils/launch/lib.sh")
 
@@ -170,3 +175,61 @@ def test_a_workspace_inside_a_plain_tree_is_left_out(tmp_path):
     two = snapshot(repo, ws)
     check_snapshot(two, repo)
     assert not (two / "runs-here").exists() and tree(one) == tree(two)
+
+
+# The resubmission script: the monitor's own recovery (utils/monitor/recover.py of this checkout)
+# on a job directory, as `job_monitor.py --auto-recover` runs it after a node fault.
+RESUBMIT = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from monitor import recover, store
+job_dir = Path(sys.argv[2])
+print(json.dumps(recover.resubmit(job_dir, store.Dir.open(job_dir), ["n2"], {})))
+"""
+
+
+@pytest.mark.cluster
+def test_auto_recover_resubmits_in_the_default_workspace(cluster, tmp_path):
+    """A job submitted with the default workspace (<repo>/outputs, git-ignored): the monitor's
+    recovery runs its snapshot's own submit.sh, which snapshots the snapshot under outputs/. The new
+    job is submitted there, without n2, from the same code, and completes (it used to fail at
+    sbatch: "Unable to open file .../_job.sbatch")."""
+    repo = project(tmp_path / "maxtext-slurm")
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "c")
+    env = {k: v for k, v in os.environ.items() if k != "JOB_WORKSPACE"}
+    env.update(cluster, MAXTEXT_SLURM_VENV=str(VENV))
+    res = subprocess.run(
+        [str(repo / "submit.sh"), "tiny", "-N", "1", "--", "steps=2"], env=env, capture_output=True, text=True
+    )
+    m = re.search(r"Submitted job (\d+) \((\S+)\)", res.stdout)
+    assert res.returncode == 0 and m, res.stderr
+    SUBMITTED.append(m.group(1))
+    ws = repo / "outputs"
+    job_dir = ws / f"{m.group(1)}-{m.group(2)}"
+    assert (job_dir / "snapshot.sha256").is_file(), sorted(ws.iterdir())
+    run(["scancel", m.group(1)], env=cluster)  # what it does is not the point: its resubmission is
+
+    res = subprocess.run(
+        [str(VENV / "bin/python"), "-c", RESUBMIT, str(REPO / "utils"), str(job_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    new = json.loads(res.stdout)
+    SUBMITTED.append(new["job_id"])
+    assert "--exclude=n2" in new["command"] and Path(new["job_dir"]).parent == ws
+    state = wait_job_end(cluster, new["job_id"], 300)
+    log = ws / f"{new['name']}.log"
+    assert state == "COMPLETED", log.read_text()[-3000:] if log.exists() else state
+    assert log_has(log, r"^n1: .*completed step: 1,")
+    snap = (Path(new["job_dir"]) / "artifact").resolve()
+    first = (job_dir / "artifact").resolve()
+    assert snap.parent == first.parent and first.parent.parent.parent == ws  # <ws>/<user>/.snapshots
+    assert tree(snap) == tree(first) and (snap / "_job.sbatch").is_file()
+    rec = (snap / ".submit/git.txt").read_text()
+    assert "not a git checkout of its own" in rec and f"  commit: {git(repo, 'rev-parse', 'HEAD').strip()}" in rec
