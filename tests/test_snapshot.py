@@ -42,12 +42,12 @@ def project(where: Path) -> Path:
     return where
 
 
-def snapshot(repo: Path, ws: Path, tool: Path | None = None) -> Path:
+def snapshot(repo: Path, ws: Path, env: dict[str, str] | None = None) -> Path:
     """snapshot.sh (the source's own, as submit.sh runs it) of repo into ws/<user>/.snapshots."""
     parent = ws / "me/.snapshots"
     parent.mkdir(parents=True, exist_ok=True)
     parent.chmod(0o755)
-    res = run([str(tool or repo / "utils/launch/snapshot.sh"), str(repo), str(parent), "submit.sh tiny"])
+    res = run([str(repo / "utils/launch/snapshot.sh"), str(repo), str(parent), "submit.sh tiny"], env=env)
     assert res.returncode == 0, res.stderr
     return Path(res.stdout.strip())
 
@@ -233,3 +233,15 @@ def test_auto_recover_resubmits_in_the_default_workspace(cluster, tmp_path):
     assert tree(snap) == tree(first) and (snap / "_job.sbatch").is_file()
     rec = (snap / ".submit/git.txt").read_text()
     assert "not a git checkout of its own" in rec and f"  commit: {git(repo, 'rev-parse', 'HEAD').strip()}" in rec
+
+
+def test_a_checkout_git_will_not_read_is_copied_whole_and_said_so(tmp_path):
+    """A checkout of someone else's (git: "dubious ownership"): the whole tree, and git.txt says why
+    it names no commit rather than claiming it is no checkout."""
+    repo = project(tmp_path / "maxtext-slurm")
+    git(repo, "init", "-q")
+    run(["chown", "-R", "nobody", str(repo)])
+    snap = snapshot(repo, tmp_path / "ws", {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"})
+    check_snapshot(snap, repo)
+    rec = (snap / ".submit/git.txt").read_text()
+    assert "commit: unknown (git cannot read this checkout: fatal: detected dubious ownership" in rec, rec

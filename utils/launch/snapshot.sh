@@ -28,8 +28,9 @@ real=$(cd "$repo" && pwd -P) || die "no repository directory '$repo'"
 ws=$(cd "$parent/../.." && pwd -P)
 skip=   # the workspace, relative to REPO, when it lies inside REPO (a workspace of its own choosing)
 [[ "$ws" == "$real"/* ]] && skip=${ws#"$real"/}
-own_git=0
-[[ "$(git -C "$real" rev-parse --show-toplevel 2>/dev/null)" == "$real" ]] && own_git=1
+own_git=0 why=
+top=$(git -C "$real" rev-parse --show-toplevel 2>&1) || why=$(head -n1 <<< "$top")
+[[ "$top" == "$real" ]] && own_git=1
 
 dest=$(mktemp -d "$parent/$(date -u +%Y%m%dT%H%M%SZ)-XXXXXX")
 chmod 755 "$dest"
@@ -60,6 +61,8 @@ from=$real/.submit   # the source's own record when the source is a snapshot
     git -C "$real" status --short | sed 's/^/  /'
   elif (( own_git )); then
     echo "commit: none (a git checkout without a commit yet)"
+  elif [[ -e "$real/.git" ]]; then   # a checkout that git refuses to read here (e.g. "dubious ownership")
+    echo "commit: unknown (git cannot read this checkout: ${why:-no work tree}; the whole tree was copied)"
   else
     echo "commit: none (not a git checkout of its own; the whole tree was copied)"
     if [[ -f "$from/git.txt" && ! -L "$from/git.txt" ]]; then
