@@ -14,7 +14,8 @@
 #     a directory that an outer checkout ignores; no git at all): the whole tree, less .git,
 #     .venv, outputs, .local_cluster, .submit (the source snapshot's record) and every
 #     __pycache__/*.pyc (caches, not code). .submit/git.txt then says "not a git checkout of its
-#     own" and, for a snapshot, carries the source snapshot's own record (and git.diff its diff).
+#     own" and, for a snapshot, carries the source snapshot's own record (and git.diff its diff);
+#     a checkout that git will not read here (e.g. "dubious ownership"): "commit: unknown (why)".
 # Never tests/ (no job runs it; most of the bytes every node copies and hashes), and never the job
 # workspace (DEST_PARENT/../..) when it lies inside REPO.
 set -euo pipefail
