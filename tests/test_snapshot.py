@@ -182,9 +182,8 @@ def test_a_workspace_inside_a_plain_tree_is_left_out(tmp_path):
 RESUBMIT = """
 import json, sys
 from pathlib import Path
-sys.path.insert(0, sys.argv[1])
 from monitor import recover, store
-job_dir = Path(sys.argv[2])
+job_dir = Path(sys.argv[1])
 print(json.dumps(recover.resubmit(job_dir, store.Dir.open(job_dir), ["n2"], {})))
 """
 
@@ -213,8 +212,8 @@ def test_auto_recover_resubmits_in_the_default_workspace(cluster, tmp_path):
     run(["scancel", m.group(1)], env=cluster)  # what it does is not the point: its resubmission is
 
     res = subprocess.run(
-        [str(VENV / "bin/python"), "-c", RESUBMIT, str(REPO / "utils"), str(job_dir)],
-        env=env,
+        [str(VENV / "bin/python"), "-c", RESUBMIT, str(job_dir)],
+        env={**env, "PYTHONPATH": str(REPO / "utils")},  # this checkout's monitor
         capture_output=True,
         text=True,
         timeout=300,
