@@ -36,6 +36,7 @@ FAILURES = (
     "time_limit",
     "gpu_health",
     "nan_loss",
+    "no_steps",
 )
 MULTI_NODE = ("collective_error", "heartbeat_timeout", "heartbeat_false_positive", "node_failure")
 PY = "/opt/venv/lib/python3.12/site-packages"
@@ -391,6 +392,16 @@ def body(job: Job, w: _Writer) -> tuple[list[str], _Outcome, float]:
         first_error = w.node(hosts[0], "ValueError: 'per_device_batch_sizee' not in 'emb_dim', 'mlp_dim'.")
         return out, _Outcome(records, "failed", first_error), t0 + 3
 
+    if fail == "no_steps":
+        # every node exited 0 but no step line reached the log (issue 20's first GPU run: Ubuntu 24.04's mawk
+        # under -W interactive cut MaxText's `Config param logical_axis_rules` line at 4096 characters and
+        # dropped every later line while the GPU trained)
+        rules = "(" + ", ".join(f"('activation_{i:03d}', ('data', 'fsdp', 'tensor'))" for i in range(120)) + ")"
+        for host in hosts:
+            stamp = absl_stamp(t0 + 0.8, where="pyconfig.py:591") if job.absl else ""
+            out.append(w.node(host, (stamp + "Config param logical_axis_rules: " + rules)[:4096]))
+        return out, _Outcome(records, "completed", ""), t0 + 60
+
     t = t0 + 10.0
     # steps each host completes
     last = {h: job.steps - 1 for h in hosts}
@@ -589,7 +600,24 @@ def body(job: Job, w: _Writer) -> tuple[list[str], _Outcome, float]:
     return out, _Outcome(records, status, first_error), (t_fail if fail else t + 1)
 
 
-def summary_block(job: Job, workspace: Path, o: _Outcome, wall: int) -> list[str]:
+def steps_value(job: Job, lines: list[str]) -> str:
+    """The JOB SUMMARY's `steps:` (utils/launch/job_summary.sh through joblog.steps_seen): the step lines
+    of the first host that printed one, "FIRST..LAST (N lines[ on HOST])", or "none"."""
+    ref, steps = None, []
+    for ln in lines:
+        if "completed step: " not in ln:
+            continue
+        host = ln.split(": ", 1)[0] if job.host_prefix else None
+        if not steps:
+            ref = host
+        if host == ref:
+            steps.append(int(ln.split("completed step: ", 1)[1].split(",", 1)[0]))
+    if not steps:
+        return "none"
+    return f"{steps[0]}..{steps[-1]} ({len(steps)} lines{f' on {ref}' if ref else ''})"
+
+
+def summary_block(job: Job, workspace: Path, o: _Outcome, wall: int, steps: str = "none") -> list[str]:
     failed = [
         f"{h} (exit {rc}{'' if reason == 'exit' else reason})"
         for h, r in o.records.items()
@@ -605,6 +633,7 @@ def summary_block(job: Job, workspace: Path, o: _Outcome, wall: int) -> list[str
         f"job: {job.job_id} {job.name}",
         f"nodes: {len(job.hosts)} ({' '.join(job.hosts)})",
         f"stage: {o.stage}",
+        f"steps: {steps}",
         f"wall_time: {wall // 3600:02d}:{wall % 3600 // 60:02d}:{wall % 60:02d} ({wall} s)",
         f"failed_nodes: {' '.join(failed) or 'none'}",
     ]
@@ -636,8 +665,9 @@ def write_job(job: Job, workspace: Path) -> Path:
     lines, outcome, t_end = body(job, w)
     ended = not job.running and job.failure != "hang"
     text = header(job, workspace) + lines
+    steps = steps_value(job, lines)
     if ended:
-        text += summary_block(job, workspace, outcome, int(t_end - job.start))
+        text += summary_block(job, workspace, outcome, int(t_end - job.start), steps)
     log.write_text("\n".join(text) + "\n")
     link = job_dir / "log"
     if not link.is_symlink():
@@ -652,7 +682,7 @@ def write_job(job: Job, workspace: Path) -> Path:
                 end = t_end + (0 if h == job.hosts[job.culprit % len(job.hosts)] else 2 + i * 0.01)
                 (stage_dir / h).write_text(f"rc={r[0]} end={end:.3f} reason={r[1]}\n")
         (job_dir / "summary.txt").write_text(
-            "\n".join(summary_block(job, workspace, outcome, int(t_end - job.start))) + "\n"
+            "\n".join(summary_block(job, workspace, outcome, int(t_end - job.start), steps)) + "\n"
         )
     if job.config_steps is not None:
         cfg = job_dir / "artifact" / "configs"

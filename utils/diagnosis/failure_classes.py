@@ -242,6 +242,23 @@ def on_job_cancelled(t: Triage, status: str) -> Verdict | None:
     return "cancelled", [], explain("cancelled", how=how), "high"
 
 
+NO_STEPS_STOP = "where a node's output stops (its last line before the JOB SUMMARY)"
+
+
+def on_job_no_steps(t: Triage, status: str) -> Verdict | None:
+    """A job that ended `completed` (every node exited 0) without a single step line in its log's last
+    run: it trained nothing that reached the log. Never a healthy job; only for status completed."""
+    if status != "completed" or t.scan.steps.step:
+        return None
+    tail = joblog.last_lines(t.scan)
+    for line, text in tail:
+        t.cite(line, text, NO_STEPS_STOP, joblog.split_host(text, set(t.scan.nodes()) or None)[0])
+    t.cite_summary("steps", "the job summary found no step line")
+    t.cite_summary("status", "the job summary says completed")
+    where = f"; the nodes' output stops at line {tail[-1][0]}: {tail[-1][1][:160]!r}" if tail else ""
+    return "no_steps", [], explain("no_steps", where=where), "high"
+
+
 # --- next steps ---------------------------------------------------------------------------
 @dataclasses.dataclass
 class Job:
@@ -412,6 +429,17 @@ def steps_node_failure(j: Job) -> list[str]:
     return [
         f"scontrol show node {j.first or '<host>'}; sinfo -R   # the node's state and reason",
         f"resubmit without it: {j.command or 'submit.sh MODEL'} (add --exclude={','.join(j.culprits) or '<host>'})",
+    ]
+
+
+def steps_no_steps(j: Job) -> list[str]:
+    return [
+        f"grep -a -n -E '^[^ :]+: ' {j.log} | tail -20   # what the nodes printed last: where the log stops",
+        "if it stops in MaxText's config dump (`Config param ...`, perhaps cut at 4096 characters), the node's "
+        "log path dropped lines (a long line through mawk -W interactive, Ubuntu 24.04): rerun with "
+        "log_config=false to confirm" + (f": {j.command} log_config=false" if j.command else ""),
+        "check where the trainer's output goes: steps= and log_period in the overrides and the config, "
+        "and the trainer's stderr (run it by hand: ./run_local.sh MODEL -- steps=5)",
     ]
 
 
@@ -716,6 +744,23 @@ REGISTRY: tuple[FailureClass, ...] = (
         culprit="hosts behind the others; none when all stopped at the same step (`low`)",
         check_next=f"Stacks: `py-spy dump` through `srun --overlap` (in `next_steps`); with a TSDB, {TSDB} (`hang` "
         "check: GPUs busy at standby power = collective deadlock).",
+    ),
+    FailureClass(
+        "no_steps",
+        rule=8,
+        on_job=on_job_no_steps,
+        summary={
+            "": "the job ended completed (every node exited 0) but its log holds no step line: it trained "
+            "nothing that reached the log (MaxText's output lost on the way, or a trainer that never "
+            "stepped){where}"
+        },
+        next_steps=steps_no_steps,
+        cites=("the job summary says completed", "the job summary found no step line", NO_STEPS_STOP),
+        decided_by="status `completed` (JOB SUMMARY, records or Slurm) and not one step line in the log's last run "
+        "(JOB SUMMARY `steps: none`); `status` becomes `failed`",
+        culprit="none; the evidence is where the nodes' output stops",
+        check_next="The log's last node lines (where it stops: a cut `Config param` line is a log path that "
+        "drops lines), `log_config=false`, the trainer's stderr (`./run_local.sh`).",
     ),
 )
 BY_NAME = {fc.name: fc for fc in REGISTRY}

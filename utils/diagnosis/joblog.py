@@ -871,6 +871,55 @@ def looks_like_job_log(s: Scan) -> bool:
     return bool(s.runs or s.summary or s.step_lines_seen or s.events)
 
 
+# --- the steps a run logged and where its output stops (JOB SUMMARY `steps:`, triage's no_steps) --
+TAIL_BYTES = 1 << 20  # how much of the log's end last_lines() reads
+
+
+def steps_seen(s: Scan) -> str:
+    """The last run's step lines as the JOB SUMMARY's `steps:` value (docs/job-log.md): the reference
+    host's "FIRST..LAST (N lines)", with " on HOST" when the lines carry a host prefix; "none"."""
+    st = s.steps
+    if not st.step:
+        return "none"
+    where = f" on {st.host}" if st.host else ""
+    return f"{st.step[0]}..{st.step[-1]} ({len(st.step)} lines{where})"
+
+
+def last_lines(s: Scan, n: int = 3) -> list[tuple[int, str]]:
+    """Where the nodes' output of the log's last run stops: the last line before the JOB SUMMARY of each
+    node (a "<host>: " prefix, run_stage.sh; at most N nodes, the latest), as (line number, text cut at
+    400 characters) in log order; without a node line among the log's last TAIL_BYTES, the last N lines
+    without a prefix. Reads only the log's end (up to the size scan() read)."""
+    end = s.summary_lines.get("_open", s.lines + 1)
+    start = s.header_line or 0
+    try:
+        with open(s.path, "rb") as f:
+            f.seek(max(0, s.size - TAIL_BYTES))
+            data = f.read(min(s.size, TAIL_BYTES))
+    except OSError:
+        return []
+    rows = data.split(b"\n")
+    if rows and rows[-1] == b"":
+        rows.pop()
+    if s.size > TAIL_BYTES:
+        rows = rows[1:]  # the first row is the end of a line cut by the window
+    first_no = s.lines - len(rows) + 1
+    known = set(s.nodes())
+    nodes: dict[str, tuple[int, str]] = {}
+    others: list[tuple[int, str]] = []
+    for i, raw in enumerate(rows):
+        no = first_no + i
+        if not start < no < end or not raw.strip():
+            continue
+        text = raw.decode(errors="replace")[:400]
+        host, _ = split_host(text, known or None)
+        if host:
+            nodes[host] = (no, text)
+        else:
+            others.append((no, text))
+    return sorted(nodes.values())[-n:] if nodes else others[-n:]
+
+
 @dataclasses.dataclass
 class HeartbeatClaim:
     """JAX's coordination service declaring tasks dead (they stopped sending heartbeats), mapped
@@ -1112,3 +1161,24 @@ class Follower:
                 out.append(Tick("summary"))
             elif self.clock is None and line.startswith(b"started: "):
                 self.clock = AbslClock.for_scan(line[9:].decode(errors="replace"), time.time())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`joblog.py steps LOG`: print the JOB SUMMARY's `steps:` value of LOG (utils/launch/job_summary.sh
+    runs it with whatever Python 3.11+ the host has: this module needs only the standard library)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] != "steps":
+        print("Usage: joblog.py steps LOG", file=sys.stderr)
+        return 2
+    try:
+        print(steps_seen(scan(args[1])))
+    except (OSError, NotALog) as e:
+        print(f"joblog.py: cannot read {args[1]}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

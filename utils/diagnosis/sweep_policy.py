@@ -24,6 +24,7 @@ POLICY: dict[str, tuple[str, str]] = {
     "node_failure": (EXCLUDE_NODE_RETRY, "one node failed: exclude it, retry once"),
     "config_error": (STOP, "the config does not load: every job would fail the same way"),
     "hang": (RETRY, "the job hung: cancelled, retry once"),
+    "no_steps": (MARK_FAILED, "no step line reached the log: nothing measured, kept as a failure to look at"),
 }
 TIMEOUT = "timeout"  # a job the sweep cancelled at --timeout is treated as a hang
 

@@ -658,6 +658,12 @@ class Triage:
                     stop="cancel" if ended == "cancelled" else "time limit",
                     behind=f"; {', '.join(culprits)} is behind the others" if culprits else "",
                 )
+        if status == "completed":  # not one step line: never a healthy job (class no_steps)
+            verdict = fc.on_job_no_steps(self, status)
+            if verdict:
+                status = "failed"
+                cls, culprits, summary, conf = verdict
+                self.notes.append("every node exited 0 (status completed), but no step line reached the log")
         run = joblog.run_of(s)
         if status == "completed" and not summary:
             summary = f"completed {prog['last_step'] + 1 if prog['last_step'] is not None else 0} steps"

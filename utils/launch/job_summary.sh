@@ -71,6 +71,27 @@ if [[ -f "${JOB_LOG:-}" && "$status" =~ ^(failed|stage_timeout)$ ]]; then
   fi
 fi
 
+# The steps this run logged, read by the one parser of step lines (utils/diagnosis/joblog.py, standard
+# library only) with the job's Python environment (MST_VENV), else the host's python3 (3.11 or newer):
+# "FIRST..LAST (N lines on HOST)" or "none" (a completed job without one is no healthy job: triage's
+# no_steps). No such Python, or a log too big to read in 60 s: "unknown (why)", never a guess in bash.
+steps=none
+if [[ "$stage" == train && -f "${JOB_LOG:-}" ]]; then
+  joblog="$(dirname "${BASH_SOURCE[0]}")/../diagnosis/joblog.py" steps="" py=""
+  for cand in "${MST_VENV:+$MST_VENV/bin/python}" python3; do
+    [[ -n "$cand" ]] && "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { py=$cand; break; }
+  done
+  if [[ -z "$py" ]]; then
+    steps="unknown (no Python 3.11 or newer here to read the log: utils/triage.py reads it)"
+  else
+    out=$(timeout 60 "$py" -P "$joblog" steps "$JOB_LOG" 2>&1); rc=$?
+    steps=$(head -n 1 <<< "$out" | cut -c1-300)
+    if (( rc == 124 )); then steps="unknown (reading the log took over 60 s)"
+    elif (( rc != 0 )); then steps="unknown (${steps:-joblog.py exited $rc})"
+    fi
+  fi
+fi
+
 cores=""
 if [[ "${ENABLE_COREDUMPS:-0}" == 1 ]]; then
   source "$(dirname "${BASH_SOURCE[0]}")/coredump.sh"
@@ -93,6 +114,7 @@ now=$(date +%s); wall=$(( now - ${JOB_START_TIME:-$now} ))
   echo "job: ${JOB_ID:-?} ${JOB_NAME:-?}"
   echo "nodes: ${#nodes[@]} (${nodes[*]})"
   echo "stage: $stage"
+  echo "steps: $steps"
   printf 'wall_time: %02d:%02d:%02d (%d s)\n' $((wall / 3600)) $((wall % 3600 / 60)) $((wall % 60)) "$wall"
   echo "failed_nodes: ${failed[*]:-none}"
   [[ -n "$culprit" ]] && echo "first_failure: $culprit"

@@ -464,7 +464,8 @@ class Watch:
             if tgs.get("steady"):
                 lines.append(f"steady Tokens/s/device {tgs['steady']:.1f}")
         else:
-            lines += [f"{k}: {summ[k]}" for k in ("stage", "failed_nodes", "first_failure", "first_error") if k in summ]
+            keys = ("stage", "steps", "failed_nodes", "first_failure", "first_error")
+            lines += [f"{k}: {summ[k]}" for k in keys if k in summ]
             if rep.get("culprit_hosts"):
                 lines.append(f"culprit hosts: {' '.join(rep['culprit_hosts'])}")
             ev = next((e for e in rep.get("evidence") or [] if e.get("text")), None)
