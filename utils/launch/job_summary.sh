@@ -74,7 +74,8 @@ fi
 # The steps this run logged, read by the one parser of step lines (utils/diagnosis/joblog.py, standard
 # library only) with the job's Python environment (MST_VENV), else the host's python3 (3.11 or newer):
 # "FIRST..LAST (N lines on HOST)" or "none" (a completed job without one is no healthy job: triage's
-# no_steps). No such Python, or a log too big to read in 60 s: "unknown (why)", never a guess in bash.
+# no_steps). No such Python, or a log too big to read in 15 s (~1 GB; a cancelled job has KillWait,
+# 30 s by default, for its summary): "unknown (why)", never a guess in bash.
 steps=none
 if [[ "$stage" == train && -f "${JOB_LOG:-}" ]]; then
   joblog="$(dirname "${BASH_SOURCE[0]}")/../diagnosis/joblog.py" steps="" py=""
@@ -84,9 +85,9 @@ if [[ "$stage" == train && -f "${JOB_LOG:-}" ]]; then
   if [[ -z "$py" ]]; then
     steps="unknown (no Python 3.11 or newer here to read the log: utils/triage.py reads it)"
   else
-    out=$(timeout 60 "$py" -P "$joblog" steps "$JOB_LOG" 2>&1); rc=$?
+    out=$(timeout 15 "$py" -P "$joblog" steps "$JOB_LOG" 2>&1); rc=$?
     steps=$(head -n 1 <<< "$out" | cut -c1-300)
-    if (( rc == 124 )); then steps="unknown (reading the log took over 60 s)"
+    if (( rc == 124 )); then steps="unknown (reading the log took over 15 s)"
     elif (( rc != 0 )); then steps="unknown (${steps:-joblog.py exited $rc})"
     fi
   fi
