@@ -91,9 +91,10 @@ class NodeTrainer:
     def __init__(self, host: str, command: list[str]) -> None:
         self.host = host
         self.env = read_env_file(node_env_file())
-        # command[0] is a file of the launcher: this node's own checked copy of the code (MST_REPO
-        # in its saved environment), never the driver's, which lives in the head node's scratch
-        self.command = [str(Path(self.env["MST_REPO"]) / command[0]), *command[1:]]
+        # command[0] is a file of the launcher: from this node's own checked copy of the code (MST_REPO
+        # in its saved environment), not the driver's, which lives in the head node's private scratch
+        repo = self.env.get("MST_REPO")
+        self.command = [str(Path(repo) / Path(command[0]).name) if repo else command[0], *command[1:]]
         self.lines: list[str] = []
         self.lock = threading.Condition()
         self.proc: subprocess.Popen | None = None
@@ -191,7 +192,7 @@ def main() -> int:
                 return unusable(say, f"nodes did not join Ray within {join_timeout:.0f} s: {missing}")
             time.sleep(0.5)
         actor_cls = ray.remote(num_cpus=0, max_concurrency=4)(NodeTrainer)
-        command = ["_container.sh", "_train.sh"]
+        command = [str(Path(os.environ["MST_REPO"]) / "_container.sh"), "_train.sh"]
         actors = {h: actor_cls.options(resources={host_resource(h): 0.001}).remote(h, command) for h in hosts}
         pids = ray.get([a.start.remote() for a in actors.values()], timeout=120)
     except Exception as e:  # any failure before training started: let the launcher fall back

@@ -140,7 +140,8 @@ print(json.dumps(out))
         f"600 MB sparse log: peak RSS {got['rss_mib']:.0f} MiB, "
         + ", ".join(f"{k} {got[k]['s']:.1f} s" for k in ("default", "pattern", "line"))
     )
-    assert got["rss_mib"] < 200, got["rss_mib"]  # the interpreter and the SDK ~ 60-80 MiB
+    # the interpreter and the SDK ~ 60-80 MiB; seen 88-236 MiB in whole-suite runs, 1.1 GiB before
+    assert got["rss_mib"] < 400, got["rss_mib"]
     for k in ("default", "pattern", "line"):
         assert got[k]["s"] < 30 and got[k]["total"] == 1, (k, got[k]["s"])
     assert got["pattern"]["lines"] == []

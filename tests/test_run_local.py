@@ -60,8 +60,9 @@ def test_shell_has_the_job_environment(workspace, venv):
 @pytest.mark.slow
 def test_secrets_stay_out_of_argv_and_the_record(workspace, venv):
     """Every user can read any process's argv (ps): a credential override reaches MaxText by
-    environment (M_HF_ACCESS_TOKEN), run_local.sh drops the overrides from its own argv, and
-    neither the log nor the snapshot holds a secret value."""
+    private file (HF_TOKEN_PATH, 0600: never in MaxText's config, which TensorBoard records),
+    run_local.sh drops the overrides from its own argv, and neither the log nor the snapshot holds a
+    secret value."""
     secret, pw = "hf_Zq81SECRETx", "correct horse battery"
     proc = subprocess.Popen(
         [str(REPO / "run_local.sh"), "tiny", "--", "steps=40", f"hf_access_token={secret}", f"_env_DB_PASSWORD={pw}"],
@@ -75,7 +76,11 @@ def test_secrets_stay_out_of_argv_and_the_record(workspace, venv):
         pid = wait_for(lambda: trainer_pid(job_id, 0), 90, "the trainer process")
         argvs = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
         assert secret not in argvs and "horse" not in argvs
-        assert f"M_HF_ACCESS_TOKEN={secret}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        env = dict(kv.split(b"=", 1) for kv in environ if b"=" in kv)
+        assert b"M_HF_ACCESS_TOKEN" not in env and b"HF_TOKEN" not in env
+        token_file = Path(env[b"HF_TOKEN_PATH"].decode())
+        assert token_file.read_text().strip() == secret and token_file.stat().st_mode & 0o077 == 0
         assert proc.wait(timeout=300) == 0
     finally:
         if proc.poll() is None:

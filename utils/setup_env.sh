@@ -35,6 +35,9 @@ import_roots() {
   local site
   site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   [[ "$venv" != "$repo/.venv" && -f "$site/maxtext_slurm.pth" ]] && return 0
+  # written only when it changes: another user of this clone (who may not write the environment)
+  # finds it right already
+  [[ "$(cat "$site/maxtext_slurm.pth" 2>/dev/null)" == "$repo/utils"$'\n'"$repo/tests" ]] && return 0
   printf '%s\n' "$repo/utils" "$repo/tests" > "$site/maxtext_slurm.pth"
 }
 
