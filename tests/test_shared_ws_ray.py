@@ -377,7 +377,8 @@ def test_planted_ray_head_gets_no_token_and_runs_nothing(users, base, cluster, k
     if swapped:
         # stopped before any Ray started, with one line naming what the attacker made
         assert state == "FAILED", text[-3000:]
-        refusals = re.findall(r"^n\d: \S+: refusing .* it is owned by mstattacker.*$", text, re.M)
+        # the batch script refuses the swapped job dir before any stage; failing that, each node does
+        refusals = re.findall(r"^(?:n\d: )?\S+: (?:error: )?refusing .* it is owned by mstattacker.*$", text, re.M)
         assert refusals, text[-3000:]
         assert "ray_dashboard:" not in text and not re.search(r"completed step", text)
     else:
