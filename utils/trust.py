@@ -127,3 +127,50 @@ def create_new(path: str | os.PathLike[str], mode: int = 0o600) -> int:
         raise UntrustedPath(f"refusing to write {path}: it exists already") from None
     except OSError as e:
         raise UntrustedPath(f"cannot create {path}: {e.strerror}") from None
+
+
+def read_under(root: str | os.PathLike[str], path: str | os.PathLike[str], what: str, limit: int = 4096) -> bytes:
+    """The first ``limit`` bytes of ``path`` (a regular file) when it and every directory between
+    ``root`` and it are ours to trust, walked with descriptors (O_NOFOLLOW, each checked as opened),
+    so no swap between check and read can feed it another file. Raises FileNotFoundError when it
+    does not exist yet and UntrustedPath (one line) when it is not ours."""
+    root_p, p = Path(os.path.abspath(root)), Path(os.path.abspath(path))
+    try:
+        parts = p.relative_to(root_p).parts
+    except ValueError:
+        raise UntrustedPath(f"refusing {what} {path}: it is not under {root}") from None
+    if not parts:
+        raise UntrustedPath(f"refusing {what} {path}: it is the workspace itself")
+    fd = os.open(root_p, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    cur = root_p
+    try:
+        for i, name in enumerate(parts):
+            last = i == len(parts) - 1
+            cur = cur / name
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_NONBLOCK if last else os.O_DIRECTORY)
+            try:
+                nxt = os.open(name, flags, dir_fd=fd)
+            except FileNotFoundError:
+                raise
+            except OSError as e:  # a link (ELOOP), not a directory, no access: say what it is
+                try:
+                    why = problem(os.lstat(name, dir_fd=fd), cur)
+                except OSError:
+                    why = None
+                raise UntrustedPath(
+                    f"refusing {what} {path}: {cur} {why or f'cannot be opened ({e.strerror})'}"
+                ) from None
+            os.close(fd)
+            fd = nxt
+            st = os.fstat(fd)
+            why = problem(st, cur)
+            if why:
+                raise UntrustedPath(f"refusing {what} {path}: {cur} {why}")
+        if not stat.S_ISREG(st.st_mode):
+            raise UntrustedPath(f"refusing {what} {path}: it is not a regular file")
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            return f.read(limit)
+    finally:
+        if fd >= 0:
+            os.close(fd)

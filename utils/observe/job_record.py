@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
-import stat
 import sys
 import types
 from pathlib import Path
@@ -41,49 +39,8 @@ MISSING = 3
 
 
 def read_record(root: str, path: str, what: str, limit: int = 4096) -> bytes:
-    """The first ``limit`` bytes of ``path`` (a regular file) when it and every directory between
-    ``root`` and it are ours to trust. Raises FileNotFoundError when it does not exist yet and
-    trust.UntrustedPath (one line) when it is not ours."""
-    root_p, p = Path(os.path.abspath(root)), Path(os.path.abspath(path))
-    try:
-        parts = p.relative_to(root_p).parts
-    except ValueError:
-        raise trust.UntrustedPath(f"refusing {what} {path}: it is not under {root}") from None
-    if not parts:
-        raise trust.UntrustedPath(f"refusing {what} {path}: it is the workspace itself")
-    fd = os.open(root_p, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    cur = root_p
-    try:
-        for i, name in enumerate(parts):
-            last = i == len(parts) - 1
-            cur = cur / name
-            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_NONBLOCK if last else os.O_DIRECTORY)
-            try:
-                nxt = os.open(name, flags, dir_fd=fd)
-            except FileNotFoundError:
-                raise
-            except OSError as e:  # a link (ELOOP), not a directory, no access: say what it is
-                try:
-                    why = trust.problem(os.lstat(name, dir_fd=fd), cur)
-                except OSError:
-                    why = None
-                raise trust.UntrustedPath(
-                    f"refusing {what} {path}: {cur} {why or f'cannot be opened ({e.strerror})'}"
-                ) from None
-            os.close(fd)
-            fd = nxt
-            st = os.fstat(fd)
-            why = trust.problem(st, cur)
-            if why:
-                raise trust.UntrustedPath(f"refusing {what} {path}: {cur} {why}")
-        if not stat.S_ISREG(st.st_mode):
-            raise trust.UntrustedPath(f"refusing {what} {path}: it is not a regular file")
-        with os.fdopen(fd, "rb") as f:
-            fd = -1
-            return f.read(limit)
-    finally:
-        if fd >= 0:
-            os.close(fd)
+    """trust.read_under: the record when it and the path to it are ours (see there)."""
+    return trust.read_under(root, path, what, limit)
 
 
 def main(argv: list[str]) -> int:
