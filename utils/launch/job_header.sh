@@ -3,7 +3,9 @@
 #
 # Prints the block that opens every job log: job, model, nodes, coordinator, stage time
 # limits (with the defaults), container, what the site file contributed (MST_SITE_APPLIED), code
-# snapshot and its hash (MST_SNAPSHOT, MST_REPO_SHA256), overrides (secrets redacted), paths; for a run (--run, MST_RUN) its alias, run
+# snapshot and its hash (MST_SNAPSHOT, MST_REPO_SHA256), the environment MST_VENV with its versions of JAX,
+# jaxlib, the GPU plugin and MaxText (its .mst-versions record, written by utils/setup_env.sh; read now
+# when it has none), overrides (secrets redacted), paths; for a run (--run, MST_RUN) its alias, run
 # directory and the checkpoint step it resumes from.
 # Reads the generic JOB_* variables and the launch variables of docs/env-contract.md.
 set -euo pipefail
@@ -14,6 +16,10 @@ source "$here/launch_lib.sh"
 source "$here/run_alias.sh"
 timeouts=$(stage_timeouts "${STAGE_TIMEOUTS:-}" | awk '{ printf "%s%s:%s", sep, $1, $2; sep = "," }')
 run_line=""
+environment=${MST_VENV:-?}
+if [[ -x "${MST_VENV:-}/bin/python" ]]; then
+  environment+=" $("$MST_VENV/bin/python" -I "$here/env_pins.py" versions 2>/dev/null || echo '(versions unknown: its python failed)')"
+fi
 [[ -z "${MST_RUN:-}" ]] || run_line="run: $(run_describe)"$'\n'
 cat <<HEADER
 ==================== JOB ====================
@@ -25,6 +31,7 @@ coordinator: ${JOB_COORDINATOR_ADDR:-?}:${JOB_COORDINATOR_PORT:-?}
 stage_timeouts: $timeouts (defaults $STAGE_TIMEOUT_DEFAULTS; set STAGE_TIMEOUTS)
 container: ${CONTAINER_RUNTIME:-auto} ${CONTAINER_IMAGE:-localhost/maxtext-slurm:latest}
 site: ${MST_SITE_APPLIED:-none}
+environment: $environment
 ray: ${RAY:-0}
 code: ${MST_SNAPSHOT:-${MST_REPO:-?}}
 code_sha256: ${MST_REPO_SHA256:-?} (each node runs a private copy checked against it)
