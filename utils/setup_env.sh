@@ -70,7 +70,9 @@ import_roots() {
 adopted_from=""
 [[ -f "$venv/.mst-adopted" ]] && { read -r adopted_from < "$venv/.mst-adopted" || true; }
 if [[ -n "$adopt" && "$adopt" != "$adopted_from" && -n "$(ls -A "$venv" 2>/dev/null)" ]]; then
-  echo "setup_env.sh: --adopt $adopt: $venv already holds an environment (${adopted_from:+adopted from $adopted_from}${adopted_from:-made by setup_env.sh}); remove it, or set MAXTEXT_SLURM_VENV to a new directory" >&2
+  made="made by setup_env.sh"
+  [[ -z "$adopted_from" ]] || made="adopted from $adopted_from"
+  echo "setup_env.sh: --adopt $adopt: $venv already holds an environment ($made); remove it, or set MAXTEXT_SLURM_VENV to a new directory" >&2
   exit 1
 fi
 adopt=${adopt:-$adopted_from}
@@ -132,7 +134,7 @@ pip_install() {  # pip install (offline from the wheelhouse, if any); its output
 
 if [[ -n "$adopt" ]]; then
   # the site's interpreter: its JAX is used as it is, what it lacks of the pins goes into $venv
-  "$adopt" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' 2>/dev/null || {
+  [[ "$("$adopt" -c 'import sys; print(sys.version_info >= (3, 12))' 2>/dev/null)" == True ]] || {
     trap - EXIT
     echo "setup_env.sh: --adopt $adopt: not a Python >= 3.12 (MaxText 0.2.5 needs it); adopt the site's Python 3.12+ with JAX" >&2
     exit 1
