@@ -31,8 +31,8 @@ coordinator: ${JOB_COORDINATOR_ADDR:-?}:${JOB_COORDINATOR_PORT:-?}
 stage_timeouts: $timeouts (defaults $STAGE_TIMEOUT_DEFAULTS; set STAGE_TIMEOUTS)
 container: ${CONTAINER_RUNTIME:-auto} ${CONTAINER_IMAGE:-localhost/maxtext-slurm:latest}
 site: ${MST_SITE_APPLIED:-none}
-environment: $environment
 ray: ${RAY:-0}
+environment: $environment
 code: ${MST_SNAPSHOT:-${MST_REPO:-?}}
 code_sha256: ${MST_REPO_SHA256:-?} (each node runs a private copy checked against it)
 overrides: $(shown_list maxtext <<< "${TRAIN_OVERRIDES:-}")
