@@ -438,7 +438,7 @@ def test_batch_stops_going_up_at_the_first_oom(tmp_path):
     assert "ran out of memory" in sw.jobs[3].note
 
 
-# --- the failure policy (utils/diagnosis/sweep.policy.py) ------------------------------------------
+# --- the failure policy (utils/sweep/policy.py) ------------------------------------------
 @pytest.mark.parametrize(
     "status, cls, culprits, retried, earlier, action",
     [
