@@ -207,13 +207,16 @@ def test_diagnose_with_no_prometheus_binary_is_one_line(ws, tmp_path):
 def test_sweep_records_carry_their_schema_and_the_resume_command_is_the_tool(tmp_path):
     """An interrupted sweep prints `<repo>/utils/sweep.py resume RECORD` (runnable from anywhere); its
     record says "schema": "sweep/1", and a record written before ("version": 1) still reads."""
-    from diagnosis import sweep
+    import sweep.loop
+    import sweep.record
 
-    sw = sweep.Sweep("batch", "tiny", {"model": "tiny", "values": ["1"]}, sweep.Options(tmp_path), ["batch", "tiny"])
+    sw = sweep.loop.Sweep(
+        "batch", "tiny", {"model": "tiny", "values": ["1"]}, sweep.loop.Options(tmp_path), ["batch", "tiny"]
+    )
     sw.record, sw.state = tmp_path / "sweeps" / "x-batch.json", "interrupted"
     rec = sw.to_json()
     assert rec["schema"] == "sweep/1" and "version" not in rec
-    line = sweep.render(rec).splitlines()[-1]
+    line = sweep.record.render(rec).splitlines()[-1]
     cmd = line.split("continue with: ")[1].split()
     assert cmd[0] == str(REPO / "utils" / "sweep.py") and cmd[1:] == ["resume", str(sw.record)], line
     old = {k: v for k, v in rec.items() if k != "schema"} | {"version": 1}

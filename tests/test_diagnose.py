@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from conftest import REPO, VENV, run
 
-from diagnosis import diagnose, tsdb
+from diagnosis import diagnose, load, tsdb
 from helpers import corpus
 from helpers.jobs import bad_job_arg
 from helpers.promfixture import running_prometheus, tsdb_digest, write_tsdb
@@ -465,7 +465,7 @@ def test_counter_rates_bridge_missed_scrapes():
     """A host with a bad network misses scrapes: the increase across the gap is its rate there
     (the live packet-loss incident lost two of n2's scrapes and, before, nearly all its rate)."""
     nan = float("nan")
-    got = diagnose._rates({"hw_tcp_retransmits_total": {"n2": np.array([0, 10, nan, nan, 40, 50, 5])}}, 2.0)
+    got = load._rates({"hw_tcp_retransmits_total": {"n2": np.array([0, 10, nan, nan, 40, 50, 5])}}, 2.0)
     r = got["hw_tcp_retransmits_total"]["n2"]
     assert np.isnan(r[0]) and np.isnan(r[6])  # nothing before the first sample; a reset is no rate
     assert r[1:6].tolist() == [5.0, 5.0, 5.0, 5.0, 5.0]

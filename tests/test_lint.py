@@ -112,12 +112,12 @@ def test_user_commands_run_directly(tool):
 
 def test_no_import_path_hacks_and_modules_are_not_programs():
     """The import roots are utils/ and tests/ (pyproject's pythonpath, the environment's .pth):
-    no file edits sys.path, and the modules of the diagnosis package are not programs."""
+    no file edits sys.path, and the modules of the diagnosis and sweep packages are not programs."""
     hack = re.compile(r"sys\.path\.(insert|append|extend)|sys\.path\s*(\+?=|\[)")
     hacks = [p.relative_to(REPO).as_posix() for p in python_files() if hack.search(p.read_text())]
     assert hacks == [], hacks
-    package = sorted((REPO / "utils" / "diagnosis").glob("*.py"))
-    assert len(package) >= 8
+    package = sorted((REPO / "utils" / "diagnosis").glob("*.py")) + sorted((REPO / "utils" / "sweep").glob("*.py"))
+    assert len(package) >= 20
     programs = [p.name for p in package if p.read_bytes().startswith(b"#!") or os.access(p, os.X_OK)]
     assert programs == [], programs
 

@@ -12,7 +12,9 @@ from pathlib import Path
 from conftest import REPO, VENV, run
 from test_sweep import FakeSweep, batch_params
 
-from diagnosis import sweep, triage
+import sweep.batch
+import sweep.loop
+from diagnosis import triage
 from helpers import logcorpus
 from monitor.watch import Rules, Watch
 
@@ -111,7 +113,7 @@ def test_the_monitor_ends_it_as_a_failure(tmp_path):
 
 
 def test_a_sweep_keeps_it_as_a_failure_not_a_measurement(tmp_path):
-    """The sweep reads each job's result with triage (sweep.read_result): a no_steps job is failed,
+    """The sweep reads each job's result with triage (sweep.loop.read_result): a no_steps job is failed,
     unmeasured, and the policy's mark_failed; the sweep goes on and the best value is a measured one."""
     ws = tmp_path / "ws"
 
@@ -120,10 +122,10 @@ def test_a_sweep_keeps_it_as_a_failure_not_a_measurement(tmp_path):
             failure = {"bs2": "no_steps"}.get(job.label)
             _, log = write(ws, failure, job.job_id, steps=20)
             job.log, job.job_dir = str(log), str(log.with_suffix(""))
-            sweep.read_result(job)
+            sweep.loop.read_result(job)
 
     sw = LogSweep("batch", batch_params(["1", "2", "4"]), {}, tmp_path)
-    sweep.drive_batch(sw)
+    sweep.batch.drive_batch(sw)
     by = {j.label: j for j in sw.jobs}
     assert (by["bs2"].status, by["bs2"].failure_class, by["bs2"].measured) == ("failed", "no_steps", False)
     assert by["bs1"].measured and by["bs4"].measured

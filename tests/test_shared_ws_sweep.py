@@ -36,7 +36,7 @@ def payload(canary: Path) -> str:
 def test_a_planted_checkout_never_runs(base, kind):
     """The attacker makes the victim's root first and plants a checkout of the commit the victim will
     compare: `models --commits` refuses the root in one line; the planted submit.sh never runs."""
-    from diagnosis import sweep as sweep_mod
+    import sweep.common as sweep_mod
     from diagnosis.cli import InputError
 
     _, attacker = ensure_users()

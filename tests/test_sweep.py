@@ -15,7 +15,15 @@ from pathlib import Path
 import pytest
 from conftest import REPO, VENV, launcher_env, run
 
-from diagnosis import joblog, sweep, sweep_policy
+import sweep.batch
+import sweep.bisect
+import sweep.loop
+import sweep.models
+import sweep.nodes
+import sweep.policy
+import sweep.record
+import sweep.regress
+from diagnosis import joblog
 from helpers.jobs import job_state, trainer_pid, wait_for
 
 TOOL = str(REPO / "utils" / "sweep.py")
@@ -385,11 +393,11 @@ def test_incomplete_record_is_one_line(tmp_path):
 
 
 # --- the decisions, on made-up results ------------------------------------------------------------
-class FakeSweep(sweep.Sweep):
+class FakeSweep(sweep.loop.Sweep):
     """The sweep loop with submit.sh and Slurm replaced by a table of outcomes."""
 
     def __init__(self, kind: str, params: dict, outcomes: dict, tmp: Path) -> None:
-        super().__init__(kind, "tiny", params, sweep.Options(tmp, poll=0.01), [])
+        super().__init__(kind, "tiny", params, sweep.loop.Options(tmp, poll=0.01), [])
         self.outcomes, self.submitted = outcomes, []
 
     def submit(self, job):
@@ -422,7 +430,7 @@ def test_batch_stops_going_up_at_the_first_oom(tmp_path):
         "bs4": ("failed", "oom_device", None),
     }
     sw = FakeSweep("batch", params, outcomes, tmp_path)
-    sweep.drive_batch(sw)
+    sweep.batch.drive_batch(sw)
     assert sw.submitted == ["bs1", "bs2", "bs4"]
     r = sw.result
     assert r["best"]["value"] == "2" and r["largest_fitting"] == "2"
@@ -430,7 +438,7 @@ def test_batch_stops_going_up_at_the_first_oom(tmp_path):
     assert "ran out of memory" in sw.jobs[3].note
 
 
-# --- the failure policy (utils/diagnosis/sweep_policy.py) ------------------------------------------
+# --- the failure policy (utils/sweep/policy.py) ------------------------------------------
 @pytest.mark.parametrize(
     "status, cls, culprits, retried, earlier, action",
     [
@@ -453,21 +461,21 @@ def test_batch_stops_going_up_at_the_first_oom(tmp_path):
     ],
 )
 def test_failure_policy_per_class(status, cls, culprits, retried, earlier, action):
-    d = sweep_policy.decide(status, cls, culprits, retried, earlier)
+    d = sweep.policy.decide(status, cls, culprits, retried, earlier)
     assert d["action"] == action, d
     assert d["reason"]
 
 
 def test_failure_policy_is_documented():
     doc = (REPO / "docs" / "sweep.md").read_text()
-    for cls, action, _why in sweep_policy.table():
+    for cls, action, _why in sweep.policy.table():
         assert f"| `{cls}` | `{action}` |" in doc, (cls, action)
 
 
 def test_candidate_only_failures():
     base = {"a": True, "b": True, "c": False, "d": True}
     cand = {"a": False, "b": False, "c": False, "d": True}
-    assert sweep_policy.candidate_only_failures(base, cand) == ["a", "b"]
+    assert sweep.policy.candidate_only_failures(base, cand) == ["a", "b"]
 
 
 def batch_params(values, key="per_device_batch_size"):
@@ -492,7 +500,7 @@ def test_policy_in_a_sweep_excludes_a_bad_node_and_retries_once(tmp_path):
         "bs4-retry": ("timeout", None, None),
     }
     sw = FakeSweep("batch", batch_params(["1", "2", "4"]), outcomes, tmp_path)
-    sweep.drive_batch(sw)
+    sweep.batch.drive_batch(sw)
     assert sw.submitted == ["bs1", "bs2", "bs4", "bs2-retry", "bs4-retry"]
     retry = next(j for j in sw.jobs if j.label == "bs2-retry")
     assert "--exclude=n7 --" in retry.command and retry.info["retry_of"] == "bs2"
@@ -506,7 +514,7 @@ def test_policy_in_a_sweep_excludes_a_bad_node_and_retries_once(tmp_path):
 def test_policy_every_value_hanging_twice_stops_the_sweep(tmp_path):
     outcomes = {label: ("failed", "hang", None) for v in "124" for label in (f"bs{v}", f"bs{v}-retry")}
     sw = FakeSweep("batch", batch_params(["1", "2", "4"]), outcomes, tmp_path)
-    sweep.drive_batch(sw)
+    sweep.batch.drive_batch(sw)
     # each value is retried once (a job and its retry count once), then two hung values stop it
     assert [(d["label"], d["action"]) for d in sw.decisions] == [
         ("bs1", "retry"),
@@ -522,7 +530,7 @@ def test_policy_every_value_hanging_twice_stops_the_sweep(tmp_path):
 def test_policy_stops_the_sweep_on_a_config_error(tmp_path):
     outcomes = {"bs1": ("failed", "config_error", None)}
     sw = FakeSweep("batch", batch_params(["1", "2", "4"]), outcomes, tmp_path)
-    sweep.drive_batch(sw)
+    sweep.batch.drive_batch(sw)
     assert sw.submitted == ["bs1"] and "config does not load" in (sw.stop_reason or "")
     assert [j.status for j in sw.jobs] == ["failed", "skipped", "skipped"]
     assert sw.decisions[0]["action"] == "stop" and sw.to_json()["decisions"][0]["label"] == "bs1"
@@ -532,7 +540,7 @@ def test_policy_does_not_retry_what_nodes_measures(tmp_path):
     outcomes = {"node-a1": ("failed", "gpu_health", None, "a1"), "node-a2": ("completed", None, 100.0)}
     p = {**batch_params([]), "nodes": ["a1", "a2"], "unavailable": [], "z": 3.5, "min_deviation_pct": 5.0}
     sw = FakeSweep("nodes", p, outcomes, tmp_path)
-    sweep.drive_nodes(sw)
+    sweep.nodes.drive_nodes(sw)
     assert sw.submitted == ["node-a1", "node-a2"] and sw.decisions[0]["action"] == "mark_failed"
 
 
@@ -603,7 +611,7 @@ def models_params(commits):
 
 
 def test_models_side_by_side_table_and_early_stop(tmp_path, monkeypatch):
-    monkeypatch.setattr(sweep, "checkout_of", lambda sw, sha: tmp_path / sha)
+    monkeypatch.setattr(sweep.models, "checkout_of", lambda sw, sha: tmp_path / sha)
     a, b = "a" * 40, "b" * 40
     outcomes = {
         f"tiny@{a[:8]}": ("completed", None, 100.0),
@@ -614,21 +622,21 @@ def test_models_side_by_side_table_and_early_stop(tmp_path, monkeypatch):
         f"llama3.1-8b@{b[:8]}": ("failed", "segfault", None),
     }
     sw = FakeSweep("models", models_params([a, b]), outcomes, tmp_path)
-    sweep.drive_models(sw)
+    sweep.models.drive_models(sw)
     assert sw.jobs[1].command.startswith(
         f"{tmp_path / b}/submit.sh tiny:c{b[:8]} -N 1 -- steps=5 dataset_type=synthetic"
     )
     rows = {r["model"]: r for r in sw.result["models"]}
     assert rows["tiny"]["tgs_delta_pct"] == -10.0 and rows["qwen3-8b"]["tgs_delta_pct"] is None
     assert "qwen3-8b" in (sw.stop_reason or "") and "llama3.1-8b" in sw.stop_reason  # two candidate-only failures
-    table = "\n".join(sweep.models_table(sw.result))
+    table = "\n".join(sweep.models.models_table(sw.result))
     assert "-10.00%" in table and "python_exception" in table and "segfault" in table
 
 
 def test_models_one_commit_has_no_delta(tmp_path):
     outcomes = {m: ("completed", None, 10.0) for m in ("tiny", "qwen3-8b", "llama3.1-8b")}
     sw = FakeSweep("models", models_params([]), outcomes, tmp_path)
-    sweep.drive_models(sw)
+    sweep.models.drive_models(sw)
     assert sw.submitted == ["tiny", "qwen3-8b", "llama3.1-8b"] and sw.stop_reason is None
     assert all(r["tgs_delta_pct"] is None for r in sw.result["models"])
     assert "3 of 3 job(s) measured" in sw.result["conclusion"]
@@ -639,15 +647,18 @@ def test_regress_sees_a_diverged_loss(tmp_path):
     fixture = REPO / "tests" / "fixtures" / "maxtext_0.2.5" / "nan_loss_steps.log"
     log = tmp_path / "4243-JAX-tiny.log"
     log.write_text("".join(f"n1: {ln}" for ln in fixture.read_text().splitlines(keepends=True)))
-    job = sweep.Job(label="rerun", command="submit.sh tiny", status="submitted", log=str(log))
-    sweep.read_result(job)
+    job = sweep.loop.Job(label="rerun", command="submit.sh tiny", status="submitted", log=str(log))
+    sweep.loop.read_result(job)
     assert job.final_loss != job.final_loss and job.last_step == 2  # nan, read by joblog
     base = {"job_id": "77", "status": "completed", "tgs_steady": 5000.0, "final_loss": 5.545, "last_step": 2}
     base["command"] = "submit.sh tiny"
-    r = sweep.regress_result(base, job, 3.0, 1.0, True)
+    r = sweep.regress.regress_result(base, job, 3.0, 1.0, True)
     assert r["loss_verdict"] == "changed" and r["loss_delta"] is None, r
     assert "final loss nan vs 5.545: changed" in r["conclusion"]
-    assert sweep.regress_result({**base, "final_loss": float("nan")}, job, 3.0, 1.0, True)["loss_verdict"] == "same"
+    assert (
+        sweep.regress.regress_result({**base, "final_loss": float("nan")}, job, 3.0, 1.0, True)["loss_verdict"]
+        == "same"
+    )
 
 
 def _no_constants(name: str) -> float:
@@ -659,33 +670,33 @@ def test_a_diverged_loss_keeps_the_record_strict_json(tmp_path):
     params = {"model": "tiny", "tag": "", "sbatch": [], "overrides": [], "values": ["1", "2"]}
     params |= {"key": "per_device_batch_size", "nodes": 1, "steps": 5}
     sw = FakeSweep("batch", params, {"bs1": ("completed", None, 100.0), "bs2": ("failed", None, None)}, tmp_path)
-    sweep.drive_batch(sw)
+    sweep.batch.drive_batch(sw)
     sw.jobs[0].final_loss, sw.jobs[1].final_loss = float("nan"), float("-inf")
     sw.open_record()
     rec = json.loads(sw.record.read_text(), parse_constant=_no_constants)
     assert [j["final_loss"] for j in rec["jobs"]] == ["nan", "-inf"]
-    assert "  bs1 " in sweep.render(rec) and " nan" in sweep.render(rec).splitlines()[2]
+    assert "  bs1 " in sweep.record.render(rec) and " nan" in sweep.record.render(rec).splitlines()[2]
     # read back (resume): floats again
-    jobs = [sweep.Job.from_json(j) for j in rec["jobs"]]
+    jobs = [sweep.loop.Job.from_json(j) for j in rec["jobs"]]
     assert math.isnan(jobs[0].final_loss) and jobs[1].final_loss == float("-inf") and jobs[0].tgs_steady == 100.0
     # the --json output of show is strict too
     res = run([str(VENV / "bin" / "python"), TOOL, "show", str(sw.record), "--json"], timeout=60)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout, parse_constant=_no_constants)["jobs"][0]["final_loss"] == "nan"
     # a resumed regress compares with the baseline's "nan" as with a nan
-    job = sweep.Job(label="rerun", command="submit.sh tiny", status="completed", tgs_steady=100.0, final_loss=5.0)
+    job = sweep.loop.Job(label="rerun", command="submit.sh tiny", status="completed", tgs_steady=100.0, final_loss=5.0)
     base = {"job_id": "7", "status": "completed", "tgs_steady": 100.0, "final_loss": "nan", "last_step": 2}
-    r = sweep.regress_result({**base, "command": "submit.sh tiny"}, job, 3.0, 1.0, True)
+    r = sweep.regress.regress_result({**base, "command": "submit.sh tiny"}, job, 3.0, 1.0, True)
     assert r["loss_verdict"] == "changed" and "final loss 5 vs nan: changed" in r["conclusion"], r
 
 
 def test_nodes_outliers_are_robust():
     rates = {"n1": 100.0, "n2": 101.0, "n3": 99.0, "n4": 100.5, "n5": 60.0, "n6": 99.5}
-    got = sweep.mad_outliers(rates, z=3.5, min_deviation=0.05)
+    got = sweep.nodes.mad_outliers(rates, z=3.5, min_deviation=0.05)
     assert [o["node"] for o in got["outliers"]] == ["n5"] and got["outliers"][0]["direction"] == "slow"
     # identical nodes (MAD 0) with a 1 % wobble: not an outlier (below the 5 % floor)
-    assert not sweep.mad_outliers({"a": 100.0, "b": 100.0, "c": 100.0, "d": 99.0}, 3.5, 0.05)["outliers"]
-    assert "at least 3" in sweep.mad_outliers({"a": 1.0, "b": 2.0}, 3.5, 0.05)["note"]
+    assert not sweep.nodes.mad_outliers({"a": 100.0, "b": 100.0, "c": 100.0, "d": 99.0}, 3.5, 0.05)["outliers"]
+    assert "at least 3" in sweep.nodes.mad_outliers({"a": 1.0, "b": 2.0}, 3.5, 0.05)["note"]
 
 
 def test_bisect_names_the_node_that_is_bad_with_every_partner(tmp_path):
@@ -707,7 +718,7 @@ def test_bisect_names_the_node_that_is_bad_with_every_partner(tmp_path):
         "r2-n4-n2": ok,
     }
     sw = FakeSweep("bisect", params, outcomes, tmp_path)
-    sweep.drive_bisect(sw)
+    sweep.bisect.drive_bisect(sw)
     assert sw.submitted == ["r1-n1-n2", "r1-n3-n4", "r1-n5-n6", "r2-n3-n1", "r2-n4-n2"]
     r = sw.result
     assert [s["node"] for s in r["suspects"]] == ["n3"]
@@ -721,7 +732,7 @@ def test_bisect_names_the_node_that_is_bad_with_every_partner(tmp_path):
         {"r1-n1-n2": ok, "r1-n3-n4": ok, "r1-n5-n1": ("failed", None, None), "r2-n5-n2": ok},
         tmp_path,
     )
-    sweep.drive_bisect(sw)
+    sweep.bisect.drive_bisect(sw)
     assert sw.submitted[-1] == "r2-n5-n2" and sw.result["suspects"] == []
     assert sw.result["suspect_pairs"] == [["n5", "n1"]]
     # every pair bad: no single node to blame, and no cross-check is possible
@@ -731,7 +742,7 @@ def test_bisect_names_the_node_that_is_bad_with_every_partner(tmp_path):
         {"r1-n1-n2": ("failed", None, None), "r1-n3-n4": ("failed", None, None)},
         tmp_path,
     )
-    sweep.drive_bisect(sw)
+    sweep.bisect.drive_bisect(sw)
     assert sw.submitted == ["r1-n1-n2", "r1-n3-n4"] and "every pair" in sw.result["conclusion"]
 
 

@@ -30,8 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from diagnosis import cli, locate, sweep, triage
+from diagnosis import cli, locate, triage
 from diagnosis.cli import InputError
+from diagnosis.min_nodes import min_nodes_notes
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = "investigate/1"  # the bundle's "schema" (docs/investigate.md)
@@ -263,7 +264,7 @@ def next_steps(job: locate.Job, tri: dict | None, diag: dict | None, verdict: di
         peers = [h for h in every if h not in culprits]
         nodes = every if kind == "bisect" else culprits + peers[: max(0, 3 - len(culprits))]
         try:  # a sweep's jobs (nodes: 1 node, bisect: 2) must hold the model (its config's minimum nodes)
-            sweep.min_nodes_notes(model_of(job.name), 2 if kind == "bisect" else 1, ignore=False)
+            min_nodes_notes(model_of(job.name), 2 if kind == "bisect" else 1, ignore=False)
         except InputError as e:
             add(f"no {kind} sweep to confirm the culprits: {e}")
         else:

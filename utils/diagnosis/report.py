@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from diagnosis import diagnose as dg
+from diagnosis import evidence as ev
 
 try:
     from diagnosis import joblog
@@ -69,7 +69,7 @@ def _num(v: object, key: str = "") -> str:
     if isinstance(v, bool) or not isinstance(v, int | float):
         return str(v)
     if key in TIMES and 1e8 < v < 1e11:
-        return dg.utc(v)
+        return ev.utc(v)
     if isinstance(v, int) or not math.isfinite(v):
         return str(v) if math.isfinite(v) else "n/a"
     return f"{v:.4g}" if abs(v) < 1e6 else f"{v:.10g}"  # unix times and byte counts whole
@@ -93,7 +93,7 @@ def _value(v: object, key: str = "", limit: int = 600) -> str:
 
 
 def _window(w: dict | None) -> str:
-    return f"{dg.utc(w['start'])} .. {dg.utc(w['end'])} ({dg.dur(w['end'] - w['start'])})" if w else "whole run"
+    return f"{ev.utc(w['start'])} .. {ev.utc(w['end'])} ({ev.dur(w['end'] - w['start'])})" if w else "whole run"
 
 
 # --- charts ---------------------------------------------------------------------------------------
@@ -117,15 +117,15 @@ def _hours(t: np.ndarray, x0: float) -> np.ndarray:
     return (np.asarray(t, float) - x0) / 3600
 
 
-def _axis(ax: Any, d: dg.Data) -> None:
+def _axis(ax: Any, d: ev.Data) -> None:
     """The time axis every chart shares: the data's whole range, in hours since its start."""
     x0 = float(d.grid[0])
     pad = 0.01 * (d.end - x0) / 3600
     ax.set_xlim(-pad, (d.end - x0) / 3600 + pad)
-    ax.set_xlabel(f"hours since {dg.utc(x0)}")
+    ax.set_xlabel(f"hours since {ev.utc(x0)}")
 
 
-def _phases_chart(d: dg.Data, plt: Any) -> str | None:
+def _phases_chart(d: ev.Data, plt: Any) -> str | None:
     y = d.tb.get("tokens")
     unit = "tokens/s/device"
     if y is None or not np.isfinite(y).any():
@@ -142,7 +142,7 @@ def _phases_chart(d: dg.Data, plt: Any) -> str | None:
         ax.axvspan(a, b, color="tab:orange" if i % 2 else "tab:green", alpha=0.12)
         ax.hlines(p["level"], a, b, colors="black", lw=2)
         ax.annotate(
-            f"phase {i + 1}: {dg.fmt(p['level'])}",
+            f"phase {i + 1}: {ev.fmt(p['level'])}",
             ((a + b) / 2, p["level"]),
             ha="center",
             va="bottom",
@@ -157,10 +157,10 @@ def _phases_chart(d: dg.Data, plt: Any) -> str | None:
     return _svg(fig)
 
 
-def _finding_chart(f: dg.Finding, d: dg.Data, plt: Any) -> str:
+def _finding_chart(f: ev.Finding, d: ev.Data, plt: Any) -> str:
     x0 = float(d.grid[0])
     fig, ax = plt.subplots(figsize=(10, 3.2))
-    dg.draw_hosts(ax, f, x0)
+    ev.draw_hosts(ax, f, x0)
     _axis(ax, d)
     fig.tight_layout()
     return _svg(fig)
@@ -187,7 +187,7 @@ def _step_lines(log: Path | None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return out
 
 
-def _training_chart(d: dg.Data, log: Path | None, plt: Any) -> tuple[str, str] | None:
+def _training_chart(d: ev.Data, log: Path | None, plt: Any) -> tuple[str, str] | None:
     """(svg, where the data came from): loss, tokens/s/device and TFLOP/s/device over time."""
     names = {"loss": "loss", "tokens": "tokens/s/device", "tflops": "TFLOP/s/device"}
     series = {k: (d.grid, d.tb[k]) for k in names if k in d.tb and np.isfinite(d.tb[k]).any()}
@@ -208,7 +208,7 @@ def _training_chart(d: dg.Data, log: Path | None, plt: Any) -> tuple[str, str] |
 
 
 # --- the page ---------------------------------------------------------------------------------------
-def _finding(i: int, fj: dict, f: dg.Finding | None, d: dg.Data | None, tsdb: str, plt: Any) -> str:
+def _finding(i: int, fj: dict, f: ev.Finding | None, d: ev.Data | None, tsdb: str, plt: Any) -> str:
     parts = [
         f'<article class="finding" data-kind="{_e(fj["kind"])}"><h3>{i}. {_e(fj["kind"])} '
         f'<span class="muted">[{_e(_window(fj["window"]))}] score {fj["score"]}</span></h3>',
@@ -259,14 +259,14 @@ def page(r: dict) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rep: dg.Report | None = r.get("_report")
+    rep: ev.Report | None = r.get("_report")
     d = rep.data if rep is not None else None
-    objs: list[dg.Finding | None] = [None] * len(r["findings"])
+    objs: list[ev.Finding | None] = [None] * len(r["findings"])
     if rep is not None and len(rep.findings) == len(objs):
         objs = list(rep.findings)  # r["findings"] is rep.findings (sorted) as JSON, in the same order
     pairs = list(zip(r["findings"], objs, strict=True))
-    deciding = [(fj, f) for fj, f in pairs if fj["kind"] in dg.VERDICTS]
-    other = [fj for fj, _ in pairs if fj["kind"] not in dg.VERDICTS]
+    deciding = [(fj, f) for fj, f in pairs if fj["kind"] in ev.VERDICTS]
+    other = [fj for fj, _ in pairs if fj["kind"] not in ev.VERDICTS]
     name, verdict = r["job_name"], r["verdict"]
     out = [
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
@@ -281,13 +281,13 @@ def page(r: dict) -> str:
     rg = r.get("range")
     meta = [f"TSDB {r['tsdb']}", f"log {r['log'] or 'none'}"]
     if rg:
-        span = f"{dg.utc(rg['start'])} .. {dg.utc(rg['end'])} ({dg.dur(rg['end'] - rg['start'])})"
+        span = f"{ev.utc(rg['start'])} .. {ev.utc(rg['end'])} ({ev.dur(rg['end'] - rg['start'])})"
         grid = f"query step {rg['step']:g} s, scrape ~{rg['interval']:.3g} s"
         meta.insert(0, f"data {span}, {len(r['hosts'])} hosts, {grid}")
     if r.get("vs"):
         auto = r["vs"].get("auto")
         meta.append(f"compared with {r['vs']['other']}" + (f" (--vs auto: {auto['why']})" if auto else ""))
-    meta.append(f"made by utils/diagnose.py --report at {dg.utc(time.time())}")
+    meta.append(f"made by utils/diagnose.py --report at {ev.utc(time.time())}")
     out.append('<p class="meta">' + "<br>".join(_e(m) for m in meta) + "</p></header>")
 
     with matplotlib.rc_context({"svg.fonttype": "none", "text.parse_math": False, "font.size": 9}):
@@ -298,9 +298,9 @@ def page(r: dict) -> str:
         if r["phases"]:
             rows = [
                 [
-                    dg.utc(p["start"]),
-                    dg.utc(p["end"]),
-                    dg.dur(p["end"] - p["start"]),
+                    ev.utc(p["start"]),
+                    ev.utc(p["end"]),
+                    ev.dur(p["end"] - p["start"]),
                     float(p["level"]),
                     p.get("unit", ""),
                 ]

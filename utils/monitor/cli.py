@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import trust
-from diagnosis import joblog, locate, sweep
+from diagnosis import joblog, locate, scheduler
 from diagnosis.cli import InputError
 from monitor import notify, recover, store
 from monitor.watch import Event, Rules, Watch, span, utc
@@ -103,9 +103,9 @@ def check(a: argparse.Namespace) -> str | None:
 
 # --- scheduler ---------------------------------------------------------------------------
 def slurm_state(job_id: str) -> str | None:
-    """The sweep's scontrol query (GONE: Slurm forgot the id), for Slurm job ids only: a
-    run_local.sh job (local-...) has no scheduler state, never GONE."""
-    return sweep.slurm_state(job_id) if re.fullmatch(r"\d+(_\d+)?", job_id or "") else None
+    """Slurm's state of the job (diagnosis/scheduler.py; GONE: Slurm forgot the id), for Slurm job ids
+    only: a run_local.sh job (local-...) has no scheduler state, never GONE."""
+    return scheduler.slurm_state(job_id) if re.fullmatch(r"\d+(_\d+)?", job_id or "") else None
 
 
 def my_jobs(ws: Path) -> list[Path]:

@@ -1,0 +1,950 @@
+"""The registry of diagnose's checks (playbooks), the way failure_classes.py serves triage: each check
+reads the loaded Data and adds findings (with their evidence) or a clean/skipped entry to the Report;
+CHECKS is their order and NEEDS the metric families each one reads. diagnose.py runs them all (run_all).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+
+from diagnosis import tsdb
+from diagnosis.evidence import (
+    Data,
+    Finding,
+    Report,
+    deviation_fraction,
+    dur,
+    fmt,
+    nanmed,
+    peer_median,
+    robust_sd,
+    robust_z,
+    series_plot,
+    utc,
+    window_of,
+)
+from diagnosis.rdma import is_rdma_retransmit
+
+try:
+    from diagnosis import joblog  # the one parser of the job log format (utils/diagnosis/joblog.py)
+except ImportError:  # pragma: no cover - joblog is part of the repo; without it log facts are missing
+    joblog = None
+
+HB_TIMEOUT = 100.0  # JAX's default heartbeat timeout, seconds
+TRAIN_COST_PCT = 5.0  # a training-scalar spike is an incident when tokens/s fell by more than this from it on
+
+# The checks and the families each needs (any one of them is enough to run it).
+NEEDS: dict[str, tuple[str, ...]] = {
+    "hang": ("hw_gpu_utilization_pct", "hw_gpu_power_watts"),
+    "heartbeat_false_positive": ("hw_gpu_power_watts", "tb_step"),
+    "network": ("hw_tcp_retransmits_total", "hw_ib_port_transport_errors_total", "hw_ib_port_errors_total"),
+    "gpu_thermal": ("hw_gpu_temperature_celsius", "hw_gpu_clock_mhz", "hw_gpu_throttle_reasons"),
+    "gpu_power": ("hw_gpu_power_limit_watts", "hw_gpu_power_watts", "hw_gpu_throttle_reasons"),
+    "gpu_hardware": ("hw_gpu_ras_errors_total", "hw_gpu_pcie_aer_errors_total", "hw_gpu_pcie_link_width"),
+    "cpu_contention": ("hw_procs_running", "hw_cpu_pressure_some_pct"),
+    "io_pressure": ("hw_io_pressure_full_pct", "hw_io_pressure_some_pct", "hw_procs_blocked"),
+    "memory": ("hw_oom_kills_total", "hw_memory_available_bytes", "hw_memory_pressure_full_pct"),
+    "training_dynamics": ("tb_learning_loss", "tb_learning_moe_lb_loss", "tb_learning_grad_norm"),
+    "throughput": ("tb_perf_per_device_tokens_per_sec", "tb_perf_step_time_seconds"),
+}
+OPTIONAL = {"hw_gpu_throttle_reasons"}  # NVIDIA only: its absence on AMD is no gap in the evidence
+
+
+def _spin_tail(util: dict[str, np.ndarray], power: dict[str, np.ndarray], hosts: list[str]) -> tuple[int, dict]:
+    """Index where the trailing run of "GPUs busy at low power on >= 75 % of the hosts" starts (size if none),
+    and each host's full-power reference (90th percentile of its power while its GPUs were busy)."""
+    ref, spin = {}, []
+    for h in hosts:
+        u, p = util.get(h), power.get(h)
+        if u is None or p is None:
+            continue
+        busy = np.nan_to_num(u) >= 90
+        ref[h] = float(np.nanpercentile(p[busy], 90)) if np.isfinite(p[busy]).any() else math.nan
+        with np.errstate(invalid="ignore"):
+            spin.append(busy & (p <= 0.5 * ref[h]))
+    if not spin:
+        return 0, ref
+    frac = np.mean(np.vstack(spin), axis=0)
+    i = frac.size
+    while i > 0 and frac[i - 1] >= 0.75:
+        i -= 1
+    return i, ref
+
+
+def check_hang(d: Data, rep: Report) -> None:
+    util, power = d.gpu_min.get("hw_gpu_utilization_pct"), d.gauges.get("hw_gpu_power_watts")
+    if not util or not power:
+        return rep.skipped.append({"check": "hang", "needs": ["hw_gpu_utilization_pct", "hw_gpu_power_watts"]})
+    first, ref = _spin_tail(util, power, d.hosts)
+    steps = d.tb.get("steps")
+    last = None
+    if steps is not None and np.nansum(steps) > 0:
+        last = float(d.grid[np.flatnonzero(np.nan_to_num(steps) > 0)[-1]])
+        first = max(first, int(np.searchsorted(d.grid, last + d.step, side="left")))
+    need = max(3, int(300 // d.step))
+    if d.grid.size - first < need:
+        return rep.clean(
+            "hang",
+            "steps advanced until the end of the data"
+            if last and last >= d.end - need * d.step
+            else "no tail with busy GPUs at low power",
+            NEEDS["hang"],
+        )
+    tail = np.arange(d.grid.size) >= first
+    start = last if last is not None else float(d.grid[first] - d.step)
+    idle = [h for h in d.hosts if h in util and np.nanmean(util[h][tail] < 50) > 0.8]
+    spinning = [h for h in ref if h not in idle]
+    rep.findings.append(
+        Finding(
+            "hang",
+            f"{'steps stopped' if last else 'GPUs went quiet'} at {utc(start)} ({dur(d.end - start)} before the "
+            f"end of the data) while the GPUs of {len(spinning)}/{len(ref)} hosts stayed 100 % busy at standby "
+            f"power: a collective deadlock"
+            + (f"; {', '.join(idle)} had idle GPUs (never entered the collective)" if idle else ""),
+            idle,
+            (start, d.end),
+            [d.queries["gpu_min"], d.queries["gauges"]] + ([d.queries["tb:steps"]] if "tb:steps" in d.queries else []),
+            {
+                "last_step_time": last,
+                "hosts_spinning": len(spinning),
+                "hosts": len(ref),
+                "util_min_median": {h: nanmed(util[h][tail]) for h in ref},
+                "power_median_w": {h: nanmed(power[h][tail]) for h in ref},
+                "power_full_w": ref,
+            },
+            0.97,
+            plot=series_plot("GPU power per host (max GPU)", "W", power, d, idle),
+        )
+    )
+
+
+def check_heartbeat(d: Data, rep: Report, prom: tsdb.Served) -> None:
+    log = d.target.log
+    if log is None or joblog is None:
+        rep.missing.add("job log" if log is None else "utils/diagnosis/joblog.py")
+        return rep.skipped.append({"check": "heartbeat_false_positive", "needs": ["job log"]})
+    summary = d.target.job_dir / "summary.txt" if d.target.job_dir else None
+    if summary and summary.is_file():
+        status = joblog.parse_block(summary.read_text(errors="replace").splitlines()).get("status")
+        if status == "completed":  # a heartbeat claim ends the job: a completed one had none
+            return rep.clean("heartbeat_false_positive", "the job completed (summary.txt)", ["summary.txt"])
+    try:
+        scan = joblog.scan(log)
+    except (OSError, ValueError) as e:  # a binary or unreadable log (joblog.NotALog is a ValueError)
+        rep.missing.add("job log")
+        rep.notes.append(f"the job log could not be read ({e}): heartbeat claims not checked")
+        return rep.skipped.append({"check": "heartbeat_false_positive", "needs": ["job log"]})
+    claim = joblog.heartbeat_claim(scan)
+    if claim is None:
+        return rep.clean("heartbeat_false_positive", "the log holds no heartbeat claim", ["log"])
+    if claim.time is None:
+        rep.notes.append("the log's heartbeat claim has no absl time stamp: it cannot be lined up with the metrics")
+        return rep.skipped.append({"check": "heartbeat_false_positive", "needs": ["job log"]})
+    t_claim, tasks, accused = claim.time, claim.tasks, claim.hosts
+    power = d.gauges.get("hw_gpu_power_watts", {})
+    # "Alive up to the claim" must hold right before it: a host that froze or died stops at least one
+    # heartbeat timeout (tens of seconds; ~56 s measured with JAX 0.12) before the claim, so a longer
+    # look-back would count the work it did before it stopped.
+    near = max(20.0, 2.5 * d.interval)
+    q = f"max by (host) (min_over_time(hw_gpu_power_watts[{int(near)}s]))"
+    at_claim = (
+        {r["metric"]["host"]: float(r["value"][1]) for r in prom.query(q, t_claim) if "host" in r["metric"]}
+        if power
+        else {}
+    )
+    # training is synchronous: a step completed just before the claim means every host took part in it
+    qs = "timestamp(tb_step)"
+    rows = prom.query(qs, t_claim) if "tb_step" in d.names else []
+    last_tb = max((float(r["value"][1]) for r in rows), default=math.nan)
+    steps_to_claim = math.isfinite(last_tb) and last_tb >= t_claim - near
+    alive, dead, values = [], [], {}
+    for h in accused:
+        base = nanmed(power[h][d.mask()]) if h in power else math.nan
+        ratio = at_claim.get(h, math.nan) / base if base and math.isfinite(base) else math.nan
+        seen = scan.hosts.get(h)
+        last_step = seen.last_step_ts if seen else None
+        logged = last_step is not None and last_step >= t_claim - near
+        values[h] = {
+            "power_at_claim_w": at_claim.get(h, math.nan),
+            "power_training_w": base,
+            "last_step_logged": last_step,
+            "last_step": seen.last_step if seen else None,
+        }
+        (alive if (ratio >= 0.7 or logged or steps_to_claim) else dead).append(h)
+    queries = [q + f"   @ {t_claim:.0f}"] + ([qs + f"   @ {t_claim:.0f}"] if rows else [])
+    win = (t_claim - HB_TIMEOUT, t_claim)
+    vals = {
+        "claim_time": t_claim,
+        "tasks": tasks,
+        "hosts": values,
+        "near_seconds": near,
+        "last_tb_step_time": last_tb if math.isfinite(last_tb) else None,
+    }
+    if accused and not dead:
+        rep.findings.append(
+            Finding(
+                "heartbeat_false_positive",
+                f"JAX declared task(s) {tasks} ({', '.join(accused)}) dead at {utc(t_claim)}, "
+                "but they were alive up to "
+                f"the claim (GPU power in the last {near:.0f} s "
+                f"{', '.join(fmt(values[h]['power_at_claim_w']) + ' W' for h in accused)}"
+                + (f"; the last step {t_claim - last_tb:.0f} s before it" if steps_to_claim else "")
+                + f"): the heartbeats were lost, not the hosts (look at the coordinator {claim.coordinator or '?'} "
+                "and the network around that time)",
+                [],  # the accused hosts were healthy: no culprit
+                win,
+                queries,
+                vals,
+                0.96,
+                plot=series_plot("GPU power per host (max GPU)", "W", power, d, accused) if power else None,
+                extra={"accused_hosts": accused, "suspect_hosts": [claim.coordinator] if claim.coordinator else []},
+            )
+        )
+    elif dead:
+        rep.findings.append(
+            Finding(
+                "heartbeat_timeout",
+                f"{', '.join(dead)} stopped ({'GPU power fell, ' if power else ''}no steps"
+                + (f"; the last one {t_claim - last_tb:.0f} s" if math.isfinite(last_tb) else "")
+                + f" before JAX's heartbeat claim at {utc(t_claim)}): a real loss of the host or its process",
+                dead,
+                win,
+                queries,
+                vals,
+                0.5,
+                decides=False,
+                extra={"accused_hosts": accused, "suspect_hosts": dead},
+            )
+        )
+        rep.clean(
+            "heartbeat_false_positive",
+            "the accused hosts really stopped before the claim",
+            ["hw_gpu_power_watts", "tb_step"],
+        )
+
+
+def _phase_windows(d: Data) -> tuple[dict, dict] | None:
+    if len(d.phases) < 2:
+        return None
+    fast = max(d.phases, key=lambda p: p["level"])
+    slow = min(d.phases, key=lambda p: p["level"])
+    return (fast, slow) if slow["level"] <= 0.95 * fast["level"] else None
+
+
+def _network_signals(d: Data) -> dict[str, tuple[dict[str, np.ndarray], float]]:
+    """Per-host counter rates that mean retransmission or link trouble, with a rate floor (/s)."""
+    out = {}
+    for key, per in d.rates.items():
+        name = key.split("{")[0]
+        counter = re.search(r'counter="([^"]+)"', key)
+        if name in ("hw_tcp_retransmits_total", "hw_tcp_timeouts_total"):
+            out[key] = (per, 5.0)
+        elif name == "hw_ib_port_transport_errors_total" and counter and is_rdma_retransmit(counter.group(1)):
+            out[key] = (per, 0.5)
+        elif name == "hw_ib_port_errors_total":
+            out[key] = (per, 0.05)
+    return out
+
+
+def _network_bursts(d: Data, per: dict[str, np.ndarray], floor: float, m: np.ndarray) -> dict[str, np.ndarray]:
+    """Hosts whose rate was at least the floor and 4x the median of the other hosts at the same
+    moments, for 3 or more grid points of the training window: a fault for part of the run (no
+    throughput phases found, the whole-run mean diluted). host -> those grid points."""
+    out = {}
+    for h, v in per.items():
+        rest = [per[o] for o in per if o != h]
+        if not rest:
+            continue
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            om = np.nan_to_num(np.nanmedian(np.vstack(rest), axis=0))
+        hit = m & (np.nan_to_num(v) >= np.maximum(floor, 4 * om))
+        if hit.sum() >= 3:
+            out[h] = hit
+    return out if len(out) <= max(1, len(per) // 2) else {}
+
+
+def check_network(d: Data, rep: Report) -> None:
+    signals = _network_signals(d)
+    if not signals:
+        return rep.skipped.append({"check": "network", "needs": list(NEEDS["network"])})
+    pw = _phase_windows(d)
+    best: Finding | None = None
+    for key, (per, floor) in signals.items():
+        bad: list[str] = []
+        if pw:
+            fast, slow = pw
+            mf, ms = d.mask((fast["start"], fast["end"])), d.mask((slow["start"], slow["end"]))
+            r_fast = {h: float(np.nanmean(v[mf])) if mf.any() else math.nan for h, v in per.items()}
+            r_slow = {h: float(np.nanmean(v[ms])) if ms.any() else math.nan for h, v in per.items()}
+            z = robust_z(r_slow, floor / 4)
+            peer = nanmed(list(r_slow.values()))
+            # each host against the median of the OTHER hosts (with 2 hosts the culprit is half the median)
+            others = {h: nanmed([r for o, r in r_slow.items() if o != h]) for h in r_slow}
+            bad = [
+                h
+                for h in d.hosts
+                if h in r_slow
+                and r_slow[h] >= max(floor, 4 * np.nan_to_num(others[h]))
+                and r_slow[h] >= 4 * r_fast.get(h, 0) + floor / 2
+                and (z[h] >= 4 or len(per) < 3)
+            ]
+            score, win, how = (
+                0.82,
+                (slow["start"], slow["end"]),
+                (
+                    f"rose in the slow phase ({utc(slow['start'])} .. {utc(slow['end'])}: "
+                    f"{fmt(slow['level'])} vs {fmt(fast['level'])} {slow.get('unit', '')})"
+                ),
+            )
+        if not bad:  # no phases, or the fault was not in the slowest phase (a short one elsewhere)
+            m = d.mask()
+            r_slow = {h: float(np.nanmean(v[m])) if m.any() else math.nan for h, v in per.items()}
+            r_fast = {}
+            z = robust_z(r_slow, floor / 4)
+            peer = nanmed(list(r_slow.values()))
+            bad = [h for h in d.hosts if h in r_slow and r_slow[h] >= max(4 * floor, 10 * peer) and z[h] >= 6]
+            score, win, how = 0.65, d.train, "are far above their peers over the whole run"
+            burst = {} if bad else _network_bursts(d, per, floor, m)
+            if burst:
+                hit = np.logical_or.reduce(list(burst.values()))
+                bad = [h for h in d.hosts if h in burst]
+                r_slow = {h: float(np.nanmean(v[hit])) for h, v in per.items()}
+                peer = nanmed([r for h, r in r_slow.items() if h not in bad])
+                w = window_of(d.grid, hit, d.step)
+                score, win = 0.75, w or d.train
+                how = f"burst above every peer ({utc(win[0])} .. {utc(win[1])})"
+        if not bad or len(bad) > max(1, len(per) // 2):
+            continue
+        rest = nanmed([r for h, r in r_slow.items() if h not in bad])
+        peer = rest if math.isfinite(rest) else peer  # the peers: the hosts not accused
+        rate = sum(r_slow[h] for h in bad)
+        if best is None or rate / floor > best.values["_weight"]:
+            q = f"sum by (host) (rate({key}[{int(max(d.step, 4 * d.interval))}s]))"
+            best = Finding(
+                "network",
+                f"{key} {how} on {', '.join(bad)}: "
+                + ", ".join(f"{h} {fmt(r_slow[h])}/s" for h in bad)
+                + f" (peer median {fmt(peer)}/s)",
+                bad,
+                win,
+                [d.queries["counters"] + f"   # {key}: rate by host", q],
+                {
+                    "signal": key,
+                    "rate_per_s": {h: r_slow[h] for h in bad},
+                    "peer_median_per_s": peer,
+                    "rate_before_per_s": {h: r_fast.get(h, math.nan) for h in bad},
+                    "_weight": rate / floor,
+                    "phases": d.phases,
+                },
+                score,
+                plot=series_plot(f"rate({key}) per host", "/s", per, d, bad),
+            )
+    if best:
+        best.values.pop("_weight")
+        rep.findings.append(best)
+    else:
+        detail = "no host's retransmit or link-error rate stands out" + (" (not even in the slow phase)" if pw else "")
+        rep.clean("network", detail, NEEDS["network"])
+
+
+def check_gpu_thermal(d: Data, rep: Report) -> None:
+    temps = {k: v for k, v in d.gauges.items() if k.startswith("hw_gpu_temperature_celsius")}
+    clock = d.gpu_min.get("hw_gpu_clock_mhz", {})
+    thr = d.throttle.get("thermal", {})
+    if not temps and not thr:
+        return rep.skipped.append({"check": "gpu_thermal", "needs": ["hw_gpu_temperature_celsius"]})
+    m = d.mask()
+    hot: dict[str, float] = {}
+    for key, per in temps.items():
+        if "mem" in key:
+            continue
+        for h, f in deviation_fraction(per, m, lambda v, p: v >= p + 10).items():
+            hot[h] = max(hot.get(h, 0.0), f)
+    slow = deviation_fraction(clock, m, lambda v, p: v <= 0.9 * p) if clock else {}
+    thr_frac = {h: float(np.nanmean(np.nan_to_num(v[m]) > 0)) for h, v in thr.items()} if thr else {}
+    thr_peer = nanmed([thr_frac.get(h, 0.0) for h in d.hosts]) if thr else 0.0
+    bad = [
+        h
+        for h in d.hosts
+        if (hot.get(h, 0) >= 0.1 and (slow.get(h, 0) >= 0.05 or thr_frac.get(h, 0) >= 0.05))
+        or (thr_frac.get(h, 0) >= 0.1 and thr_peer < 0.02 and hot.get(h, 0) >= 0.02)
+    ]
+    if not bad or len(bad) > max(1, len(d.hosts) // 2):
+        return rep.clean(
+            "gpu_thermal",
+            "no host runs hotter than its peers with lower clocks or thermal throttling",
+            NEEDS["gpu_thermal"],
+        )
+    key = next((k for k in temps if "junction" in k), next((k for k in temps if "mem" not in k), None))
+    per = temps.get(key, {}) if key else {}
+    hit = np.zeros(d.grid.size, bool)
+    for h in bad:
+        if h in per:
+            hit |= m & (per[h] >= peer_median(per, h) + 10)
+    vals = {
+        h: {
+            "temp_c": nanmed(per[h][hit]) if h in per and hit.any() else math.nan,
+            "peer_temp_c": nanmed(peer_median(per, h)[hit]) if h in per and hit.any() else math.nan,
+            "min_core_clock_mhz": nanmed(clock[h][hit]) if h in clock and hit.any() else math.nan,
+            "peer_core_clock_mhz": nanmed(peer_median(clock, h)[hit]) if h in clock and hit.any() else math.nan,
+            "hot_fraction": hot.get(h, 0.0),
+            "throttle_fraction": thr_frac.get(h, math.nan),
+        }
+        for h in bad
+    }
+    qs = [d.queries.get("gauges", ""), d.queries.get("gpu_min", "")] + ([d.queries["throttle:thermal"]] if thr else [])
+    rep.findings.append(
+        Finding(
+            "gpu_thermal",
+            f"GPUs on {', '.join(bad)} run hot and clock down while their peers don't: "
+            + "; ".join(
+                f"{h} {fmt(v['temp_c'])}C vs {fmt(v['peer_temp_c'])}C, core clock {fmt(v['min_core_clock_mhz'])} "
+                f"vs {fmt(v['peer_core_clock_mhz'])} MHz"
+                for h, v in vals.items()
+            ),
+            bad,
+            window_of(d.grid, hit, d.step) or d.train,
+            qs,
+            {"sensor": key, "hosts": vals},
+            0.85,
+            plot=series_plot(f"{key} (max GPU per host)", "C", per, d, bad) if per else None,
+        )
+    )
+
+
+def check_gpu_power(d: Data, rep: Report) -> None:
+    limit = d.gpu_min.get("hw_gpu_power_limit_watts", {})
+    power = d.gauges.get("hw_gpu_power_watts", {})
+    thr = d.throttle.get("power", {})
+    if not limit and not thr:
+        return rep.skipped.append({"check": "gpu_power", "needs": ["hw_gpu_power_limit_watts"]})
+    m = d.mask()
+    capped = deviation_fraction(limit, m, lambda v, p: v <= 0.9 * p) if limit else {}
+    thr_frac = {h: float(np.nanmean(np.nan_to_num(v[m]) > 0)) for h, v in thr.items()}
+    thr_peer = nanmed([thr_frac.get(h, 0.0) for h in d.hosts]) if thr else 0.0
+    bad = [h for h in d.hosts if capped.get(h, 0) >= 0.1 or (thr_frac.get(h, 0) >= 0.3 and thr_peer < 0.1)]
+    if not bad or len(bad) > max(1, len(d.hosts) // 2):
+        return rep.clean(
+            "gpu_power",
+            "no host has a lower GPU power limit or more power-cap throttling than its peers",
+            NEEDS["gpu_power"],
+        )
+    hit = np.zeros(d.grid.size, bool)
+    for h in bad:
+        if h in limit:
+            hit |= m & (limit[h] <= 0.9 * peer_median(limit, h))
+    if not hit.any():
+        hit = m
+    vals = {
+        h: {
+            "power_limit_w": nanmed(limit[h][hit]) if h in limit else math.nan,
+            "peer_power_limit_w": nanmed(peer_median(limit, h)[hit]) if h in limit else math.nan,
+            "power_w": nanmed(power[h][hit]) if h in power else math.nan,
+            "capped_fraction": capped.get(h, 0.0),
+            "power_throttle_fraction": thr_frac.get(h, math.nan),
+        }
+        for h in bad
+    }
+    rep.findings.append(
+        Finding(
+            "gpu_power",
+            f"GPU power capped on {', '.join(bad)}: "
+            + "; ".join(
+                f"{h} limit {fmt(v['power_limit_w'])} W vs peers {fmt(v['peer_power_limit_w'])} W, drawing "
+                f"{fmt(v['power_w'])} W"
+                for h, v in vals.items()
+            ),
+            bad,
+            window_of(d.grid, hit, d.step),
+            [d.queries.get("gpu_min", "")] + ([d.queries["throttle:power"]] if thr else []),
+            {"hosts": vals},
+            0.84,
+            plot=series_plot("GPU power limit (min GPU per host)", "W", limit, d, bad) if limit else None,
+        )
+    )
+
+
+def check_gpu_hardware(d: Data, rep: Report) -> None:
+    fams = [k for k in d.deltas if k.startswith(("hw_gpu_ras", "hw_gpu_pcie_aer"))]
+    width = d.gpu_min.get("hw_gpu_pcie_link_width", {})
+    if not fams and not width:
+        return rep.skipped.append({"check": "gpu_hardware", "needs": list(NEEDS["gpu_hardware"])})
+    bad: dict[str, list[str]] = {}
+    for key in fams:
+        per = d.deltas[key]
+        severe = "{ue}" in key or "{fatal}" in key or "{nonfatal}" in key
+        peer = nanmed(list(per.values()))
+        for h, inc in per.items():
+            if (severe and inc >= 1) or (not severe and inc >= max(100, 10 * peer)):
+                bad.setdefault(h, []).append(f"{key} +{inc:g}")
+    m = d.mask()
+    if width:
+        for h, f in deviation_fraction(width, m, lambda v, p: v < p).items():
+            if f >= 0.5:
+                bad.setdefault(h, []).append(f"PCIe link width {nanmed(width[h][m]):g} < peers")
+    if not bad or len(bad) > max(1, len(d.hosts) // 2):
+        return rep.clean(
+            "gpu_hardware",
+            "no RAS/ECC or PCIe AER error counts, no degraded PCIe link (XID events are not exported)",
+            NEEDS["gpu_hardware"],
+        )
+    hosts = [h for h in d.hosts if h in bad]
+    severe = any("{ue}" in s or "fatal" in s for h in hosts for s in bad[h])
+    ce = d.rates.get(next((k for k in d.rates if k.startswith("hw_gpu_ras_errors_total") and 'kind="ce"' in k), ""), {})
+    rep.findings.append(
+        Finding(
+            "gpu_hardware",
+            "GPU hardware errors on " + "; ".join(f"{h}: {', '.join(bad[h])}" for h in hosts),
+            hosts,
+            d.train,
+            [
+                d.queries[f"delta:{k}"]
+                for k in ("hw_gpu_ras_errors_total", "hw_gpu_pcie_aer_errors_total")
+                if f"delta:{k}" in d.queries
+            ],
+            {"errors": bad},
+            0.9 if severe else 0.7,
+            plot=series_plot("rate(hw_gpu_ras_errors_total{kind=ce}) per host", "/s", ce, d, hosts) if ce else None,
+        )
+    )
+
+
+def check_cpu(d: Data, rep: Report) -> None:
+    procs = d.gauges.get("hw_procs_running", {})
+    if not procs:
+        return rep.skipped.append({"check": "cpu_contention", "needs": ["hw_procs_running"]})
+    m = d.mask()
+    frac = deviation_fraction(procs, m, lambda v, p: v - p >= np.maximum(8, 0.5 * p))
+    bad = [h for h in d.hosts if frac.get(h, 0) >= 0.2]
+    pw = _phase_windows(d)
+    if not bad and pw and len(procs) >= 2:
+        fast, slow = pw
+        mf, ms = d.mask((fast["start"], fast["end"])), d.mask((slow["start"], slow["end"]))
+        rise = {h: nanmed(v[ms]) - nanmed(v[mf]) for h, v in procs.items()}
+        base = {h: nanmed(v[mf]) for h, v in procs.items()}
+        up = [h for h in d.hosts if h in rise and rise[h] >= max(8, 0.5 * base[h])]
+        if len(up) >= 0.75 * len(procs):
+            rep.findings.append(
+                Finding(
+                    "cpu_contention",
+                    f"the run queue rose on {len(up)}/{len(procs)} hosts when throughput dropped "
+                    f"(median +{nanmed(list(rise.values())):.0f} tasks)",
+                    up,
+                    (slow["start"], slow["end"]),
+                    [d.queries["gauges"] + "   # hw_procs_running"],
+                    {"rise": rise, "before": base},
+                    0.7,
+                    plot=series_plot("hw_procs_running per host", "tasks", procs, d, up),
+                )
+            )
+            return
+    cpu = d.gauges.get("hw_cpu_pressure_some_pct", {})
+    # more runnable tasks is contention only when they wait for a CPU: the host's CPU pressure
+    # ('some') must be above its peers' at those moments too (a big host absorbs a few extra
+    # threads; two scrapes of one busy machine differ by chance)
+    unfelt = []
+    for h in list(bad):
+        if h in cpu and len(cpu) >= 2:
+            at = m & (procs[h] - peer_median(procs, h) >= 8)
+            with np.errstate(all="ignore"):
+                excess = nanmed((cpu[h] - peer_median(cpu, h))[at])
+            if math.isfinite(excess) and excess < 5:
+                bad.remove(h)
+                unfelt.append(h)
+    if not bad or len(bad) > max(1, len(d.hosts) // 2):
+        detail = "run queues are alike on every host" + (" and did not rise with the slowdown" if pw else "")
+        if unfelt:
+            detail = (
+                f"run queue above the peers on {', '.join(unfelt)} without CPU pressure above theirs: no contention"
+            )
+        return rep.clean("cpu_contention", detail, NEEDS["cpu_contention"])
+    hit = np.zeros(d.grid.size, bool)
+    for h in bad:
+        hit |= m & (procs[h] - peer_median(procs, h) >= 8)
+    vals = {
+        h: {
+            "procs_running": nanmed(procs[h][hit]),
+            "peer_procs_running": nanmed(peer_median(procs, h)[hit]),
+            "cpu_pressure_some_pct": nanmed(cpu[h][hit]) if h in cpu else math.nan,
+            "peer_cpu_pressure_some_pct": nanmed(peer_median(cpu, h)[hit]) if h in cpu else math.nan,
+            "fraction": frac[h],
+        }
+        for h in bad
+    }
+    rep.findings.append(
+        Finding(
+            "cpu_contention",
+            "run queue far above the peers on "
+            + "; ".join(
+                f"{h}: {v['procs_running']:.0f} runnable vs {v['peer_procs_running']:.0f}" for h, v in vals.items()
+            ),
+            bad,
+            window_of(d.grid, hit, d.step),
+            [d.queries["gauges"] + "   # hw_procs_running, hw_cpu_pressure_some_pct"],
+            {"hosts": vals},
+            0.75,
+            plot=series_plot("hw_procs_running per host", "tasks", procs, d, bad),
+        )
+    )
+
+
+def check_io(d: Data, rep: Report) -> None:
+    full, some = d.peaks.get("hw_io_pressure_full_pct", {}), d.peaks.get("hw_io_pressure_some_pct", {})
+    if not full and not some:
+        return rep.skipped.append({"check": "io_pressure", "needs": ["hw_io_pressure_full_pct"]})
+    m = (d.grid >= d.start) & (d.grid <= d.end)
+    hit_of = {}
+    for h in d.hosts:
+        f, s = full.get(h), some.get(h)
+        hit = np.zeros(d.grid.size, bool)
+        if f is not None:
+            hit |= np.nan_to_num(f) >= 25
+        if s is not None:
+            hit |= np.nan_to_num(s) >= 50
+        if (hit & m).sum() >= 2:
+            hit_of[h] = hit & m
+    if not hit_of:
+        peak = max((np.nanmax(v) for v in full.values() if np.isfinite(v).any()), default=math.nan)
+        return rep.clean("io_pressure", f"IO pressure stayed low (peak 'full' {fmt(peak)} %)", NEEDS["io_pressure"])
+    bad = [h for h in d.hosts if h in hit_of]
+    anyhit = np.logical_or.reduce(list(hit_of.values()))
+    tok = d.tb.get("tokens")
+    dip = math.nan
+    if tok is not None and np.isfinite(tok[anyhit]).any():
+        dip = nanmed(tok[anyhit]) / nanmed(tok[~anyhit & d.mask()])
+    vals = {
+        h: {
+            "io_full_peak_pct": float(np.nanmax(full[h])) if h in full else math.nan,
+            "io_some_peak_pct": float(np.nanmax(some[h])) if h in some else math.nan,
+            "minutes_pressured": float(hit_of[h].sum() * d.step / 60),
+        }
+        for h in bad
+    }
+    every = len(bad) == len(d.hosts)
+    rep.findings.append(
+        Finding(
+            "io_pressure",
+            ("every host" if every else ", ".join(bad)) + " stalled on IO (PSI 'full' up to "
+            f"{fmt(max(v['io_full_peak_pct'] for v in vals.values()))} %) in {int(_runs(anyhit))} episode(s)"
+            + (f"; throughput in those windows was {dip * 100:.0f} % of the rest" if math.isfinite(dip) else ""),
+            bad,
+            window_of(d.grid, anyhit, d.step),
+            [d.queries[k] for k in d.queries if k.startswith("peak:hw_io")],
+            {"hosts": vals, "throughput_ratio_in_windows": dip},
+            0.72,
+            plot=series_plot("max_over_time(hw_io_pressure_full_pct) per host", "%", full, d, bad) if full else None,
+        )
+    )
+
+
+def _runs(mask: np.ndarray) -> int:
+    return int(np.sum(mask[1:] & ~mask[:-1]) + (1 if mask.size and mask[0] else 0))
+
+
+def check_memory(d: Data, rep: Report) -> None:
+    kills = d.deltas.get("hw_oom_kills_total", {})
+    avail, total = d.gauges.get("hw_memory_available_bytes", {}), d.gauges.get("hw_memory_total_bytes", {})
+    mfull = d.peaks.get("hw_memory_pressure_full_pct", {})
+    if not kills and not avail and not mfull:
+        return rep.skipped.append({"check": "memory", "needs": list(NEEDS["memory"])})
+    killed = [h for h in d.hosts if kills.get(h, 0) >= 1]
+    low = []
+    for h in d.hosts:
+        if h in avail and h in total and np.isfinite(avail[h]).any():
+            if np.nanmin(avail[h] / total[h]) <= 0.03:
+                low.append(h)
+        if h in mfull and np.nanmax(np.nan_to_num(mfull[h])) >= 20 and h not in low:
+            low.append(h)
+    bad = killed or low
+    if not bad or (not killed and len(low) > max(1, len(d.hosts) // 2)):
+        return rep.clean("memory", "no OOM kill, host memory never ran out", NEEDS["memory"])
+    ref = avail.get(bad[0])
+    hit = np.zeros(d.grid.size, bool)
+    for h in bad:
+        if h in avail and h in total:
+            hit |= (avail[h] / total[h]) <= 0.1
+    vals = {
+        h: {
+            "oom_kills": kills.get(h, 0.0),
+            "min_available_pct": float(np.nanmin(avail[h] / total[h]) * 100) if h in avail and h in total else math.nan,
+            "memory_pressure_full_peak_pct": float(np.nanmax(mfull[h])) if h in mfull else math.nan,
+            **_leak(d, avail.get(h)),
+        }
+        for h in bad
+    }
+    what = "the kernel OOM killer killed a process" if killed else "host memory ran out (no OOM kill recorded)"
+
+    def leak_text(v: dict) -> str:
+        if v["leak_onset"] is None:
+            return ""
+        return f", leaking {fmt(v['leak_gib_per_h'])} GiB/h from {utc(v['leak_onset'])}"
+
+    rep.findings.append(
+        Finding(
+            "memory",
+            f"{what} on {', '.join(bad)}: "
+            + "; ".join(
+                f"{h} available memory down to {fmt(v['min_available_pct'])} %{leak_text(v)}" for h, v in vals.items()
+            ),
+            bad,
+            window_of(d.grid, hit, d.step) or d.train,
+            [
+                d.queries.get("delta:hw_oom_kills_total", ""),
+                d.queries.get("gauges", "") + "   # hw_memory_available_bytes",
+            ],
+            {"hosts": vals},
+            0.93 if killed else 0.6,
+            plot=series_plot("hw_memory_available_bytes per host", "B", avail, d, bad) if ref is not None else None,
+        )
+    )
+
+
+def _leak(d: Data, avail: np.ndarray | None) -> dict:
+    """When a host's available memory began its decline to the minimum and how fast it fell: a line fitted
+    to the decline (from the first quarter of the drop to the minimum) and traced back to the level it
+    left (the median of the training window's first tenth). None/NaN without a decline of >= 5 %."""
+    none = {"leak_onset": None, "leak_bytes_per_s": math.nan, "leak_gib_per_h": math.nan}
+    if avail is None:
+        return none
+    ok = np.flatnonzero(d.mask() & np.isfinite(avail))
+    if ok.size < 6:
+        return none
+    t, y = d.grid[ok], avail[ok]
+    low = int(np.argmin(y))
+    level = float(np.median(y[: max(3, y.size // 10)]))
+    drop = level - float(y[low])
+    if low < 3 or drop < 0.05 * level:
+        return none
+    above = np.flatnonzero(y[:low] >= level - 0.25 * drop)
+    first = int(above[-1]) if above.size else 0
+    if low - first < 2:
+        return none
+    slope, icept = np.polyfit(t[first : low + 1] - t[0], y[first : low + 1], 1)
+    if slope >= 0:
+        return none
+    onset = min(max(t[0] + (level - icept) / slope, float(t[0])), float(t[low]))
+    return {
+        "leak_onset": float(onset),
+        "leak_bytes_per_s": float(-slope),
+        "leak_gib_per_h": float(-slope * 3600 / 2**30),
+    }
+
+
+def _spikes(d: Data, key: str, ratio: float) -> tuple[np.ndarray, np.ndarray]:
+    """Windows where the max of a scalar jumps above its trailing median by `ratio` (and the baseline)."""
+    y = d.tb.get(key)
+    if y is None:
+        return np.zeros(d.grid.size, bool), np.full(d.grid.size, np.nan)
+    base = np.full(y.size, np.nan)
+    hist: list[float] = []
+    for i, v in enumerate(y):
+        if len(hist) >= 5:
+            base[i] = float(np.median(hist[-15:]))
+        if math.isfinite(v):
+            hist.append(v)
+    with np.errstate(invalid="ignore"):
+        if key == "loss":
+            resid = y - base
+            sd = max(robust_sd(resid), 0.01)
+            hit = (resid >= np.maximum(8 * sd, 0.03 * np.abs(base))) & (resid >= 0.1)
+        else:
+            hit = (y >= ratio * base) & (y - base >= 1e-6) & (base > 0)
+    return hit & d.mask(), base
+
+
+def check_training(d: Data, rep: Report) -> None:
+    present = [k for k in ("loss", "moe_lb_loss", "grad_norm") if k in d.tb]
+    if not present:
+        return rep.skipped.append({"check": "training_dynamics", "needs": list(NEEDS["training_dynamics"])})
+    found, anyhit = {}, np.zeros(d.grid.size, bool)
+    for key, ratio in (("loss", 0.0), ("moe_lb_loss", 2.5), ("grad_norm", 3.0)):
+        if key not in d.tb:
+            continue
+        hit, base = _spikes(d, key, ratio)
+        if hit.any():
+            i = int(np.nanargmax(np.where(hit, d.tb[key] / np.where(base > 0, base, np.nan), -np.inf)))
+            step = d.tb.get("step")
+            found[key] = {
+                "peak": float(d.tb[key][i]),
+                "baseline": float(base[i]),
+                "at": float(d.grid[i]),
+                "step": float(step[i]) if step is not None else None,
+                "windows": int(_runs(hit)),
+            }
+            anyhit |= hit
+    if not found:
+        return rep.clean(
+            "training_dynamics", "no loss, MoE load-balance loss or grad-norm spike", NEEDS["training_dynamics"]
+        )
+    key = max(found, key=lambda k: found[k]["peak"] / max(found[k]["baseline"], 1e-12))
+    win = window_of(d.grid, anyhit, d.step)
+    cost = _throughput_cost(d, win)
+    m = d.mask()
+    back = all(_settled(k, d.tb[k][m], v["baseline"]) for k, v in found.items())
+    # A spike that cost no throughput and settled back is worth knowing, not an incident.
+    brief = cost is not None and cost["pct"] > -TRAIN_COST_PCT and back
+    text = "; ".join(
+        f"{k} {fmt(v['peak'])} vs baseline {fmt(v['baseline'])} at {utc(v['at'])}"
+        + (f" (step ~{v['step']:.0f})" if v["step"] is not None else "")
+        for k, v in found.items()
+    )
+    costs = (
+        f"; tokens/s {fmt(cost['before'])} before, {fmt(cost['after'])} from the spike on ({cost['pct']:+.1f} %)"
+        if cost
+        else "; no tokens/s to tell its throughput cost"
+    )
+    if brief:
+        rep.clean("training_dynamics", f"a brief spike that settled and cost no throughput ({text}{costs})", present)
+    rep.findings.append(
+        Finding(
+            "training_spike" if brief else "training_dynamics",
+            ("a brief training-scalar spike, no throughput cost: " if brief else "training scalars spiked: ")
+            + text
+            + costs,
+            [],
+            win,
+            [d.queries[f"tb:{k}"] for k in found],
+            {**found, "throughput_cost": cost},
+            0.4 if brief else 0.45,
+            decides=not brief,
+            plot={
+                "title": f"{key} (max per window)",
+                "unit": "",
+                "series": {"job": (d.grid, d.tb[key])},
+                "highlight": ["job"],
+            },
+        )
+    )
+
+
+def _throughput_cost(d: Data, win: tuple[float, float] | None) -> dict | None:
+    """Median tokens/s/device over the training window before a spike and from the spike on."""
+    tok = d.tb.get("tokens")
+    if tok is None or win is None:
+        return None
+    m = d.mask() & np.isfinite(tok)
+    before, after = nanmed(tok[m & (d.grid < win[0])]), nanmed(tok[m & (d.grid >= win[0])])
+    if not (math.isfinite(before) and math.isfinite(after)) or before <= 0:
+        return None
+    return {"before": before, "after": after, "pct": (after / before - 1) * 100, "unit": "tokens/s/device"}
+
+
+def _settled(key: str, y: np.ndarray, baseline: float) -> bool:
+    """Whether a scalar ended the run back near the level it spiked from."""
+    ok = y[np.isfinite(y)]
+    if not ok.size:
+        return True
+    end = float(np.median(ok[-max(3, ok.size // 20) :]))
+    return end <= baseline + 0.1 if key == "loss" else end <= 1.5 * baseline
+
+
+def _medians(d: Data) -> dict[str, dict[str, float]]:
+    m = d.mask()
+    out = {}
+    for fam in (d.gauges, d.rates):
+        for key, per in fam.items():
+            out[key] = {h: nanmed(v[m]) for h, v in per.items()}
+    return out
+
+
+def _noise(d: Data) -> dict[str, dict[str, float]]:
+    m = d.mask()
+    out = {}
+    for fam in (d.gauges, d.rates):
+        for key, per in fam.items():
+            out[key] = {h: robust_sd(v[m]) for h, v in per.items()}
+    return out
+
+
+def abs_floor(key: str, med: float) -> float:
+    """The smallest per-host difference worth reporting for a family (by its unit)."""
+    name = key.split("{")[0]
+    for suffix, floor in (
+        ("_pct", 2.0),
+        ("_celsius", 3.0),
+        ("_watts", 20.0),
+        ("_mhz", 100.0),
+        ("_gts", 1.0),
+        ("_width", 1.0),
+        ("_seconds_total", 1.0),
+        ("_total", 1.0),
+    ):
+        if name.endswith(suffix):
+            return floor
+    return max(0.1 * abs(med), 2.0) if not name.endswith("_bytes") else max(0.05 * abs(med), 1.0)
+
+
+def check_outliers(d: Data, rep: Report) -> None:
+    """Every hw_ family: hosts whose median is far from the other hosts' (robust z-score)."""
+    if len(d.hosts) < 3:
+        rep.notes.append("per-host outliers need at least 3 hosts")
+        return
+    found = []
+    for key, per in _medians(d).items():
+        if not key.startswith("hw_") or len(per) < 3:
+            continue
+        med = nanmed(list(per.values()))
+        floor = abs_floor(key, med)
+        z = robust_z(per, floor / 2)
+        for h, zz in z.items():
+            dev = per[h] - med
+            if abs(zz) >= 6 and abs(dev) >= max(0.25 * abs(med), floor):
+                found.append((abs(zz), key, h, per[h], med, zz))
+    found.sort(reverse=True)
+    for _, key, h, v, med, zz in found[:8]:
+        rep.findings.append(
+            Finding(
+                "host_outlier",
+                f"{h}: {key} median {fmt(v)} vs {fmt(med)} on the other hosts (robust z {zz:+.0f})",
+                [h],
+                d.train,
+                [d.queries["gauges" if key in d.gauges else "counters"] + f"   # {key}"],
+                {"family": key, "host_median": v, "hosts_median": med, "robust_z": zz},
+                0.2 + min(abs(zz), 50) / 500,
+                decides=False,
+            )
+        )
+
+
+# --- the registry ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One playbook: NAME as the report names it (a verdict, or "outliers"), and RUN(data, report,
+    prom), which adds its findings, or a clean or skipped entry, to the report."""
+
+    name: str
+    run: Callable[[Data, Report, tsdb.Served], None]
+
+
+def _data_only(check: Callable[[Data, Report], None]) -> Callable[[Data, Report, tsdb.Served], None]:
+    """A check that reads only the loaded Data (not the TSDB again)."""
+    return lambda d, rep, _prom: check(d, rep)
+
+
+# Every check, in the order they run (a verdict's order among equals in the report follows it).
+CHECKS: tuple[Check, ...] = (
+    Check("hang", _data_only(check_hang)),
+    Check("heartbeat_false_positive", check_heartbeat),
+    Check("network", _data_only(check_network)),
+    Check("gpu_thermal", _data_only(check_gpu_thermal)),
+    Check("gpu_power", _data_only(check_gpu_power)),
+    Check("gpu_hardware", _data_only(check_gpu_hardware)),
+    Check("cpu_contention", _data_only(check_cpu)),
+    Check("io_pressure", _data_only(check_io)),
+    Check("memory", _data_only(check_memory)),
+    Check("training_dynamics", _data_only(check_training)),
+    Check("outliers", _data_only(check_outliers)),
+)
+
+
+def run_all(d: Data, rep: Report, prom: tsdb.Served) -> None:
+    """Run every check of CHECKS on one job's Data, in order."""
+    for check in CHECKS:
+        check.run(d, rep, prom)
