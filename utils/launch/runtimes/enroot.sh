@@ -85,8 +85,8 @@ rt_exec() {
   trap '[[ -n "${pid:-}" ]] && kill -TERM "$pid" 2>/dev/null' TERM INT HUP
   enroot start "${args[@]}" "$name" "$@" &
   pid=$!
-  wait "$pid"; rc=$?
-  while kill -0 "$pid" 2>/dev/null; do wait "$pid"; rc=$?; done
+  rc=0; wait "$pid" || rc=$?   # a stop signal ends the wait early: wait again for CMD's own end
+  while kill -0 "$pid" 2>/dev/null; do rc=0; wait "$pid" || rc=$?; done
   enroot remove -f "$name" >/dev/null 2>&1
   rm -rf -- "$data"
   exit "$rc"
