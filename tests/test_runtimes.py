@@ -336,3 +336,43 @@ def test_a_record_naming_a_missing_file_is_refused(tmp_path):
     res = node.run([CONTAINER_SH, "_train.sh"])
     assert res.returncode == 1 and "names no image file" in res.stderr and not node.log.exists(), res.stderr
     assert os.path.exists(node.job_dir / ".images" / "node1")
+
+
+# --- a whole job ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_job_trains_through_apptainer_and_removes_the_image_it_built(workspace, venv, tmp_path):
+    """run_local.sh with CONTAINER_RUNTIME=apptainer and a saved archive: the image stage builds image.sif,
+    the train stage goes through `apptainer exec` (the stand-in runs the command with only the
+    APPTAINERENV_ variables, the project's environment standing in for the image's python3) and trains;
+    at the job's end the built file is gone, the record stays."""
+    tar = tmp_path / "maxtext.tar"
+    tar.write_text("archive\n")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "apptainer").symlink_to(FIX / "fake_runtime")
+    env = {
+        "MAXTEXT_SLURM_VENV": str(venv),
+        "JOB_WORKSPACE": str(workspace),
+        "PATH": f"{bindir}:{os.environ['PATH']}",
+        "CONTAINER_RUNTIME": "apptainer",
+        "CONTAINER_IMAGE_TAR": str(tar),
+        "FAKE_RUNTIME_PATH": f"{venv}/bin:/usr/bin:/bin",
+    }
+    res = subprocess.run([str(REPO / "run_local.sh"), "tiny", "--", "steps=2"], env={**os.environ, **env},
+                         capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    (log,) = workspace.glob("local-*-JAX-*.log")
+    text = log.read_text()
+    assert res.returncode == 0, text[-3000:]
+    job_dir = log.with_suffix("")
+    sif = job_dir / ".images" / "image.sif"
+    host = os.uname().nodename
+    for pattern in (rf"^{host}: image: building {re.escape(str(sif))} with apptainer from {re.escape(str(tar))}$",
+                    rf"^{host}: _container.sh: apptainer image {re.escape(str(sif))} \(sha256:[0-9a-f]{{64}}\)$",
+                    rf"^{host}: fake-apptainer: running \S+/_train.sh from {re.escape(str(sif))}$",
+                    rf"^{host}: .*completed step: 1,",
+                    rf"^image: removing {re.escape(str(sif))} \(built for the job\)$"):  # fmt: skip
+        assert re.search(pattern, text, re.M), pattern
+    assert "status: completed" in text
+    assert not sif.exists() and (job_dir / ".images" / host).exists()
