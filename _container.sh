@@ -123,7 +123,10 @@ if [[ "$runtime" == apptainer || "$runtime" == enroot ]]; then
   for a in "${MOUNT_ARGS[@]}" "${rdma_args[@]}"; do
     case "$set_next" in
       bind) RT_BINDS+=("$a") ;;
-      ulimit) [[ "$a" == memlock=* ]] && { v=${a#memlock=}; v=${v%%:*}; [[ "$v" == -1 ]] && v=unlimited; ulimit -l "$v" 2>/dev/null || ulimit -S -l "$v" 2>/dev/null || true; } ;;
+      ulimit)   # memlock=BYTES[:BYTES] or -1 (podman's units); ulimit -l counts KiB
+        v=${a#memlock=}; v=${v%%:*}
+        if [[ "$v" == -1 ]]; then v=unlimited; else v=$(( v / 1024 )); fi
+        ulimit -l "$v" 2>/dev/null || ulimit -S -l "$v" 2>/dev/null || true ;;
     esac
     case "$a" in -v|--device) set_next=bind ;; --ulimit) set_next="ulimit" ;; *) set_next="" ;; esac
   done

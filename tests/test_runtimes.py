@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import subprocess
 from pathlib import Path
@@ -91,7 +92,10 @@ class Node:
         }
 
     def run(self, cmd: list[str], **extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run(cmd, env=self.env(**extra), capture_output=True, text=True, timeout=60, check=False)
+        """CMD on this node; its soft locked-memory limit 0 (the runtime must get what netenv.sh allows)."""
+        hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+        return subprocess.run(cmd, env=self.env(**extra), capture_output=True, text=True, timeout=60, check=False,
+                              preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_MEMLOCK, (0, hard)))  # fmt: skip
 
     def calls(self) -> list[dict]:
         return [json.loads(ln) for ln in self.log.read_text().splitlines()] if self.log.exists() else []
@@ -280,6 +284,8 @@ def test_apptainer_exec(tmp_path, gpu, kind):
     matches(call, want[f"exec-{kind}"], REPO=str(REPO), WS=str(node.ws), DATA=str(node.data), SIF=str(sif), RDMA=rdma)
     names = want["env"].split()
     check_env(node, {**call, "env": dict(sorted(call["env"].items(), key=lambda kv: names.index(kv[0])))}, names)
+    # the RDMA devices' locked memory (netenv.sh: the hard limit here, or unlimited where allowed)
+    assert call["memlock"] == resource.getrlimit(resource.RLIMIT_MEMLOCK)[1] != 0
 
 
 @pytest.mark.parametrize(("gpu", "kind"), [("nvidiactl", "nvidia"), ("kfd", "amd")])
