@@ -91,11 +91,16 @@ class Node:
             **extra,
         }
 
-    def run(self, cmd: list[str], **extra: str) -> subprocess.CompletedProcess:
+    def run(self, cmd: list[str], umask: int = 0o022, **extra: str) -> subprocess.CompletedProcess:
         """CMD on this node; its soft locked-memory limit 0 (the runtime must get what netenv.sh allows)."""
         hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+
+        def node_limits() -> None:
+            resource.setrlimit(resource.RLIMIT_MEMLOCK, (0, hard))
+            os.umask(umask)
+
         return subprocess.run(cmd, env=self.env(**extra), capture_output=True, text=True, timeout=60, check=False,
-                              preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_MEMLOCK, (0, hard)))  # fmt: skip
+                              preexec_fn=node_limits)  # fmt: skip
 
     def calls(self) -> list[dict]:
         return [json.loads(ln) for ln in self.log.read_text().splitlines()] if self.log.exists() else []
@@ -128,7 +133,9 @@ def test_apptainer_builds_the_image_once_from_a_saved_tar(tmp_path):
     tar.write_text("a docker save archive\n")
     want = expected("apptainer")
     n1 = Node(tmp_path, ("apptainer",), gpu="nvidiactl")
-    res = n1.run([IMAGE_SH], CONTAINER_RUNTIME="apptainer", CONTAINER_IMAGE_TAR=str(tar), JOB_NODE_RANK="0")
+    # a group-writable umask (002): the built file is still one the other nodes trust
+    res = n1.run([IMAGE_SH], umask=0o002, CONTAINER_RUNTIME="apptainer", CONTAINER_IMAGE_TAR=str(tar),
+                 JOB_NODE_RANK="0")  # fmt: skip
     assert res.returncode == 0, res.stderr
     sif = n1.job_dir / ".images" / "image.sif"
     assert n1.record() == {"runtime": "apptainer", "image": str(sif), "digest": sha256(sif), "source": "tar"}

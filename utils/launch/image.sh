@@ -288,6 +288,7 @@ file_image() {
         new_file "$failed" && printf '%s\n' "$r: $(said "$out_text")" > "$failed"
         fail "$r could not build $out on $host: $(said "$out_text")"
       fi
+      chmod go-w -- "$part"   # whatever the umask: the other nodes trust only a file nobody else can write
       mv -f -T -- "$part" "$out"
     else
       echo "image: waiting for $first (rank 0) to build $out"
