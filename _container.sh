@@ -8,13 +8,16 @@
 #   The record is refused (one line, the job fails) unless it and every directory from JOB_WORKSPACE
 #   to it are ours, not links and not writable by others; its python= must be this job's MST_VENV's.
 #   Without a record (run by hand): CONTAINER_RUNTIME=auto|podman|docker|none (default auto:
-#   podman, then docker, each only if it has CONTAINER_IMAGE locally, then native).
+#   podman, then docker, each only if it has CONTAINER_IMAGE locally, then native), or
+#   apptainer|singularity|pyxis|enroot with CONTAINER_IMAGE an image file (.sif, .sqsh).
 #   CONTAINER_IMAGE defaults to localhost/maxtext-slurm:latest (built from the Dockerfile).
 #   CONTAINER_MOUNTS adds mounts ("SRC:DST[:ro] ...", absolute paths, SRC must exist);
-#   CONTAINER_ARGS adds runtime flags (split on spaces).
+#   CONTAINER_ARGS adds podman or docker flags (split on spaces).
 # In a container: exactly the variables of docs/env-contract.md are passed in (by name, so
 # values never appear in argv), the job workspace and the code are mounted at the same
-# paths, and AMD (/dev/kfd, /dev/dri) or NVIDIA GPUs are added when the node has them. Every
+# paths, and AMD (/dev/kfd, /dev/dri) or NVIDIA GPUs are added when the node has them (under
+# MST_DEV_ROOT). apptainer and enroot (pyxis) run the image file (utils/launch/runtimes/<name>.sh: the
+# same mounts as binds, the variables by name through the runtime's environment, --nv/--rocm). Every
 # container carries the labels mst.job=JOB_ID mst.workspace=JOB_WORKSPACE mst.scheduler=JOB_SCHEDULER.
 # Sets MST_CONTAINER (the runtime used) and MST_PYTHON (the trainer's interpreter).
 # RDMA NICs (utils/launch/netenv.sh --container-args): /dev/infiniband, locked memory (unlimited where allowed), the
@@ -66,10 +69,15 @@ if [[ -n "${JOB_DIR:-}" ]] && [[ -e "$record" || -L "$record" ]]; then
       [[ "${rec[python]:-}" == "$py" ]] ||
         die "the image record $record names python=${rec[python]:-(none)}, not this job's environment's $py; rerun the job"
       export MST_PYTHON=$py ;;
-    podman|docker)
+    podman|docker|apptainer|enroot)
       [[ "${rec[digest]:-}" =~ ^sha256:[0-9a-f]{64}$ ]] || die "the image record $record has no digest=sha256:<64 hex>; rerun the job"
-      image=${rec[digest]} shown_image="${rec[image]:-?} (${rec[digest]})" ;;
-    *) die "the image record $record names no runtime (podman, docker or none); rerun the job" ;;
+      image=${rec[digest]} shown_image="${rec[image]:-?} (${rec[digest]})"
+      if [[ "$runtime" == apptainer || "$runtime" == enroot ]]; then   # the file whose sha256 it recorded
+        image=${rec[image]:-}
+        [[ "$image" == /* && -f "$image" ]] || die "the image record $record names no image file (image=${image:-?}); rerun the job"
+        [[ "$image" != "${JOB_DIR%/}/"* ]] || check_trusted_under "$JOB_DIR" "$image" "the job's image file" "$advice"
+      fi ;;
+    *) die "the image record $record names no runtime (podman, docker, apptainer, enroot or none); rerun the job" ;;
   esac
 fi
 case "$runtime" in
@@ -81,8 +89,12 @@ case "$runtime" in
   podman|docker)
     command -v "$runtime" >/dev/null 2>&1 || die "CONTAINER_RUNTIME=$runtime but '$runtime' is not installed; use auto, none, or install it"
     has_image "$runtime" || die "image '$image' not found by $runtime; build it (podman build -t $image .) or set CONTAINER_IMAGE" ;;
+  apptainer|singularity|pyxis|enroot)
+    [[ "$runtime" == singularity ]] && runtime=apptainer
+    [[ "$runtime" == pyxis ]] && runtime=enroot
+    [[ "$image" == /* && -f "$image" ]] || die "CONTAINER_RUNTIME=$runtime runs an image file: set CONTAINER_IMAGE to its path (.sif, .sqsh)" ;;
   none) ;;
-  *) die "CONTAINER_RUNTIME='$runtime' is not one of auto, podman, docker, none" ;;
+  *) die "CONTAINER_RUNTIME='$runtime' is not one of auto, podman, docker, apptainer, singularity, pyxis, enroot, none" ;;
 esac
 export MST_CONTAINER=$runtime
 
@@ -94,6 +106,36 @@ if [[ "$runtime" == none ]]; then
 fi
 
 export MST_PYTHON=python3   # the image's interpreter, which has MaxText installed
+dev=$(node_root dev)
+gpu=""; [[ -e "$dev/nvidiactl" ]] && gpu=nvidia; [[ -e "$dev/kfd" ]] && gpu=amd   # image.sh: kfd first
+[[ "$1" != /* && -f "$repo/$1" ]] && set -- "$repo/$1" "${@:2}"
+if [[ "$runtime" == apptainer || "$runtime" == enroot ]]; then
+  # the podman flags below as binds (SRC:DST[:ro]); the RDMA ones from netenv.sh; locked memory is ours
+  RT_BINDS=("$repo:$repo:ro") RT_ENV=() RT_GPU=$gpu RT_WORKDIR=$repo
+  [[ -n "${JOB_WORKSPACE:-}" ]] && RT_BINDS+=("$JOB_WORKSPACE:$JOB_WORKSPACE")
+  if [[ "${ENABLE_COREDUMPS:-0}" == 1 ]]; then
+    ulimit -c unlimited 2>/dev/null || true
+    [[ -n "${COREDUMP_DIR:-}" && "$COREDUMP_DIR/" != "${JOB_WORKSPACE:-}/"* ]] && mkdir -p "$COREDUMP_DIR" && RT_BINDS+=("$COREDUMP_DIR:$COREDUMP_DIR")
+  fi
+  container_mounts "$repo" "${JOB_WORKSPACE:-}" "${COREDUMP_DIR:-}"
+  mapfile -t rdma_args < <("$repo/utils/launch/netenv.sh" --container-args)
+  set_next=""
+  for a in "${MOUNT_ARGS[@]}" "${rdma_args[@]}"; do
+    case "$set_next" in
+      bind) RT_BINDS+=("$a") ;;
+      ulimit)   # memlock=BYTES[:BYTES] or -1 (podman's units); ulimit -l counts KiB
+        v=${a#memlock=}; v=${v%%:*}
+        if [[ "$v" == -1 ]]; then v=unlimited; else v=$(( v / 1024 )); fi
+        ulimit -l "$v" 2>/dev/null || ulimit -S -l "$v" 2>/dev/null || true ;;
+    esac
+    case "$a" in -v|--device) set_next=bind ;; --ulimit) set_next="ulimit" ;; *) set_next="" ;; esac
+  done
+  for v in "${CONTRACT_VARS[@]}"; do [[ -v "$v" ]] && RT_ENV+=("$v"); done
+  echo "_container.sh: $runtime image $shown_image" >&2
+  # shellcheck source=utils/launch/runtimes/apptainer.sh
+  source "$repo/utils/launch/runtimes/$runtime.sh"
+  rt_exec "$image" "$@"
+fi
 args=(run --rm --network=host --ipc=host -w "$repo" -v "$repo:$repo:ro")
 [[ -n "${JOB_WORKSPACE:-}" ]] && args+=(-v "$JOB_WORKSPACE:$JOB_WORKSPACE")
 if [[ "${ENABLE_COREDUMPS:-0}" == 1 ]]; then   # cores in $JOB_DIR/cores or COREDUMP_DIR (utils/launch/coredump.sh)
@@ -104,16 +146,15 @@ container_mounts "$repo" "${JOB_WORKSPACE:-}" "${COREDUMP_DIR:-}"
 args+=("${MOUNT_ARGS[@]}")
 args+=(--label "mst.job=${JOB_ID:-}" --label "mst.workspace=${JOB_WORKSPACE:-}" --label "mst.scheduler=${JOB_SCHEDULER:-}")
 for v in "${CONTRACT_VARS[@]}"; do [[ -v "$v" ]] && args+=(-e "$v"); done
-if [[ -e /dev/kfd ]]; then
-  args+=(--device /dev/kfd --device /dev/dri --group-add video --security-opt seccomp=unconfined)
+if [[ "$gpu" == amd ]]; then
+  args+=(--device "$dev/kfd:/dev/kfd" --device "$dev/dri:/dev/dri" --group-add video --security-opt seccomp=unconfined)
 fi
-if [[ -e /dev/nvidiactl ]]; then
+if [[ "$gpu" == nvidia ]]; then
   if [[ "$runtime" == podman ]]; then args+=(--device nvidia.com/gpu=all); else args+=(--gpus all); fi
 fi
 mapfile -t rdma_args < <("$repo/utils/launch/netenv.sh" --container-args)
 args+=("${rdma_args[@]}")
 read -r -a extra <<< "${CONTAINER_ARGS:-}"
-[[ "$1" != /* && -f "$repo/$1" ]] && set -- "$repo/$1" "${@:2}"
 if [[ -t 0 ]]; then
   args+=(-it)
 else

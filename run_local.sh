@@ -110,6 +110,7 @@ job() {
   on_signal() {
     trap '' INT TERM HUP
     [[ -n "$pid" ]] && kill -TERM "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+    "$MST_REPO/utils/launch/image.sh" --cleanup
     "$MST_REPO/utils/launch/job_summary.sh" cancelled "$stage"
     exit 130
   }
@@ -130,10 +131,12 @@ job() {
     # the same check as a Slurm job's (one node here: its record must be there)
     if [[ "$stage" == image ]] && (( rc == 0 )); then "$MST_REPO/utils/launch/image.sh" --agree || rc=$?; fi
     if (( rc != 0 )); then
+      "$MST_REPO/utils/launch/image.sh" --cleanup   # the image files the job built (apptainer, pyxis)
       "$MST_REPO/utils/launch/job_summary.sh" failed "$stage"
       return "$rc"
     fi
   done
+  "$MST_REPO/utils/launch/image.sh" --cleanup
   "$MST_REPO/utils/launch/job_summary.sh" completed train
 }
 

@@ -21,7 +21,7 @@
 #             configs/MODEL.env.sh; the launcher's own variables are reserved); _env_NAME alone
 #             passes NAME's value from your environment (for secrets: never on a command line)
 # Environment: JOB_WORKSPACE (default <repo>/outputs), STAGE_TIMEOUTS ("image:1800,preflight:600,train:86400"),
-#   RAY=0|1, CONTAINER_RUNTIME=auto|podman|docker|none, CONTAINER_IMAGE, ENABLE_COREDUMPS=0|1,
+#   RAY=0|1, CONTAINER_RUNTIME=auto|podman|docker|apptainer|pyxis|none, CONTAINER_IMAGE, ENABLE_COREDUMPS=0|1,
 #   COREDUMP_DIR (docs/env-contract.md lists them all).
 # Site settings: configs/site.env.sh, or the file MST_SITE_FILE names, holds the cluster's defaults
 #   (SITE_SBATCH_FLAGS, CONTAINER_IMAGE, ...; configs/site.env.sh.example). They apply only where

@@ -293,7 +293,11 @@ def test_docker_without_a_daemon(tmp_path, podman_root):
 
 MOUNT_SHAPE = "is not SRC:DST or SRC:DST:ro with absolute paths"
 BAD_SETTINGS = [
-    ({"CONTAINER_RUNTIME": "kubernetes"}, "CONTAINER_RUNTIME='kubernetes' is not one of auto, podman, docker, none"),
+    (
+        {"CONTAINER_RUNTIME": "kubernetes"},
+        "CONTAINER_RUNTIME='kubernetes' is not one of auto, podman, docker, apptainer, singularity, pyxis, enroot, "
+        "none",
+    ),
     ({"CONTAINER_IMAGE_TAR": "/no/image.tar"}, "CONTAINER_IMAGE_TAR='/no/image.tar' is not a readable file on node1"),
     ({"CONTAINER_IMAGE_TAR": "NOT_AN_IMAGE"}, "podman load -i"),  # and podman's reason (its Error: line)
     (

@@ -88,7 +88,7 @@ def test_submit_rejects(args, message, fake_sbatch, workspace, venv):
     [
         ({"STAGE_TIMEOUTS": "train:soon"}, "STAGE_TIMEOUTS entry 'train:soon'"),
         ({"STAGE_TIMEOUTS": "compile:10"}, "STAGE_TIMEOUTS entry 'compile:10'"),
-        ({"CONTAINER_RUNTIME": "singularity"}, "CONTAINER_RUNTIME='singularity'"),
+        ({"CONTAINER_RUNTIME": "kubernetes"}, "CONTAINER_RUNTIME='kubernetes'"),
         ({"RAY": "yes"}, "RAY='yes' must be 0 or 1"),
         ({"STAGE_TIMEOUTS": "train:99999999999999999999"}, "1 <= SECONDS <= 31536000"),
         ({"STAGE_TIMEOUTS": "preflight:60\ntrain:100"}, "STAGE_TIMEOUTS has a line break"),

@@ -175,7 +175,7 @@ BAD = [
     ("export SITE_SBATCH_FLAGS=--job-name=x", "(from {site}): sbatch flag '--job-name=x' (--job-name) contradicts"),
     ('export SITE_SBATCH_FLAGS="--partition gpu"', "(from {site}): 'gpu' is not an option; write each flag as one"),
     ("export SITE_SBATCH_FLAGS=-Z", "unknown short option '-Z'"),
-    ("export CONTAINER_RUNTIME=singularity", "(CONTAINER_RUNTIME is set by the site file {site})"),
+    ("export CONTAINER_RUNTIME=kubernetes", "(CONTAINER_RUNTIME is set by the site file {site})"),
 ]
 
 

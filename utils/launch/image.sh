@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
 # Usage: utils/launch/image.sh            the image stage, on every node (before preflight)
 #        utils/launch/image.sh --agree    once per job, after the image stage ran on every node
+#        utils/launch/image.sh --cleanup  at the job's end: removes the image files the job built
 #
 # The image stage decides this node's container runtime once and makes the training image present:
-#   CONTAINER_RUNTIME  auto (default: podman, then docker, each only where it works), podman, docker,
-#                      or none (natively, with the pinned environment MST_VENV)
+#   CONTAINER_RUNTIME  auto (default: podman, then docker, then apptainer, then pyxis, each only where it
+#                      works; a CONTAINER_IMAGE ending in .sif: apptainer, in .sqsh: pyxis), podman, docker,
+#                      apptainer (or singularity), pyxis (or enroot), or none (natively, with MST_VENV)
+#                      podman and docker first: the default image is a local podman/docker one (Dockerfile),
+#                      which the others can only run after a build of minutes into a file on shared storage.
 #   CONTAINER_IMAGE    default localhost/maxtext-slurm:latest. Taken from the runtime's local store;
 #                      else loaded from CONTAINER_IMAGE_TAR (a `podman save`/`docker save` .tar on
 #                      shared storage); else pulled from its registry, with the credentials in
 #                      CONTAINER_AUTH_FILE (auth.json format, readable by you only; the runtime gets
 #                      the file's path, never its contents). Names under localhost/ are never pulled.
+# apptainer and pyxis (utils/launch/runtimes/<name>.sh; pyxis runs enroot, the engine under Pyxis, inside
+# the step: why, in runtimes/enroot.sh) run an image file: CONTAINER_IMAGE=/path/x.sif (apptainer) or
+# /path/x.sqsh (pyxis) as it is; else the node of rank 0 builds one per job into $JOB_DIR/.images/image.sif
+# or image.sqsh from CONTAINER_IMAGE_TAR or the registry, and the other nodes wait for it. Every node
+# records the file's sha256 (reading it whole: the agreement compares the bytes each node will run).
 # A node with GPUs (MST_DEV_ROOT/kfd: AMD, MST_DEV_ROOT/nvidiactl: NVIDIA; MST_DEV_ROOT defaults to
 # /dev) never falls back to running natively: where no image can be had, the stage fails and says
 # what was tried. Under auto a CPU-only node without the image runs natively (the local cluster, CI).
@@ -19,9 +28,12 @@
 # are read only when they and the directories from JOB_WORKSPACE to them are ours), which
 # _container.sh then runs exactly:
 #   runtime=podman|docker image=NAME digest=sha256:ID source=local|tar|pull   (ID: `image inspect`)
+#   runtime=apptainer|enroot image=FILE digest=sha256:SHA256 source=file|tar|pull   (SHA256: the file's)
 #   runtime=none python=PATH accelerator=cpu|cuda|rocm
 # --agree compares the records of every node of JOB_NODELIST: a missing record, or another runtime,
 # image ID or accelerator than the other nodes', prints a per-node table and exits 1.
+# --cleanup removes $JOB_DIR/.images/image.sif and image.sqsh (what the stage built; never a CONTAINER_IMAGE
+# file of the user's) and their partial builds.
 set -euo pipefail
 [[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"; usage; exit; }
 repo=${MST_REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
@@ -121,14 +133,23 @@ if [[ "${1:-}" == --agree ]]; then
   why_text=$(IFS=';'; echo "${why[*]}")
   fail "the nodes do not all run the same runtime and image: ${why_text//;/; }; make CONTAINER_IMAGE the same image ID on every node (e.g. load one CONTAINER_IMAGE_TAR everywhere) and resubmit"
 fi
-(( $# == 0 )) || { echo "image.sh: unexpected argument '$1' (expected --agree or nothing; see --help)" >&2; exit 2; }
+if [[ "${1:-}" == --cleanup ]]; then
+  [[ -d "$rec_dir" && ! -L "$rec_dir" ]] || exit 0
+  trusted_record "$rec_dir"
+  find "$rec_dir" -maxdepth 1 -type f \( -name 'image.sif' -o -name 'image.sqsh' -o -name '.image.*' \) \
+    -printf 'image: removing %p (built for the job)\n' -delete
+  exit 0
+fi
+(( $# == 0 )) || { echo "image.sh: unexpected argument '$1' (expected --agree, --cleanup or nothing; see --help)" >&2; exit 2; }
 
 host=${JOB_HOSTNAME:-$(hostname)}
 image=${CONTAINER_IMAGE:-localhost/maxtext-slurm:latest}
 want=${CONTAINER_RUNTIME:-auto}
 case "$want" in
-  auto|podman|docker|none) ;;
-  *) fail "CONTAINER_RUNTIME='$want' is not one of auto, podman, docker, none" ;;
+  auto|podman|docker|apptainer|none) ;;
+  singularity) want=apptainer ;;
+  pyxis|enroot) want=enroot ;;
+  *) fail "CONTAINER_RUNTIME='$want' is not one of auto, podman, docker, apptainer, singularity, pyxis, enroot, none" ;;
 esac
 gpu="" gpu_dev="" dev=$(node_root dev)
 for e in "${GPU_DEVICES[@]}"; do
@@ -154,18 +175,29 @@ native() {
 # the runtimes to try, and why the others were left out
 tried=()
 runtimes=()
-candidates=("$want"); [[ "$want" == auto ]] && candidates=(podman docker)
+candidates=("$want")
+if [[ "$want" == auto ]]; then
+  case "$image" in
+    /*.sif) candidates=(apptainer) ;;
+    /*.sqsh) candidates=(enroot) ;;
+    *) candidates=(podman docker apptainer enroot) ;;
+  esac
+fi
+files=()   # the runtimes that run an image file (utils/launch/runtimes/<name>.sh)
 for r in "${candidates[@]}"; do
-  if ! command -v "$r" >/dev/null 2>&1; then tried+=("$r: not installed")
+  if [[ "$r" == apptainer || "$r" == enroot ]]; then
+    # shellcheck source=utils/launch/runtimes/apptainer.sh
+    if no=$(source "$repo/utils/launch/runtimes/$r.sh" && rt_cli); then files+=("$r"); else tried+=("$no"); fi
+  elif ! command -v "$r" >/dev/null 2>&1; then tried+=("$r: not installed")
   elif [[ "$r" == docker ]] && ! docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then
     tried+=("docker: no daemon answers")
   else runtimes+=("$r")
   fi
 done
-if [[ "$want" != auto && ${#runtimes[@]} == 0 ]]; then
+if [[ "$want" != auto && ${#runtimes[@]} == 0 && ${#files[@]} == 0 ]]; then
   fail "CONTAINER_RUNTIME=$want but ${tried[0]#*: } on $host; install it, or use CONTAINER_RUNTIME=auto"
 fi
-if (( ${#runtimes[@]} )); then
+if (( ${#runtimes[@]} + ${#files[@]} )); then
   container_mounts "$repo" "${JOB_WORKSPACE:-}" "${COREDUMP_DIR:-}"   # a bad CONTAINER_MOUNTS fails here, not in training
 fi
 
@@ -199,7 +231,7 @@ if [[ -n "${CONTAINER_IMAGE_TAR:-}" ]]; then
       fail "CONTAINER_IMAGE_TAR=$tar holds no image named '$image' ($r: $(grep -m1 -i 'loaded' <<< "$out" | cut -c1-200)); set CONTAINER_IMAGE to the name it holds"
     found "$r" tar
   fi
-  tried+=("CONTAINER_IMAGE_TAR: no runtime to load it")
+  (( ${#files[@]} )) || tried+=("CONTAINER_IMAGE_TAR: no runtime to load it")
 elif [[ "$image" == localhost/* ]]; then
   tried+=("no CONTAINER_IMAGE_TAR, and a localhost/ name is never pulled")
 elif [[ -n "$r" ]]; then
@@ -228,7 +260,53 @@ elif [[ -n "$r" ]]; then
   tried+=("pull with $r: $(said "$out")")
 fi
 
-# 4. no image
+# 4. a runtime that runs an image file
+# file_image RUNTIME: record the file RUNTIME runs (CONTAINER_IMAGE itself, or the one the job builds);
+# returns, adding to tried, only where RUNTIME cannot run CONTAINER_IMAGE
+file_image() {
+  local r=$1 out src kind part failed first out_text
+  # shellcheck source=utils/launch/runtimes/apptainer.sh
+  source "$repo/utils/launch/runtimes/$r.sh"
+  if [[ "$image" == /* ]]; then
+    [[ "$image" == *".$RT_SUFFIX" ]] || { tried+=("$r runs a .$RT_SUFFIX file or a registry name, not $image"); return 0; }
+    [[ -f "$image" && -r "$image" ]] || fail "CONTAINER_IMAGE=$image is not a readable file on $host; the .$RT_SUFFIX must be on storage every node sees"
+    out=$image src=file
+  else
+    if [[ -n "${CONTAINER_IMAGE_TAR:-}" ]]; then kind=tar src=$CONTAINER_IMAGE_TAR
+    elif [[ "$image" == localhost/* ]]; then tried+=("$r: no CONTAINER_IMAGE_TAR, and a localhost/ name is never pulled"); return 0
+    else kind=pull src=$image; fi
+    out="$rec_dir/image.$RT_SUFFIX" failed="$rec_dir/image.failed"
+    first=$(read -r -a n <<< "${JOB_NODELIST:-$host}"; echo "${n[0]}")
+    if [[ "${JOB_NODE_RANK:-0}" == 0 ]]; then   # one build per job, by the node of rank 0
+      own_dir "$rec_dir" 755
+      trusted_record "$rec_dir"
+      part="$rec_dir/.image.$$.$RT_SUFFIX"
+      rm -f -- "$part"
+      echo "image: building $out with $r from $([[ $kind == tar ]] && echo "$src" || echo "docker://$src")"
+      if ! out_text=$(rt_build "$part" "$kind" "$src" 2>&1) || [[ ! -f "$part" ]]; then
+        rm -f -- "$part"
+        new_file "$failed" && printf '%s\n' "$r: $(said "$out_text")" > "$failed"
+        fail "$r could not build $out on $host: $(said "$out_text")"
+      fi
+      chmod go-w -- "$part"   # whatever the umask: the other nodes trust only a file nobody else can write
+      mv -f -T -- "$part" "$out"
+    else
+      echo "image: waiting for $first (rank 0) to build $out"
+      until [[ -e "$out" || -e "$failed" ]]; do
+        [[ -e "$rec_dir/$first" ]] && fail "$first (rank 0) recorded '$(head -n 1 "$rec_dir/$first")' and builds no $out"
+        sleep 2
+      done
+      [[ -e "$out" ]] || fail "$first (rank 0) could not build $out: $(head -c 300 "$failed")"
+    fi
+    trusted_record "$out"
+    src=$kind
+  fi
+  record "runtime=$r image=$out digest=sha256:$(sha256sum -- "$out" | cut -c1-64) source=$src"
+  exit 0
+}
+for r in "${files[@]}"; do file_image "$r"; done
+
+# 5. no image
 tried_text=$(IFS=';'; echo "${tried[*]}")
 tried_text=${tried_text//;/; }
 if [[ -z "$gpu" && "$want" == auto ]]; then

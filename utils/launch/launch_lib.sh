@@ -60,8 +60,8 @@ check_settings() {
   [[ -z "${COREDUMP_DIR:-}" || "$COREDUMP_DIR" =~ ^/[A-Za-z0-9._/+@,=-]*$ ]] ||
     die "COREDUMP_DIR='$COREDUMP_DIR' must be an absolute path of letters, digits and . _ / + @ , = - (a place with room that every node sees)"
   int_setting COREDUMP_WAIT 0 3600
-  case "${CONTAINER_RUNTIME:-auto}" in auto|podman|docker|none) ;;
-    *) die "CONTAINER_RUNTIME='$CONTAINER_RUNTIME' is not one of auto, podman, docker, none" ;; esac
+  case "${CONTAINER_RUNTIME:-auto}" in auto|podman|docker|apptainer|singularity|pyxis|enroot|none) ;;
+    *) die "CONTAINER_RUNTIME='$CONTAINER_RUNTIME' is not one of auto, podman, docker, apptainer, singularity, pyxis, enroot, none" ;; esac
   stage_timeouts "${STAGE_TIMEOUTS:-}" >/dev/null || exit 1
   # the image stage's settings, as far as this machine can tell (the nodes check the files themselves)
   local f
