@@ -10,12 +10,16 @@ and the analysis/JSON (utils/triage.py). Goal: >= 200 MB/s.
 
 import argparse
 import json
+import runpy
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+if __name__ == "__main__":  # run directly: under the project's environment, found as the utils/ commands find it
+    runpy.run_path(str(Path(__file__).resolve().parents[1] / "utils" / "diagnosis" / "entry.py"))["enter_venv"]()
 
 from helpers import logcorpus
 

@@ -30,7 +30,7 @@ Families (FAMILIES maps each to the verdict diagnose.py must give):
   io_pressure               checkpoint saves stall on IO (all hosts, or one host's slow disk)
   host_oom                  host memory leak on one host, then the kernel OOM killer ends the job
 
-    python3 tests/corpus.py OUT [--family F ...] [--seed N] [--scale small|full]
+    tests/helpers/corpus.py OUT [--family F ...] [--seed N] [--scale small|full]
 """
 
 from __future__ import annotations
@@ -42,10 +42,14 @@ import math
 import os
 import random
 import re
+import runpy
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+if __name__ == "__main__":  # run directly: under the project's environment, found as the utils/ commands find it
+    runpy.run_path(str(Path(__file__).resolve().parents[2] / "utils" / "diagnosis" / "entry.py"))["enter_venv"]()
 
 import numpy as np
 
