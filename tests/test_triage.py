@@ -1,5 +1,5 @@
 """utils/triage.py and utils/diagnosis/joblog.py: every failure class on synthetic logs in the launcher's
-real format (tests/logcorpus.py), with and without host/absl prefixes; hang vs a healthy running
+real format (tests/helpers/logcorpus.py), with and without host/absl prefixes; hang vs a healthy running
 job; throughput phases; heartbeat false positives; the CLI; and real local jobs (completed, a
 config error, a SIGKILLed trainer, and triage while the job runs)."""
 
