@@ -87,8 +87,10 @@ fi
 start=$SECONDS
 trap '(($? == 0)) || echo "setup_env.sh: setting up $venv failed (see above); rerun it once that is fixed" >&2' EXIT
 pip_install() {  # pip install, without the noise of index locations a machine's pip.conf may name
+  # nor pip's "X requires Y, which is not installed": requirements/maxtext.txt is --no-deps on purpose
+  # (only what the trainer imports), so e.g. xprof's cheroot/duckdb/gviz-api are left out; conflicts still show
   "$venv/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1 |
-    { grep -v 'is ignored: it is neither a file nor a directory' || true; } >&2
+    { grep -Ev "is ignored: it is neither a file nor a directory|^ERROR: pip's dependency resolver does not currently take|, which is not installed\.$" || true; } >&2
   return "${PIPESTATUS[0]}"
 }
 if (( ! base_ready )); then
