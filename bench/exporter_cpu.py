@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CPU cost of one metrics-exporter poll cycle with every plugin of utils/ and the TensorBoard collector active.
 
-Usage: .venv/bin/python bench/exporter_cpu.py [--cycles 40] [--pause 0.25]
+Usage: bench/exporter_cpu.py [--cycles 40] [--pause 0.25]
 
 Runs the exporter's poll cycle in this process on the real /proc and /sys, with the TensorBoard collector
 following an event file that a separate writer process keeps appending to (every MaxText scalar tag, one step
@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import runpy
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+if __name__ == "__main__":  # run directly: under the project's environment, found as the utils/ commands find it
+    runpy.run_path(str(Path(__file__).resolve().parents[1] / "utils" / "diagnosis" / "entry.py"))["enter_venv"]()
 
 from observe import metrics_exporter as mx
 

@@ -13,11 +13,15 @@ cache (~/.cache/maxtext-slurm/diagnose-bench; build it with that bench first).
 import argparse
 import json
 import os
+import runpy
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+if __name__ == "__main__":  # run directly: under the project's environment, found as the utils/ commands find it
+    runpy.run_path(str(Path(__file__).resolve().parents[1] / "utils" / "diagnosis" / "entry.py"))["enter_venv"]()
 
 import anyio
 from mcp.client.session import ClientSession

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Cost of the exporter's TensorBoard collector: the first poll over a long history, then polls with nothing new.
 
-Usage: .venv/bin/python bench/tb_collector.py [--histories 10000,100000] [--idle-polls 50] [--runs 3]
+Usage: bench/tb_collector.py [--histories 10000,100000] [--idle-polls 50] [--runs 3]
                                               [--baseline FILE]
 
 For each history size N, writes N scalars (the 17 tags MaxText writes, one event per scalar, in step order:
@@ -19,12 +19,16 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import runpy
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+if __name__ == "__main__":  # run directly: under the project's environment, found as the utils/ commands find it
+    runpy.run_path(str(Path(__file__).resolve().parents[1] / "utils" / "diagnosis" / "entry.py"))["enter_venv"]()
 
 from helpers.tbevents import write_history
 

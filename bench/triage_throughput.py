@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Usage: bench/triage_throughput.py [--hosts 24] [--lines 1000000] [--runs 3] [--no-absl] [--keep DIR]
 
-End-to-end speed of utils/triage.py --json on a large synthetic job log (tests/logcorpus.py:
+End-to-end speed of utils/triage.py --json on a large synthetic job log (tests/helpers/logcorpus.py:
 HOSTS nodes, at least LINES lines, every node printing every step, as MaxText does). Prints the
 log size, the best wall time of RUNS runs of the CLI (new Python process each time, file in the
 page cache) as MB/s, and where the time goes: interpreter start-up, the scan (utils/diagnosis/joblog.py)
@@ -10,12 +10,16 @@ and the analysis/JSON (utils/triage.py). Goal: >= 200 MB/s.
 
 import argparse
 import json
+import runpy
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+if __name__ == "__main__":  # run directly: under the project's environment, found as the utils/ commands find it
+    runpy.run_path(str(Path(__file__).resolve().parents[1] / "utils" / "diagnosis" / "entry.py"))["enter_venv"]()
 
 from helpers import logcorpus
 

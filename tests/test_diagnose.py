@@ -1,4 +1,4 @@
-"""utils/diagnose.py on the incident corpus (tests/corpus.py), on a real local job, and its CLI.
+"""utils/diagnose.py on the incident corpus (tests/helpers/corpus.py), on a real local job, and its CLI.
 
 Every incident family is built at the small scale for several seeds and diagnosed in-process: the
 verdict and the culprit hosts must be the ones the corpus injected, and the deciding finding must carry

@@ -12,6 +12,7 @@ test is a real 2-node Slurm job whose nodes each see their own fixture tree ("%h
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -51,6 +52,34 @@ def native_on_gpus(tmp_path: Path, accelerator: str) -> dict[str, str]:
 VISIBILITY = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
 
+def unused_uid() -> int:
+    """A uid that no account of this machine has: gpu_health.sh names the owner of another user's
+    process by its user name where it has one, so the expected `uid N` must not depend on the machine."""
+
+    def has_account(uid: int) -> bool:
+        try:
+            pwd.getpwuid(uid)
+        except KeyError:
+            return False
+        return True
+
+    return next(uid for uid in range(1001, 1 << 31) if not has_account(uid))
+
+
+FOREIGN_UID = unused_uid()
+
+
+def foreign_fixture(tmp_path: Path, name: str) -> Path:
+    """The fixture node NAME (one of the *-foreign-proc ones, whose other user is uid 1001 in the
+    files) with that process owned by FOREIGN_UID instead."""
+    fx = tmp_path / name
+    shutil.copytree(FIX / name, fx, symlinks=True)
+    for status in fx.glob("proc/*/status"):
+        text = status.read_text()
+        status.write_text(re.sub(r"^Uid:.*$", "Uid:" + f"\t{FOREIGN_UID}" * 4, text, flags=re.M))
+    return fx
+
+
 def gpu_health(fixture: Path, **env: str) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if k not in ("JOB_GPUS_PER_NODE", "JOB_ID", *VISIBILITY)}
     return subprocess.run(
@@ -77,7 +106,7 @@ CASES = {
     ),
     "amd-foreign-proc": (
         1,
-        {0: "FAILED: pid 4242 of uid 1001 holds 12.0 GiB", 1: "ok: "},
+        {0: "FAILED: pid 4242 of uid {uid} holds 12.0 GiB", 1: "ok: "},
         "FAILED: 2 amd GPU(s), 1 unhealthy (gpu 0)",
     ),
     "amd-mem-held": (
@@ -97,7 +126,7 @@ CASES = {
     ),
     "nvidia-foreign-proc": (
         1,
-        {1: "FAILED: pid 51234 of uid 1001 holds 20.0 GiB"},
+        {1: "FAILED: pid 51234 of uid {uid} holds 20.0 GiB"},
         "FAILED: 4 nvidia GPU(s), 1 unhealthy (gpu 1)",
     ),
     "nvidia-mem-held": (
@@ -114,9 +143,9 @@ CASES = {
 
 
 @pytest.mark.parametrize("fixture", sorted(CASES))
-def test_fixture_node(fixture):
+def test_fixture_node(fixture, tmp_path):
     rc, gpus, verdict = CASES[fixture]
-    res = gpu_health(FIX / fixture)
+    res = gpu_health(foreign_fixture(tmp_path, fixture) if fixture.endswith("-foreign-proc") else FIX / fixture)
     out = lines(res)
     assert res.returncode == rc, res.stdout + res.stderr
     assert res.stderr == ""
@@ -124,7 +153,7 @@ def test_fixture_node(fixture):
     assert len(per_gpu) == (2 if fixture.startswith("amd") else 4), out  # one line per GPU, the VGA card is none
     for idx, want in gpus.items():
         got = per_gpu[idx].split("): ", 1)[1]
-        assert got.startswith(want), (idx, got)
+        assert got.startswith(want.format(uid=FOREIGN_UID)), (idx, got)
     assert out[-1] == f"gpu_health: verdict n7: {verdict}"
     assert sum("verdict" in ln for ln in out) == 1
 
@@ -488,7 +517,8 @@ def test_summary_names_the_command_without_the_bad_nodes(tmp_path):
 def test_local_job_with_a_foreign_process_on_a_gpu(workspace, venv, tmp_path):
     """run_local.sh on a node where another user holds a GPU: the job stops in preflight, and triage
     reads its real log as gpu_health with this node as the culprit."""
-    env = {**launcher_env(workspace), **hooks(FIX / "nvidia-foreign-proc"), **native_on_gpus(tmp_path, "cuda")}
+    node = foreign_fixture(tmp_path, "nvidia-foreign-proc")
+    env = {**launcher_env(workspace), **hooks(node), **native_on_gpus(tmp_path, "cuda")}
     env.pop("JOB_HOSTNAME")
     res = run([str(REPO / "run_local.sh"), "tiny", "--", "steps=1"], env=env)
     assert res.returncode == 1, res.stdout[-3000:]
@@ -496,12 +526,12 @@ def test_local_job_with_a_foreign_process_on_a_gpu(workspace, venv, tmp_path):
     host = summary(log)["first_failure"]
     assert summary(log)["stage"] == "preflight" and "resubmit" not in summary(log)  # no --exclude without Slurm
     assert log_has(
-        log, rf"^{host}: gpu_health: gpu 1 \(nvidia 00000000:2A:00\.0\): FAILED: pid 51234 of uid 1001 holds"
+        log, rf"^{host}: gpu_health: gpu 1 \(nvidia 00000000:2A:00\.0\): FAILED: pid 51234 of uid {FOREIGN_UID} holds"
     )
     assert not log_has(log, "completed step")
     r = triage(log)
     assert r["failure_class"] == "gpu_health" and r["culprit_hosts"] == [host], r
-    assert r["confidence"] == "high" and "pid 51234 of uid 1001 holds 20.0 GiB" in r["summary"]
+    assert r["confidence"] == "high" and f"pid 51234 of uid {FOREIGN_UID} holds 20.0 GiB" in r["summary"]
     assert r["evidence"][0]["text"].startswith(f"{host}: gpu_health: gpu 1 ")
 
 

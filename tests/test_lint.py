@@ -1,8 +1,11 @@
 """shellcheck on every shell script and ruff on every Python file of the project."""
 
+import hashlib
 import os
 import re
 import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -31,11 +34,25 @@ def shell_scripts() -> list[Path]:
 
 
 def test_shellcheck_clean():
-    assert shutil.which("shellcheck"), "shellcheck is not installed (tests/run.sh installs it)"
+    """shellcheck on every shell script at once (.shellcheckrc: sourced files followed). Its verdict
+    is a function of the scripts, .shellcheckrc and shellcheck's version, so a pass is remembered under
+    their hash (~/.cache/maxtext-slurm/shellcheck/): the developer loop checks again only after a shell
+    script changed (a full check: 24 s of CPU on one core, 147-246 s at load 20: the fast loop's longest test)."""
+    shellcheck = shutil.which("shellcheck")
+    assert shellcheck, "shellcheck is not installed (tests/run.sh installs it)"
     scripts = shell_scripts()
     assert len(scripts) >= 10
-    res = run(["shellcheck", *map(str, scripts)], cwd=REPO)
+    inputs = hashlib.sha256(run([shellcheck, "--version"]).stdout.encode())
+    for path in sorted([REPO / ".shellcheckrc", *scripts]):
+        inputs.update(f"\0{path.relative_to(REPO)}\0".encode() + path.read_bytes())
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "maxtext-slurm" / "shellcheck"
+    passed = cache / inputs.hexdigest()
+    if passed.exists():
+        return
+    res = run([shellcheck, *map(str, scripts)], cwd=REPO)
     assert res.returncode == 0, res.stdout
+    cache.mkdir(parents=True, exist_ok=True)
+    passed.touch()
 
 
 def test_ruff_clean():
@@ -48,18 +65,14 @@ def test_ruff_formatted():
     assert res.returncode == 0, res.stdout
 
 
-def shell_entry_points() -> list[Path]:
-    """Every shell script with a #! line (sourced libraries such as utils/launch/lib.sh have none)."""
-    return sorted(p for p in shell_scripts() if p.read_bytes().startswith(b"#!"))
+def entry_points() -> list[Path]:
+    """Every program of the project: a file with a #! line (sourced libraries such as utils/launch/lib.sh
+    and the modules of the packages have none), the test fixtures' stand-in programs left out."""
+    return sorted(p for p in project_files() if p.read_bytes()[:2] == b"#!")
 
 
 def python_files() -> list[Path]:
     return sorted(p for p in project_files() if p.suffix == ".py")
-
-
-def python_entry_points() -> list[Path]:
-    """Every Python file outside tests/ that runs as a program (it has a #! line)."""
-    return [p for p in python_files() if "tests" not in p.relative_to(REPO).parts and p.read_bytes().startswith(b"#!")]
 
 
 # A shell statement at the start of a line: what a help text that runs past its header shows
@@ -72,29 +85,47 @@ CODE_LINE = re.compile(
 )
 
 
-@pytest.mark.parametrize("script", shell_entry_points(), ids=lambda p: p.relative_to(REPO).as_posix())
-def test_shell_help_is_the_usage_header(script):
-    """--help prints the script's usage header (utils/launch/lib.sh usage) and not one line of its code."""
+def help_problems(script: Path, res: subprocess.CompletedProcess) -> list[str]:
+    """What is wrong with SCRIPT's answer to --help: a non-zero exit, a traceback, no usage first; a
+    shell script prints its usage header (utils/launch/lib.sh usage) and not one line of its code."""
     rel = script.relative_to(REPO).as_posix()
-    res = run([str(script), "--help"], cwd=REPO, timeout=30)
-    assert res.returncode == 0, f"{rel} --help: exit {res.returncode}: {res.stderr}"
-    assert res.stdout.startswith("Usage: "), f"{rel} --help does not start with 'Usage: ':\n{res.stdout}"
-    assert res.stderr == "", f"{rel} --help wrote to stderr: {res.stderr}"
+    if res.returncode != 0 or "Traceback" in res.stdout + res.stderr:
+        return [f"{rel} --help: exit {res.returncode}: {(res.stderr or res.stdout)[-600:]}"]
+    if b"python" in script.read_bytes().split(b"\n", 1)[0]:
+        return [] if res.stdout.lower().startswith("usage:") else [f"{rel} --help: no usage: {res.stdout[:200]!r}"]
+    if not res.stdout.startswith("Usage: "):
+        return [f"{rel} --help does not start with 'Usage: ': {res.stdout[:200]!r}"]
+    if res.stderr:
+        return [f"{rel} --help wrote to stderr: {res.stderr[:300]}"]
     comments = {ln.rstrip() for ln in script.read_text().splitlines() if ln.startswith("#")}
-    for line in res.stdout.splitlines():
-        assert not CODE_LINE.match(line), f"{rel} --help prints a line of code: {line!r}"
-        assert f"# {line}".rstrip() in comments or f"#{line}".rstrip() in comments, (
-            f"{rel} --help prints a line that is not in its header comment: {line!r}"
+    return [
+        f"{rel} --help prints a line of code, or one that is not in its header comment: {line!r}"
+        for line in res.stdout.splitlines()
+        if CODE_LINE.match(line) or not ({f"# {line}".rstrip(), f"#{line}".rstrip()} & comments)
+    ]
+
+
+def test_every_entry_point_helps_from_anywhere():
+    """Every program runs directly (its #! line; executable) from / with PATH=/usr/bin, as typed in a
+    plain shell, and answers --help with its usage and nothing else: a Python one finds the project's
+    environment itself, as the utils/ commands do (utils/diagnosis/entry.py). 8 at a time: 57
+    programs in 2.8 s on a loaded 2-core machine (one after the other: 4.9 s)."""
+    programs = entry_points()
+    env = {"PATH": "/usr/bin", "HOME": os.environ.get("HOME", "/"), "MAXTEXT_SLURM_VENV": str(VENV)}
+
+    def ask(script: Path) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(script), "--help"], cwd="/", env=env, capture_output=True, text=True, timeout=120, check=False
         )
 
-
-@pytest.mark.parametrize("script", python_entry_points(), ids=lambda p: p.relative_to(REPO).as_posix())
-def test_python_help(script):
-    rel = script.relative_to(REPO).as_posix()
-    res = run([str(VENV / "bin" / "python"), str(script), "--help"], cwd=REPO, timeout=60)
-    assert res.returncode == 0, f"{rel} --help: exit {res.returncode}: {res.stderr}"
-    assert "Traceback" not in res.stdout + res.stderr, f"{rel} --help: {res.stderr}"
-    assert res.stdout.lower().startswith("usage:"), f"{rel} --help: {res.stdout}"
+    not_executable = [p.relative_to(REPO).as_posix() for p in programs if not os.access(p, os.X_OK)]
+    assert not_executable == [], f"programs (a #! line) without the executable bit: {not_executable}"
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(ask, programs))
+    problems = [
+        problem for script, res in zip(programs, answers, strict=True) for problem in help_problems(script, res)
+    ]
+    assert problems == [], "\n".join(problems)
 
 
 @pytest.mark.parametrize("tool", ["triage", "diagnose", "perf", "sweep", "host_bridge", "mcp_server"])
@@ -124,8 +155,9 @@ def test_no_import_path_hacks_and_modules_are_not_programs():
 
 def test_every_entry_point_is_checked():
     """The discovery above finds the entry points the project documents (a broken glob tests nothing)."""
-    shell = {p.relative_to(REPO).as_posix() for p in shell_entry_points()}
-    python = {p.relative_to(REPO).as_posix() for p in python_entry_points()}
+    programs = {p.relative_to(REPO).as_posix() for p in entry_points()}
+    shell = {p for p in programs if not p.endswith(".py")}
+    python = {p for p in programs if p.endswith(".py")}
     assert {
         "submit.sh",
         "run_local.sh",
@@ -140,6 +172,7 @@ def test_every_entry_point_is_checked():
     } <= shell
     assert {"utils/observe/plugins/gpu_metrics_plugin.sh", "utils/observe/plugins/host_metrics_plugin.sh"} <= shell
     assert len([p for p in shell if p.startswith("bench/")]) >= 3
+    assert {"bench/mcp_latency.py", "bench/triage_throughput.py", "utils/dev/joblog_dump.py"} <= python
     assert {
         "_ray_actor.py",
         "utils/triage.py",

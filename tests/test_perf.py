@@ -1,5 +1,5 @@
 """utils/perf.py: throughput, MFU, step-time breakdown, stalls and per-host comparison on synthetic
-logs in the launcher's real format (tests/logcorpus.py), with the expected numbers computed here
+logs in the launcher's real format (tests/helpers/logcorpus.py), with the expected numbers computed here
 from the injected step times; a trace laid out as JAX writes it on a GPU (measured on an H100:
 /device:GPU:0 with "Stream #N(...)" kernel lanes); a real tiny job run with the profiler on; and
 bad input on the command line."""

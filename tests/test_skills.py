@@ -8,7 +8,7 @@ and every skill is routed to.
 Commands: every ```bash block of skills/**/*.md is its own test (id: file#block number, counted
 from 1 over the file's bash blocks). It runs as written with `bash -euo pipefail` from the
 repository root and must exit 0 with no "Traceback" on stderr. The variables the skills tell the
-agent to set point at jobs of the incident corpus (tests/corpus.py), built once per module (the
+agent to set point at jobs of the incident corpus (tests/helpers/corpus.py), built once per module (the
 thread_leak pair when a block first needs it):
 
   JOB            the job dir of an `rdma_retransmits` incident (a completed RAY=1 job whose
@@ -16,8 +16,8 @@ thread_leak pair when a block first needs it):
                  `thread_leak` incident; for `sweep.py regress` blocks, a made-up `tiny` baseline
                  job with a recorded submit command (regress needs one, and MODEL must be its model).
                  Blocks of the job-log-triage skill run a second time with JOB = a failed
-                 multi-node job without metrics (tests/logcorpus.py): triage exits 0 for it too.
-                 Blocks of the coredump-debug skill get a segfault job (tests/logcorpus.py) whose
+                 multi-node job without metrics (tests/helpers/logcorpus.py): triage exits 0 for it too.
+                 Blocks of the coredump-debug skill get a segfault job (tests/helpers/logcorpus.py) whose
                  crashed host holds a real core: the venv's Python, crashed by SIGSEGV in the
                  core directory utils/launch/coredump.sh prepared (with its context.txt).
   OTHER_JOB      the `thread_leak` incident's clean twin (`Incident.vs`)

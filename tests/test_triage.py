@@ -1,5 +1,5 @@
 """utils/triage.py and utils/diagnosis/joblog.py: every failure class on synthetic logs in the launcher's
-real format (tests/logcorpus.py), with and without host/absl prefixes; hang vs a healthy running
+real format (tests/helpers/logcorpus.py), with and without host/absl prefixes; hang vs a healthy running
 job; throughput phases; heartbeat false positives; the CLI; and real local jobs (completed, a
 config error, a SIGKILLed trainer, and triage while the job runs)."""
 
@@ -410,7 +410,7 @@ def test_docs_tables_are_generated_from_the_registry(tmp_path):
 
 def test_failure_class_tables_cli(tmp_path):
     res = run([sys.executable, CLASSES_TOOL, "--help"])
-    assert res.returncode == 0 and res.stdout.startswith("Usage: .venv/bin/python utils/dev/failure_class_tables.py")
+    assert res.returncode == 0 and res.stdout.startswith("Usage: utils/dev/failure_class_tables.py")
     res = run([sys.executable, CLASSES_TOOL, "--bogus"])
     assert res.returncode == 2 and res.stdout == "" and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert res.stderr.startswith("failure_class_tables.py: unknown arguments") and "--check" in res.stderr

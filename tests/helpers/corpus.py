@@ -2,9 +2,9 @@
 """Incident corpus: complete RAY=1 job directories for the incident families of utils/diagnose.py.
 
 `build(family, workspace, seed, scale)` writes `<workspace>/<id>-JAX-<model>.log` and the job dir
-beside it: `prometheus/` (a real TSDB backfilled with promtool through tests/promfixture.py, with
+beside it: `prometheus/` (a real TSDB backfilled with promtool through tests/helpers/promfixture.py, with
 the series and labels of docs/metrics.md), the `log` symlink, `summary.txt` and `.stages/` records.
-Log lines come from tests/logcorpus.py's writers (header, startup, step lines, JAX heartbeat
+Log lines come from tests/helpers/logcorpus.py's writers (header, startup, step lines, JAX heartbeat
 block, JOB SUMMARY); only rank 0's step lines are logged, at a sparse cadence (~2000 lines), so
 a 24-node 48 h job keeps a small log. Hosts, onset times and magnitudes are drawn from the seed;
 per-host hardware traits (temperature offset, power offset, base run queue) come from the host
@@ -30,7 +30,7 @@ Families (FAMILIES maps each to the verdict diagnose.py must give):
   io_pressure               checkpoint saves stall on IO (all hosts, or one host's slow disk)
   host_oom                  host memory leak on one host, then the kernel OOM killer ends the job
 
-    python3 tests/corpus.py OUT [--family F ...] [--seed N] [--scale small|full]
+    tests/helpers/corpus.py OUT [--family F ...] [--seed N] [--scale small|full]
 """
 
 from __future__ import annotations
@@ -42,10 +42,14 @@ import math
 import os
 import random
 import re
+import runpy
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+if __name__ == "__main__":  # run directly: under the project's environment, found as the utils/ commands find it
+    runpy.run_path(str(Path(__file__).resolve().parents[2] / "utils" / "diagnosis" / "entry.py"))["enter_venv"]()
 
 import numpy as np
 
@@ -68,7 +72,7 @@ FAMILIES: dict[str, str] = {
     "host_oom": "memory",
     "grad_spike_brief": "none",
 }
-BASE_EPOCH = 1795322400  # 2026-11-22T04:00:00Z, as tests/logcorpus.py
+BASE_EPOCH = 1795322400  # 2026-11-22T04:00:00Z, as tests/helpers/logcorpus.py
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,7 @@ A `Job` describes a run (hosts, steps, step time, throughput phases, a failure t
 directory (`log` symlink, `artifact/configs/<model>.yml`, `.stages/<stage>/<host>` records,
 `summary.txt`) as utils/launch/job_header.sh, utils/launch/run_stage.sh, utils/launch/job_summary.sh, srun and
 MaxText/JAX 0.12 would. Failure texts are the ones those programs print (see the comments);
-`python3 tests/logcorpus.py DIR [--hosts N] [--steps N]` writes one job for a quick look.
+`tests/helpers/logcorpus.py DIR [--hosts N] [--steps N]` writes one job for a quick look.
 """
 
 from __future__ import annotations

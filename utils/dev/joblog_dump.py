@@ -1,23 +1,29 @@
 #!/usr/bin/env python3
-"""Usage: .venv/bin/python utils/dev/joblog_dump.py LOG
+"""Usage: utils/dev/joblog_dump.py LOG
 
 Prints what the one job-log parser (utils/diagnosis/joblog.py) found in LOG, as JSON: for
-debugging the parser. Run it with the project's python: the environment utils/setup_env.sh
-makes puts utils/ on its import path.
+debugging the parser. It runs under the project's environment (utils/setup_env.sh), which it
+finds as the utils/ commands do.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import runpy
 import signal
 import sys
 from pathlib import Path
 
+if __name__ == "__main__":  # run directly: under the project's environment, found as the utils/ commands find it
+    runpy.run_path(str(Path(__file__).resolve().parents[1] / "diagnosis" / "entry.py"))["enter_venv"]()
+
 try:
     from diagnosis import joblog
 except ImportError:
-    sys.exit("joblog_dump.py: run it with the project's python: .venv/bin/python utils/dev/joblog_dump.py LOG")
+    sys.exit(
+        "joblog_dump.py: needs the project's environment: make it with utils/setup_env.sh (or set MAXTEXT_SLURM_VENV)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,11 +17,15 @@ from __future__ import annotations
 import enum
 import json
 import re
+import runpy
 import sys
 import types
 import typing
 from pathlib import Path
 from typing import Any
+
+if __name__ == "__main__":  # run directly: under the project's environment, found as the utils/ commands find it
+    runpy.run_path(str(Path(__file__).resolve().parents[1] / "diagnosis" / "entry.py"))["enter_venv"]()
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO / "requirements" / "maxtext-schema.json"
