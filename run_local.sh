@@ -58,6 +58,7 @@ else
 fi
 [[ -z "${MST_RUN:-}" ]] || { check_run_alias "$MST_RUN"; check_run_overrides; }
 prepare_launch "$model_arg" "$repo"
+check_attention_here fail "$repo"   # natively, the trainer is this machine's environment: before the job starts
 (( ${#SITE_SBATCH[@]} == 0 )) ||
   echo "run_local.sh: the site's sbatch flags do not apply here (no Slurm): ${SITE_SBATCH[*]}" >&2
 umask 022   # what the job writes into a (possibly shared) workspace: readable by the group, writable by us only
