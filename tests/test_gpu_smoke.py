@@ -46,7 +46,7 @@ def test_cpu_pipeline_end_to_end(tmp_path, venv):
     lines = res.stdout.splitlines()
     assert lines[0].startswith("gpu_health: ") and ": ok" in lines[0], lines[0]
     assert lines[1] == "gpu plugin: no GPU (exit 64)"
-    assert lines[2].split() [:3] == ["run", "exit", "steps"]
+    assert lines[2].split()[:3] == ["run", "exit", "steps"]
     rows = {line.split()[0]: line for line in lines[3:5]}
     assert set(rows) == {"default", "dot_product"}
     for line in rows.values():
@@ -57,4 +57,5 @@ def test_cpu_pipeline_end_to_end(tmp_path, venv):
     assert lines[-1] == f"workspace: {ws}"
     logs = sorted(ws.glob("local-*-JAX-tiny.log"))
     assert len(logs) == 2
-    assert "attention=dot_product" in (logs[1].parent / logs[1].stem / "artifact" / ".submit" / "command.txt").read_text()
+    command = logs[1].parent / logs[1].stem / "artifact" / ".submit" / "command.txt"
+    assert "attention=dot_product" in command.read_text()
