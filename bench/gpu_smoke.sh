@@ -107,6 +107,6 @@ done
 
 echo "gpu_health: ${gh:-no verdict (exit $gh_rc)}"
 echo "gpu plugin: $plugin"
-"$venv_py" "$repo/bench/gpu_smoke_report.py" "$steps" "${rows[@]}" || failed=1
+PYTHONPATH="$repo/utils${PYTHONPATH:+:$PYTHONPATH}" "$venv_py" "$repo/bench/gpu_smoke_report.py" "$steps" "${rows[@]}" || failed=1
 echo "workspace: $ws"
 exit "$failed"

@@ -16,8 +16,7 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "utils"))
-from diagnosis import joblog  # noqa: E402 - the one reader of the job log and its JOB SUMMARY
+from diagnosis import joblog  # the one reader of the job log and its JOB SUMMARY (utils/ on PYTHONPATH)
 
 HEAD = (
     *("run", "exit", "steps (JOB SUMMARY)", "log complete", "step s", "tokens/s/dev"),

@@ -20,9 +20,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, VENV, launcher_env, run
 
-sys.path.insert(0, str(REPO / "utils" / "launch"))
-import check_attention  # noqa: E402
-from check_config import load_yaml  # noqa: E402
+from launch import check_attention
+from launch.check_config import load_yaml
 
 PREFLIGHT = REPO / "utils" / "launch" / "preflight.sh"
 GPU_FIX = REPO / "tests" / "fixtures" / "gpu" / "nvidia-healthy"
@@ -107,16 +106,12 @@ def test_a_kernel_maxtext_does_not_know_is_refused(tmp_path):
     assert f"preflight: FAILED: {why}" in res.stderr
 
 
-def test_the_check_does_not_run_the_package(tmp_path):
+def test_the_check_does_not_run_the_package(tmp_path, monkeypatch):
     """A module present on disk is found without its package's code running (the stub's raises)."""
-    sys.path.insert(0, str(stub_te(tmp_path / "site")))
-    try:
-        importlib.invalidate_caches()
-        assert check_attention.module_present("transformer_engine.jax")
-        assert not check_attention.module_present("transformer_engine.pytorch")
-        assert not check_attention.module_present("no_such_package.jax")
-    finally:
-        sys.path.remove(str(tmp_path / "site"))
+    monkeypatch.syspath_prepend(str(stub_te(tmp_path / "site")))
+    assert check_attention.module_present("transformer_engine.jax")
+    assert not check_attention.module_present("transformer_engine.pytorch")
+    assert not check_attention.module_present("no_such_package.jax")
     assert "transformer_engine" not in sys.modules
 
 

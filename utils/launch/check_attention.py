@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Usage: check_attention.py CONFIG.yml
+"""Usage: check_attention.py CONFIG.yml   (with the project's utils/ on the import path: PYTHONPATH)
 
 Can this interpreter run the attention kernel the job asks for? Run by the interpreter that will run
 MaxText (preflight runs it through _container.sh on every node, natively or in the node's image).
@@ -24,8 +24,7 @@ from typing import NamedTuple
 
 import yaml
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_config import load_yaml, parse_value  # noqa: E402 - the config and override reader
+from launch.check_config import load_yaml, parse_value  # the config and override reader
 
 TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attention_kernels.tsv")
 MAXTEXT_DEFAULT = "autoselected"  # maxtext/configs/base.yml

@@ -198,7 +198,8 @@ prepare_launch() {
 check_attention_here() {
   local mode=$1 repo=$2 out rc=0
   [[ "${CONTAINER_RUNTIME:-auto}" == none && -x "$MST_VENV/bin/python" ]] || return 0
-  out=$(TRAIN_OVERRIDES=${TRAIN_OVERRIDES:-} "$MST_VENV/bin/python" "$repo/utils/launch/check_attention.py" "$repo/configs/$MODEL.yml" 2>&1) || rc=$?
+  out=$(TRAIN_OVERRIDES=${TRAIN_OVERRIDES:-} PYTHONPATH="$repo/utils${PYTHONPATH:+:$PYTHONPATH}" \
+    "$MST_VENV/bin/python" "$repo/utils/launch/check_attention.py" "$repo/configs/$MODEL.yml" 2>&1) || rc=$?
   (( rc == 1 )) || return 0
   [[ "$mode" == fail ]] && die "${out#attention: FAILED: }"
   echo "${PROG:-launch}: warning: ${out#attention: FAILED: } (preflight checks it again on each node)" >&2

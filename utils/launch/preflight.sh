@@ -165,7 +165,7 @@ if [[ -n "${MODEL:-}" ]]; then
   att_rc=0
   # shellcheck disable=SC2016  # expanded by the bash that _container.sh starts, with its MST_PYTHON
   att_out=$(MST_REPO=$repo "$repo/_container.sh" bash -c \
-    '"$MST_PYTHON" "$MST_REPO/utils/launch/check_attention.py" "$MST_REPO/configs/$MODEL.yml"' 2>&1) || att_rc=$?
+    'PYTHONPATH="$MST_REPO/utils${PYTHONPATH:+:$PYTHONPATH}" "$MST_PYTHON" "$MST_REPO/utils/launch/check_attention.py" "$MST_REPO/configs/$MODEL.yml"' 2>&1) || att_rc=$?
   att_line=$(grep -m 1 '^attention: ' <<< "$att_out" || true)
   if [[ "$att_line" == "attention: FAILED: "* ]]; then
     problems+=("${att_line#attention: FAILED: }")
