@@ -13,6 +13,9 @@
 # site settings (configs/site.env.sh or MST_SITE_FILE; the header's site: line shows them), except
 # the site's sbatch flags, which it ignores (and says so).
 # The first run creates the Python environment (~2-3 min); later runs reuse it.
+# With CONTAINER_RUNTIME=none this machine's environment trains: a config whose attention kernel needs a
+# module it lacks (cudnn_flash_te without Transformer Engine) is refused before the job starts, with the
+# way out (utils/launch/check_attention.py); in an image, preflight checks it there.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$repo/utils/launch/lib.sh"
