@@ -13,6 +13,9 @@
 # site settings (configs/site.env.sh or MST_SITE_FILE; the header's site: line shows them), except
 # the site's sbatch flags, which it ignores (and says so).
 # The first run creates the Python environment (~2-3 min); later runs reuse it.
+# With CONTAINER_RUNTIME=none this machine's environment trains: a config whose attention kernel needs a
+# module it lacks (cudnn_flash_te without Transformer Engine) is refused before the job starts, with the
+# way out (utils/launch/check_attention.py); in an image, preflight checks it there.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$repo/utils/launch/lib.sh"
@@ -58,6 +61,7 @@ else
 fi
 [[ -z "${MST_RUN:-}" ]] || { check_run_alias "$MST_RUN"; check_run_overrides; }
 prepare_launch "$model_arg" "$repo"
+check_attention_here fail "$repo"   # natively, the trainer is this machine's environment: before the job starts
 (( ${#SITE_SBATCH[@]} == 0 )) ||
   echo "run_local.sh: the site's sbatch flags do not apply here (no Slurm): ${SITE_SBATCH[*]}" >&2
 umask 022   # what the job writes into a (possibly shared) workspace: readable by the group, writable by us only

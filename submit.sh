@@ -77,6 +77,7 @@ check_sbatch_flags "${sbatch_flags[@]}"
 split_overrides "$@"
 [[ -z "${MST_RUN:-}" ]] || check_run_overrides
 prepare_launch "$model_arg" "$repo"
+check_attention_here warn "$repo"   # CONTAINER_RUNTIME=none: the login node's look at the nodes' environment (preflight decides)
 site_sbatch "${sbatch_flags[@]}"   # the site's sbatch flags go first; those whose option you gave are dropped
 [[ -n "$notify" || "${MST_NOTIFY:-0}" != 1 ]] || notify="env"
 [[ "${MST_NOTIFY:-0}" =~ ^[01]$ ]] || die "MST_NOTIFY must be 0 or 1, got '${MST_NOTIFY}'"

@@ -19,6 +19,12 @@
 #                             PATH.earlier-<UTC time>, never overwritten; says so on stderr; a PATH
 #                             that is not ours (someone else's, or a link someone put there) is
 #                             refused with one line
+#   check_attention_here fail|warn REPO
+#                             only with CONTAINER_RUNTIME=none (the trainer is $MST_VENV/bin/python):
+#                             that interpreter has the modules of the config's attention kernel
+#                             (utils/launch/check_attention.py); fail: dies with its line (run_local.sh
+#                             trains here), warn: prints it as a warning (submit.sh: the nodes run the
+#                             same MST_VENV path, but their files may differ; preflight decides)
 
 source "$(dirname "${BASH_SOURCE[0]}")/site.sh"
 
@@ -187,4 +193,14 @@ prepare_launch() {
   # they may hold secrets)
   TRAIN_OVERRIDES=${TRAIN_OVERRIDES:-} "$MST_VENV/bin/python" "$repo/utils/launch/check_config.py" "$repo/configs/$MODEL.yml" || exit 1
   export MODEL MODEL_TAG JOB_WORKSPACE MST_VENV MST_SITE_APPLIED
+}
+
+check_attention_here() {
+  local mode=$1 repo=$2 out rc=0
+  [[ "${CONTAINER_RUNTIME:-auto}" == none && -x "$MST_VENV/bin/python" ]] || return 0
+  out=$(TRAIN_OVERRIDES=${TRAIN_OVERRIDES:-} PYTHONPATH="$repo/utils${PYTHONPATH:+:$PYTHONPATH}" \
+    "$MST_VENV/bin/python" "$repo/utils/launch/check_attention.py" "$repo/configs/$MODEL.yml" 2>&1) || rc=$?
+  (( rc == 1 )) || return 0
+  [[ "$mode" == fail ]] && die "${out#attention: FAILED: }"
+  echo "${PROG:-launch}: warning: ${out#attention: FAILED: } (preflight checks it again on each node)" >&2
 }

@@ -21,6 +21,10 @@
 #   - reports the network (utils/launch/netenv.sh --report): this node's address and interface, its RDMA
 #     ports and their states, the NCCL/RCCL settings chosen; fails a multi-node job when no usable
 #     interface carries this node's address;
+#   - fails when the attention kernel the config or overrides ask for (MODEL, TRAIN_OVERRIDES) needs a
+#     module the trainer's interpreter lacks (utils/launch/check_attention.py, run through _container.sh
+#     in the runtime that will train: natively or in the node's image; attention_kernels.tsv), e.g.
+#     cudnn_flash_te without Transformer Engine, with the override or environment that fixes it;
 # Every problem is a "preflight: FAILED: ..." line; they are also written to
 # $JOB_DIR/.preflight/<host> ("ok" when there is none), from which the job prints one report for
 # all nodes.
@@ -152,6 +156,25 @@ net_out=$("$here/netenv.sh" --report 2>&1) || net_rc=$?
 printf '%s\n' "$net_out"
 net_failed=$(sed -n 's/^netenv: FAILED: //p' <<< "$net_out" | head -n 1)
 (( net_rc == 0 )) || problems+=("network: ${net_failed:-utils/launch/netenv.sh failed (exit $net_rc)}")
+
+# The attention kernel the config (and overrides) ask for: its modules (utils/launch/attention_kernels.tsv)
+# must be there for the interpreter that will run MaxText, so _container.sh runs the check where training
+# will run (natively with the job's environment, or in the node's image); its FAILED line is a problem here.
+if [[ -n "${MODEL:-}" ]]; then
+  repo=$(cd "$here/../.." && pwd)
+  att_rc=0
+  # shellcheck disable=SC2016  # expanded by the bash that _container.sh starts, with its MST_PYTHON
+  att_out=$(MST_REPO=$repo "$repo/_container.sh" bash -c \
+    'PYTHONPATH="$MST_REPO/utils${PYTHONPATH:+:$PYTHONPATH}" "$MST_PYTHON" "$MST_REPO/utils/launch/check_attention.py" "$MST_REPO/configs/$MODEL.yml"' 2>&1) || att_rc=$?
+  att_line=$(grep -m 1 '^attention: ' <<< "$att_out" || true)
+  if [[ "$att_line" == "attention: FAILED: "* ]]; then
+    problems+=("${att_line#attention: FAILED: }")
+  elif (( att_rc != 0 )); then
+    problems+=("the attention kernel check could not run in the trainer's runtime (exit $att_rc): $(tail -n 1 <<< "$att_out")")
+  else
+    echo "preflight: $att_line"
+  fi
+fi
 echo "preflight: uid $uid"
 
 # This node's report, read by the job when preflight failed somewhere (_job.sbatch).
