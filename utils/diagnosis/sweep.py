@@ -53,7 +53,7 @@ from pathlib import Path
 import trust
 from diagnosis import cli, locate, sweep_policy, triage
 from diagnosis.cli import InputError
-from launch import check_config
+from launch import config_header
 from monitor.watch import Rules, Watch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -1132,12 +1132,12 @@ def all_models() -> list[str]:
 
 
 def documented_nodes(model: str) -> int:
-    """The config header's `# Minimum nodes: N with 8x 80 GB GPUs` N (check_config.read_header); 1 without it."""
+    """The config header's `# Minimum nodes: N with 8x 80 GB GPUs` N (config_header.read_header); 1 without it."""
     try:
-        nodes = check_config.read_header(str(CONFIGS / f"{model}.yml")).min_nodes
-    except OSError:
+        nodes = config_header.read_header(CONFIGS / f"{model}.yml").min_nodes
+    except (OSError, ValueError):
         return 1
-    return nodes[0] if nodes else 1
+    return nodes[0].nodes if nodes else 1
 
 
 def resolve_commit(ref: str) -> str:
@@ -1317,16 +1317,16 @@ PIN_FLAGS = {"-w": "the sweep picks the nodes (--nodes)", "--nodelist": "the swe
 
 def min_nodes_notes(model: str, per_job: int, ignore: bool) -> list[str]:
     """Jobs of PER_JOB nodes against the `# Minimum nodes:` header of MODEL's config
-    (check_config.read_header): InputError below the smallest minimum (the training state cannot
+    (config_header.read_header): InputError below the smallest minimum (the training state cannot
     fit on any GPU the header names) unless IGNORE; a note below the 80 GB GPUs' minimum."""
     try:
-        head = check_config.read_header(str(REPO / "configs" / f"{model}.yml"))
-    except OSError:
+        head = config_header.read_header(REPO / "configs" / f"{model}.yml")
+    except (OSError, ValueError):
         return []
-    if head.min_nodes is None:
+    if not head.min_nodes:
         return []
-    n80, n192 = head.min_nodes
-    says = f"configs/{model}.yml says '# Minimum nodes: {n80} with 8x 80 GB GPUs, {n192} with 8x 192 GB GPUs'"
+    n80, n192 = head.min_nodes[0].nodes, head.minimum().nodes
+    says = f"configs/{model}.yml says '# Minimum nodes: {head.min_nodes_text}'"
     if per_job < n192:
         if not ignore:
             raise InputError(
@@ -1343,6 +1343,7 @@ def common_params(a: argparse.Namespace, passthrough: list[str]) -> dict:
     model, tag = split_model_arg(a.model)
     model = resolve_model(model)
     sbatch, overrides = split_passthrough(passthrough)
+    sbatch += ["--ignore-min-nodes"] if a.ignore_min_nodes else []  # the sweep judged it (min_nodes_notes)
     return {"model": model, "tag": tag, "sbatch": sbatch, "overrides": overrides}
 
 

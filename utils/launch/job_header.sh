@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Usage: utils/launch/job_header.sh
 #
-# Prints the block that opens every job log: job, model, nodes, coordinator, stage time
-# limits (with the defaults), container, what the site file contributed (MST_SITE_APPLIED), code
+# Prints the block that opens every job log: job, model, nodes, the GPUs per node asked and
+# checked (MST_GPU_REQUEST, JOB_GPUS_PER_NODE), coordinator, stage time limits (with the defaults), container, what the site file contributed (MST_SITE_APPLIED), code
 # snapshot and its hash (MST_SNAPSHOT, MST_REPO_SHA256), overrides (secrets redacted), paths; for a run (--run, MST_RUN) its alias, run
 # directory and the checkpoint step it resumes from.
 # Reads the generic JOB_* variables and the launch variables of docs/env-contract.md.
@@ -14,6 +14,11 @@ source "$here/launch_lib.sh"
 source "$here/run_alias.sh"
 timeouts=$(stage_timeouts "${STAGE_TIMEOUTS:-}" | awk '{ printf "%s%s:%s", sep, $1, $2; sep = "," }')
 run_line=""
+gpus=${MST_GPU_REQUEST:-}   # submit.sh's gpu_request; run_local.sh asks for none
+if [[ -z "$gpus" ]]; then
+  gpus="not checked (JOB_GPUS_PER_NODE unset)"
+  [[ -z "${JOB_GPUS_PER_NODE:-}" ]] || gpus="$JOB_GPUS_PER_NODE per node (JOB_GPUS_PER_NODE); preflight fails a node that shows fewer"
+fi
 [[ -z "${MST_RUN:-}" ]] || run_line="run: $(run_describe)"$'\n'
 cat <<HEADER
 ==================== JOB ====================
@@ -21,6 +26,7 @@ job: ${JOB_ID:-?} ${JOB_NAME:-?}
 scheduler: ${JOB_SCHEDULER:-?}
 model: ${MODEL:-?}${MODEL_TAG:+ (tag $MODEL_TAG)}
 nodes: ${JOB_NUM_NODES:-?} (${JOB_NODELIST:-?})
+gpus: $gpus
 coordinator: ${JOB_COORDINATOR_ADDR:-?}:${JOB_COORDINATOR_PORT:-?}
 stage_timeouts: $timeouts (defaults $STAGE_TIMEOUT_DEFAULTS; set STAGE_TIMEOUTS)
 container: ${CONTAINER_RUNTIME:-auto} ${CONTAINER_IMAGE:-localhost/maxtext-slurm:latest}
