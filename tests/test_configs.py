@@ -392,6 +392,21 @@ def test_gpu_config_contract(results: dict[str, dict[str, Any]], path: Path) -> 
         )
 
 
+def test_headers_parse_and_aliases_are_unique() -> None:
+    """Every config's header reads (a malformed Minimum nodes or Aliases line stops the launch); each
+    alias is declared once, is no config's name, and the launcher's resolver takes it to its config."""
+    for path in CONFIGS:
+        config_header.read_header(path)
+    aliases = config_header.read_aliases(CONFIG_DIR)  # HeaderError on an alias two configs declare
+    assert aliases.get("70b") == "llama2-70b", aliases  # the seeds' short name (`submit.sh 70b -N 8`)
+    script = 'source utils/launch/lib.sh; for a in "$@"; do resolve_model "$a" configs; done'
+    res = subprocess.run(
+        ["bash", "-c", script, "resolve", *aliases], cwd=REPO, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == list(aliases.values())
+
+
 def test_config_names_are_not_prefixes_of_each_other() -> None:
     # The launcher resolves a model name by exact match, then by unique prefix.
     names = [p.stem for p in CONFIGS]
