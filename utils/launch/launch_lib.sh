@@ -191,6 +191,9 @@ prepare_launch() {
   JOB_WORKSPACE=${JOB_WORKSPACE:-$repo/outputs}
   [[ "$JOB_WORKSPACE" == /* ]] || JOB_WORKSPACE="$PWD/$JOB_WORKSPACE"
   check_workspace "$JOB_WORKSPACE"
+
+  "$repo/utils/setup_env.sh" || exit 1 # its last line says what failed and what to install or fix
+  MST_VENV=${MAXTEXT_SLURM_VENV:-$repo/.venv}
   # the config's minimum node count and GPUs per node (its header: utils/launch/config_header.py)
   out=$(config_header minimum "$repo/configs/$MODEL.yml" ${SITE_GPU_MEMORY_GB:+"$SITE_GPU_MEMORY_GB"} 2>&1) ||
     die "${out#config_header.py: }"
@@ -198,9 +201,6 @@ prepare_launch() {
   if [[ -n "$nodes" && -n "$CONFIG_MIN_NODES" ]] && (( nodes < CONFIG_MIN_NODES && ignore_min != 1 )); then
     die "$MODEL needs at least $CONFIG_MIN_NODES nodes, -N $nodes is fewer ($CONFIG_MIN_WHY): give -N $CONFIG_MIN_NODES or more, or --ignore-min-nodes to submit anyway"
   fi
-
-  "$repo/utils/setup_env.sh" || exit 1 # its last line says what failed and what to install or fix
-  MST_VENV=${MAXTEXT_SLURM_VENV:-$repo/.venv}
   # the config's keys and the MaxText overrides against MaxText's schema (overrides by environment:
   # they may hold secrets)
   TRAIN_OVERRIDES=${TRAIN_OVERRIDES:-} "$MST_VENV/bin/python" "$repo/utils/launch/check_config.py" "$repo/configs/$MODEL.yml" || exit 1

@@ -173,9 +173,10 @@ model_names() {
 config_header() {
   local py
   for py in "${MST_VENV:+$MST_VENV/bin/python}" "${MAXTEXT_SLURM_VENV:-$(dirname "${BASH_SOURCE[0]}")/../../.venv}/bin/python" python3; do
-    [[ -n "$py" ]] && command -v "$py" >/dev/null 2>&1 && break
+    [[ -n "$py" ]] && command -v "$py" >/dev/null 2>&1 && { "$py" -I "$(dirname "${BASH_SOURCE[0]}")/config_header.py" "$@"; return; }
   done
-  "$py" -I "$(dirname "${BASH_SOURCE[0]}")/config_header.py" "$@"
+  echo "config_header.py: no python3 here to read the configs' headers; install python3.12 (or set MAXTEXT_SLURM_PYTHON and run utils/setup_env.sh)" >&2
+  return 1
 }
 
 # resolve_model NAME CONFIG_DIR: print the config name NAME stands for.
