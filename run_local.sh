@@ -9,9 +9,13 @@
 # Output goes to the terminal and to $JOB_WORKSPACE/<id>-JAX-<model>[-<tag>].log (a new file of ours).
 # The snapshot is made in $JOB_WORKSPACE/<user>/.snapshots/; the job runs a private copy of it
 # (in TMPDIR or /tmp) checked against the snapshot's hash, removed when the job ends.
+# MODEL resolves as with submit.sh (exact, a config's "# Aliases:" short name, prefix, substring).
 # Environment: as submit.sh (JOB_WORKSPACE, STAGE_TIMEOUTS, CONTAINER_RUNTIME, ...), and the same
 # site settings (configs/site.env.sh or MST_SITE_FILE; the header's site: line shows them), except
 # the site's sbatch flags, which it ignores (and says so).
+# One machine: the config's "# Minimum nodes:" is not enforced (a scaled-down model through
+# overrides is what runs here), only noted on stderr when it names more than one node; the GPU
+# count is checked only where JOB_GPUS_PER_NODE is set (not from the config: a machine may have fewer).
 # The first run creates the Python environment (~2-3 min); later runs reuse it.
 # With CONTAINER_RUNTIME=none this machine's environment trains: a config whose attention kernel needs a
 # module it lacks (cudnn_flash_te without Transformer Engine) is refused before the job starts, with the
@@ -62,6 +66,10 @@ fi
 [[ -z "${MST_RUN:-}" ]] || { check_run_alias "$MST_RUN"; check_run_overrides; }
 prepare_launch "$model_arg" "$repo"
 check_attention_here fail "$repo"   # natively, the trainer is this machine's environment: before the job starts
+unset MST_GPU_REQUEST   # submit.sh's; the job header says what JOB_GPUS_PER_NODE checks
+if [[ -n "$CONFIG_MIN_NODES" ]] && (( CONFIG_MIN_NODES > 1 )); then
+  echo "run_local.sh: note: $MODEL needs at least $CONFIG_MIN_NODES nodes ($CONFIG_MIN_WHY); on one machine it fits only with overrides that shrink the model" >&2
+fi
 (( ${#SITE_SBATCH[@]} == 0 )) ||
   echo "run_local.sh: the site's sbatch flags do not apply here (no Slurm): ${SITE_SBATCH[*]}" >&2
 umask 022   # what the job writes into a (possibly shared) workspace: readable by the group, writable by us only

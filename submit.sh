@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
-# Usage: submit.sh MODEL[:TAG] [-N NODES] [--run ALIAS] [--notify] [--auto-recover N] [--dry-run] [SBATCH_FLAG ...] [-- KEY=VALUE ... _env_NAME=VALUE ...]
+# Usage: submit.sh MODEL[:TAG] [-N NODES] [--ignore-min-nodes] [--run ALIAS] [--notify] [--auto-recover N] [--dry-run] [SBATCH_FLAG ...] [-- KEY=VALUE ... _env_NAME=VALUE ...]
 #
 # Submits MaxText training of configs/MODEL.yml to Slurm from a login node.
-#   MODEL     a config name: exact, else a unique prefix, else a unique substring
+#   MODEL     a config name: exact, else a short name a config declares ("# Aliases: 70b" in
+#             llama2-70b.yml), else a unique prefix, else a unique substring (70b, mixtral, 405b)
 #   TAG       added to the job name, so parallel experiments of one model stay apart
 #   -N NODES  number of nodes (default 1); other flags go to sbatch unchanged, except those
 #             that contradict the launcher (-J/--job-name, -o/--output, -e/--error, --nodes ...)
+#   --ignore-min-nodes  submit below the config's "# Minimum nodes:" (refused otherwise: the
+#             fewest nodes it names, or those for SITE_GPU_MEMORY_GB; e.g. with overrides that
+#             shrink the model)
+# GPUs: the job asks for the config's GPUs per node (--gpus-per-node=8 for "8x 80 GB GPUs"; none
+#   for a CPU config such as tiny), or JOB_GPUS_PER_NODE's count; a GPU flag of yours
+#   (--gpus-per-node, --gres=gpu:N, -G/--gpus) or of the site replaces the request, and
+#   SITE_GPU_REQUEST=0 (whole-node clusters) asks for none. Preflight fails a node that shows
+#   fewer GPUs than JOB_GPUS_PER_NODE; --dry-run's and the job header's gpus: line say which.
 #   --run ALIAS  a resumable run: checkpoints on, kept in $JOB_WORKSPACE/<user>/runs/ALIAS/ (outside the
 #             job dir; a run directory of before, $JOB_WORKSPACE/runs/ALIAS/, is moved there once); each job of the run restores the latest one. One job of a run at a time: a
 #             job that starts while another holds the run fails at once (chain with --dependency)
@@ -48,11 +57,12 @@ esac
 model_arg=$1; shift
 command_text="submit.sh $(printf '%q' "$model_arg")$(shown_args "$@")"
 
-nodes=1 sbatch_flags=() dry_run=0 user_hold=0 notify="" recover=0
+nodes=1 sbatch_flags=() dry_run=0 user_hold=0 notify="" recover=0 ignore_min=0
 while (( $# )); do
   case "$1" in
     --) shift; break ;;
     --dry-run) dry_run=1; shift ;;
+    --ignore-min-nodes) ignore_min=1; shift ;;
     --notify) notify=flag; shift ;;
     --auto-recover|--auto-recover=*)
       if [[ "$1" == *=* ]]; then recover=${1#*=}; shift; else (( $# >= 2 )) || die "--auto-recover needs a count, e.g. --auto-recover 2"; recover=$2; shift 2; fi
@@ -76,9 +86,10 @@ check_sbatch_flags "${sbatch_flags[@]}"
   die "sbatch not found: run on a Slurm login node, or try Slurm on this machine: utils/local_cluster.sh up 2 (installs Slurm as root), then eval \"\$(utils/local_cluster.sh env)\""
 split_overrides "$@"
 [[ -z "${MST_RUN:-}" ]] || check_run_overrides
-prepare_launch "$model_arg" "$repo"
+prepare_launch "$model_arg" "$repo" "$nodes" "$ignore_min"   # a count below the config's minimum: refused
 check_attention_here warn "$repo"   # CONTAINER_RUNTIME=none: the login node's look at the nodes' environment (preflight decides)
 site_sbatch "${sbatch_flags[@]}"   # the site's sbatch flags go first; those whose option you gave are dropped
+gpu_request "$nodes" "${sbatch_flags[@]}"   # --gpus-per-node from the config (GPU_SBATCH), JOB_GPUS_PER_NODE
 [[ -n "$notify" || "${MST_NOTIFY:-0}" != 1 ]] || notify="env"
 [[ "${MST_NOTIFY:-0}" =~ ^[01]$ ]] || die "MST_NOTIFY must be 0 or 1, got '${MST_NOTIFY}'"
 if [[ -n "$notify" ]]; then
@@ -97,7 +108,10 @@ if (( dry_run )); then
   echo "dry run: nothing submitted"
   echo "model: $MODEL ($repo/configs/$MODEL.yml${MODEL_TAG:+, tag $MODEL_TAG})"
   echo "sbatch: sbatch --parsable --job-name=$MODEL_NAME --nodes=$nodes --output=$JOB_WORKSPACE/%j-$MODEL_NAME.log$(
-    shown_args "${SITE_SBATCH_KEPT[@]}" "${sbatch_flags[@]}") <snapshot>/_job.sbatch"
+    shown_args "${SITE_SBATCH_KEPT[@]}" "${GPU_SBATCH[@]}" "${sbatch_flags[@]}") <snapshot>/_job.sbatch"
+  echo "gpus: $MST_GPU_REQUEST"
+  (( ! ignore_min )) || [[ -z "$CONFIG_MIN_NODES" ]] || (( nodes >= CONFIG_MIN_NODES )) ||
+    echo "min_nodes: ignored (--ignore-min-nodes): $CONFIG_MIN_WHY"
   echo "site: ${MST_SITE_APPLIED:-none}"
   (( ${#SITE_SBATCH_DROPPED[@]} == 0 )) ||
     echo "site_sbatch_dropped: ${SITE_SBATCH_DROPPED[*]} (you gave these options)"
@@ -121,7 +135,7 @@ log_pattern="$JOB_WORKSPACE/%j-$MODEL_NAME.log"
 # Held until an earlier job's files with the same id (Slurm's ids restart after a state reset)
 # are moved aside, so the new job never appends to or replaces them.
 if ! out=$(sbatch --parsable --hold --job-name="$MODEL_NAME" --nodes="$nodes" --output="$log_pattern" \
-             "${SITE_SBATCH_KEPT[@]}" "${sbatch_flags[@]}" "$snapshot/_job.sbatch" 2>&1); then
+             "${SITE_SBATCH_KEPT[@]}" "${GPU_SBATCH[@]}" "${sbatch_flags[@]}" "$snapshot/_job.sbatch" 2>&1); then
   chmod -R u+w "$snapshot" && rm -rf "$snapshot"
   die "sbatch refused the job: $(tr '\n' ' ' <<< "$out")"
 fi

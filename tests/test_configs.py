@@ -45,7 +45,7 @@ from typing import Any
 import pytest
 import yaml
 
-from launch import check_config
+from launch import config_header
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO / "configs"
@@ -199,9 +199,9 @@ def _is_gpu_config(path: Path) -> bool:
 GPU_CONFIGS = [p for p in CONFIGS if _is_gpu_config(p)]
 
 
-def _header(path: Path) -> tuple[float | None, tuple[int, int] | None]:
-    """Parameter count (billions) and minimum nodes (80 GB, 192 GB) from the comment header."""
-    head = check_config.read_header(str(path))
+def _header(path: Path) -> tuple[float | None, tuple[config_header.NodeMinimum, ...]]:
+    """Parameter count (billions) and the minimum node entries from the comment header."""
+    head = config_header.read_header(path)
     return head.params_b, head.min_nodes
 
 
@@ -209,7 +209,7 @@ def _node_counts(path: Path) -> list[int]:
     _, nodes = _header(path)
     if not nodes:
         return []
-    return sorted({nodes[1], nodes[0], 2 * nodes[0]})
+    return sorted({m.nodes for m in nodes} | {2 * max(m.nodes for m in nodes)})
 
 
 def _broken_copies(tmp: Path) -> dict[str, dict[str, Any]]:
@@ -358,10 +358,10 @@ def test_gpu_config_contract(results: dict[str, dict[str, Any]], path: Path) -> 
     data = _load_yaml(path)
     params_b, nodes = _header(path)
     assert params_b is not None, f"{path.name}: header needs '# Parameters: <N>B'"
-    assert nodes is not None, (
+    assert [(m.gpus, m.gpu_gb) for m in nodes] == [(GPUS_PER_NODE, 80), (GPUS_PER_NODE, 192)], (
         f"{path.name}: header needs '# Minimum nodes: N with 8x 80 GB GPUs, M with 8x 192 GB GPUs'"
     )
-    assert 1 <= nodes[1] <= nodes[0]
+    assert 1 <= nodes[1].nodes <= nodes[0].nodes
     assert res["attention"] in GPU_ATTENTION, (
         f"{path.name}: attention {res['attention']!r} is not one of {GPU_ATTENTION}"
     )
@@ -384,12 +384,27 @@ def test_gpu_config_contract(results: dict[str, dict[str, Any]], path: Path) -> 
     assert abs(params_b * 1e9 - params) <= PARAMS_TOLERANCE * params, (
         f"{path.name}: header says {params_b}B parameters, MaxText builds {params / 1e9:.2f}B"
     )
-    for n, gpu_gb in zip(nodes, (80, 192), strict=True):
-        per_gpu = params * res["state_bytes_per_param"] / (n * GPUS_PER_NODE)
+    for n, gpus, gpu_gb in nodes:
+        per_gpu = params * res["state_bytes_per_param"] / (n * gpus)
         assert per_gpu <= STATE_MEMORY_SHARE * gpu_gb * 1e9, (
             f"{path.name}: at {n} node(s) of 8x {gpu_gb} GB the training state alone is "
             f"{per_gpu / 1e9:.1f} GB per GPU (limit {STATE_MEMORY_SHARE:.0%}); raise the minimum node count"
         )
+
+
+def test_headers_parse_and_aliases_are_unique() -> None:
+    """Every config's header reads (a malformed Minimum nodes or Aliases line stops the launch); each
+    alias is declared once, is no config's name, and the launcher's resolver takes it to its config."""
+    for path in CONFIGS:
+        config_header.read_header(path)
+    aliases = config_header.read_aliases(CONFIG_DIR)  # HeaderError on an alias two configs declare
+    assert aliases.get("70b") == "llama2-70b", aliases  # the seeds' short name (`submit.sh 70b -N 8`)
+    script = 'source utils/launch/lib.sh; for a in "$@"; do resolve_model "$a" configs; done'
+    res = subprocess.run(
+        ["bash", "-c", script, "resolve", *aliases], cwd=REPO, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == list(aliases.values())
 
 
 def test_config_names_are_not_prefixes_of_each_other() -> None:

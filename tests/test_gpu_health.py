@@ -544,6 +544,8 @@ def test_two_node_job_with_a_bad_gpu_node(cluster, workspace, tmp_path, venv):
     shutil.copytree(FIX / "amd-ue", nodes / "n2", symlinks=True)
     env = {f"MST_{k}_ROOT": f"{nodes}/%h/{d}" for k, d in (("SYSFS", "sys"), ("PROC", "proc"), ("DEV", "dev"))}
     env.update(native_on_gpus(tmp_path, "rocm"))
+    # the local cluster has no GPU GRES: a whole-node cluster's setting, nothing asked, 2 checked
+    env["SITE_GPU_REQUEST"] = "0"
     job_id, log = submit(cluster, workspace, "tiny", "-N", "2", "--", "steps=5", JOB_GPUS_PER_NODE="2", **env)
     assert wait_job_end(cluster, job_id, 180) == "FAILED", log.read_text()[-3000:]
     assert log_has(log, r"^n1: gpu_health: verdict n1: ok: 2 amd GPU\(s\), healthy$")

@@ -18,7 +18,7 @@ from conftest import REPO, run
 
 from diagnosis import investigate
 from helpers import corpus, logcorpus
-from launch import check_config
+from launch import config_header
 
 TOOL = str(REPO / "utils" / "investigate.py")
 
@@ -177,10 +177,10 @@ def test_json_and_next_steps_run_from_another_directory(tmp_path):
     assert {Path(t.split()[0]).name for t in tools} >= {"diagnose.py", "perf.py", "investigate.py"}, tools
     # bisect runs 2-node jobs: offered only when the model's config allows them, else the reason
     model = inc.job_dir.name.split("-JAX-", 1)[1]
-    min_nodes = check_config.read_header(str(REPO / "configs" / f"{model}.yml")).min_nodes
-    if min_nodes and min_nodes[1] > 2:
+    fewest = config_header.read_header(REPO / "configs" / f"{model}.yml").minimum()
+    if fewest and fewest.nodes > 2:
         assert "sweep.py" not in {Path(t.split()[0]).name for t in tools}, tools
-        assert any(s.startswith("no bisect sweep") and f"at least {min_nodes[1]} nodes" in s for s in r["next_steps"])
+        assert any(s.startswith("no bisect sweep") and f"at least {fewest.nodes} nodes" in s for s in r["next_steps"])
     else:
         assert "sweep.py" in {Path(t.split()[0]).name for t in tools}, tools
     text = cli(inc.job_dir, cwd=elsewhere)

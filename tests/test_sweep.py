@@ -194,6 +194,8 @@ def test_plans_below_the_configs_minimum_nodes_are_refused(workspace, fake_sinfo
         res = sweep_run(workspace, *args, "--dry-run", "--json", "--ignore-min-nodes", env=fake_sinfo)
         assert res.returncode == 0, res.stderr
         assert any("below the minimum of 8 nodes" in n for n in as_json(res)["notes"])
+        # submit.sh refuses such jobs too: each one carries the flag
+        assert all(" --ignore-min-nodes" in c for c in commands(as_json(res))), commands(as_json(res))
     # at or above the 192 GB minimum, below the 80 GB one: planned, with a note naming both numbers
     res = sweep_run(workspace, "batch", "qwen3-235b-a22b", "--values", "1", "-N", "8", "--dry-run", "--json")
     assert res.returncode == 0, res.stderr

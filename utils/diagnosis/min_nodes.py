@@ -1,5 +1,5 @@
 """A job's node count against its model's config header (`# Minimum nodes: N with 8x 80 GB GPUs, M with
-8x 192 GB GPUs`, read by check_config.read_header): the sweep refuses jobs too small to hold the
+8x 192 GB GPUs`, read by launch.config_header.read_header): the sweep refuses jobs too small to hold the
 model, and investigate suggests a confirming sweep only when its jobs would.
 """
 
@@ -8,23 +8,23 @@ from __future__ import annotations
 from pathlib import Path
 
 from diagnosis.cli import InputError
-from launch import check_config
+from launch import config_header
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def min_nodes_notes(model: str, per_job: int, ignore: bool) -> list[str]:
     """Jobs of PER_JOB nodes against the `# Minimum nodes:` header of MODEL's config
-    (check_config.read_header): InputError below the smallest minimum (the training state cannot
+    (config_header.read_header): InputError below the smallest minimum (the training state cannot
     fit on any GPU the header names) unless IGNORE; a note below the 80 GB GPUs' minimum."""
     try:
-        head = check_config.read_header(str(REPO / "configs" / f"{model}.yml"))
-    except OSError:
+        head = config_header.read_header(REPO / "configs" / f"{model}.yml")
+    except (OSError, ValueError):
         return []
-    if head.min_nodes is None:
+    if not head.min_nodes:
         return []
-    n80, n192 = head.min_nodes
-    says = f"configs/{model}.yml says '# Minimum nodes: {n80} with 8x 80 GB GPUs, {n192} with 8x 192 GB GPUs'"
+    n80, n192 = head.min_nodes[0].nodes, head.minimum().nodes
+    says = f"configs/{model}.yml says '# Minimum nodes: {head.min_nodes_text}'"
     if per_job < n192:
         if not ignore:
             raise InputError(

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from diagnosis import cli, joblog, locate, tsdb
 from diagnosis.cli import InputError
-from launch import check_config
+from launch import config_header
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = "perf/1"  # the JSON report's "schema" (docs/perf.md); bumped when a field changes meaning
@@ -125,15 +125,15 @@ def gpu_model(device: str | None, job_dir: Path | None, gpu: str | None, ask_tsd
 
 def model_params(table: joblog.StepTable, header: dict[str, str], job_dir: Path | None) -> tuple[float | None, str]:
     """(parameters active per token, where the number comes from): the config header's active count
-    for a MoE (check_config.read_header; MaxText logs every expert's parameters), else MaxText's own
+    for a MoE (config_header.read_header; MaxText logs every expert's parameters), else MaxText's own
     parameter count line; (None, why) when neither says."""
     model = header.get("model", "").split(" ")[0]
     for cfg in ([job_dir / "artifact" / "configs" / f"{model}.yml"] if job_dir and model else []) + (
         [REPO / "configs" / f"{model}.yml"] if model else []
     ):
         try:
-            head = check_config.read_header(str(cfg))
-        except OSError:
+            head = config_header.read_header(cfg)
+        except (OSError, ValueError):
             continue
         if head.active_b:
             return head.active_b * 1e9, f"{cfg.name} header: {head.active_b:g}B active per token (MoE)"

@@ -23,7 +23,7 @@ import math
 import os
 import re
 import sys
-from typing import Any, NamedTuple
+from typing import Any
 
 import yaml
 
@@ -94,35 +94,6 @@ def parse_value(text: str) -> Any:
 def load_yaml(path: str) -> Any:
     with open(path, encoding="utf-8") as f:
         return yaml.load(f, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
-
-
-# The comment header of a model config (configs/*.yml; docs/configs.md), the one reader of it:
-#   # Parameters: 315.7B (about 83B active per token)
-#   # Minimum nodes: 16 with 8x 80 GB GPUs, 8 with 8x 192 GB GPUs
-HEADER_PARAMS = re.compile(
-    r"^# Parameters: ([0-9]+(?:\.[0-9]+)?)B(?: \(about ([0-9]+(?:\.[0-9]+)?)B active per token\))?", re.M
-)
-HEADER_NODES = re.compile(r"^# Minimum nodes: ([0-9]+) with 8x 80 GB GPUs, ([0-9]+) with 8x 192 GB GPUs$", re.M)
-
-
-class ConfigHeader(NamedTuple):
-    """What a config's comment header says; None where it says nothing."""
-
-    params_b: float | None  # parameters, billions
-    active_b: float | None  # parameters active per token (MoE), billions
-    min_nodes: tuple[int, int] | None  # (with 8x 80 GB GPUs, with 8x 192 GB GPUs)
-
-
-def read_header(path: str) -> ConfigHeader:
-    """The header of the config at PATH (raises OSError when it cannot be read)."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    params, nodes = HEADER_PARAMS.search(text), HEADER_NODES.search(text)
-    return ConfigHeader(
-        float(params.group(1)) if params else None,
-        float(params.group(2)) if params and params.group(2) else None,
-        (int(nodes.group(1)), int(nodes.group(2))) if nodes else None,
-    )
 
 
 def load_schema(path: str = SCHEMA_PATH) -> dict[str, Any]:

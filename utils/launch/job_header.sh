@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Usage: utils/launch/job_header.sh
 #
-# Prints the block that opens every job log: job, model, nodes, coordinator, stage time
-# limits (with the defaults), container, what the site file contributed (MST_SITE_APPLIED), code
-# snapshot and its hash (MST_SNAPSHOT, MST_REPO_SHA256), the environment MST_VENV with its versions of JAX,
-# jaxlib, the GPU plugin and MaxText (its .mst-versions record, written by utils/setup_env.sh; read now
-# when it has none), overrides (secrets redacted), paths; for a run (--run, MST_RUN) its alias, run
+# Prints the block that opens every job log: job, model, nodes, the GPUs per node asked and
+# checked (MST_GPU_REQUEST, JOB_GPUS_PER_NODE), coordinator, stage time limits (with the defaults),
+# container, what the site file contributed (MST_SITE_APPLIED), code snapshot and its hash
+# (MST_SNAPSHOT, MST_REPO_SHA256), the environment MST_VENV with its versions of JAX, jaxlib, the GPU
+# plugin and MaxText (its .mst-versions record, written by utils/setup_env.sh; read now when it has
+# none), overrides (secrets redacted), paths; for a run (--run, MST_RUN) its alias, run
 # directory and the checkpoint step it resumes from.
 # Reads the generic JOB_* variables and the launch variables of docs/env-contract.md.
 set -euo pipefail
@@ -20,6 +21,11 @@ environment=${MST_VENV:-?}
 if [[ -x "${MST_VENV:-}/bin/python" ]]; then
   environment+=" $("$MST_VENV/bin/python" -I "$here/env_pins.py" versions 2>/dev/null || echo '(versions unknown: its python failed)')"
 fi
+gpus=${MST_GPU_REQUEST:-}   # submit.sh's gpu_request; run_local.sh asks for none
+if [[ -z "$gpus" ]]; then
+  gpus="not checked (JOB_GPUS_PER_NODE unset)"
+  [[ -z "${JOB_GPUS_PER_NODE:-}" ]] || gpus="$JOB_GPUS_PER_NODE per node (JOB_GPUS_PER_NODE); preflight fails a node that shows fewer"
+fi
 [[ -z "${MST_RUN:-}" ]] || run_line="run: $(run_describe)"$'\n'
 cat <<HEADER
 ==================== JOB ====================
@@ -27,6 +33,7 @@ job: ${JOB_ID:-?} ${JOB_NAME:-?}
 scheduler: ${JOB_SCHEDULER:-?}
 model: ${MODEL:-?}${MODEL_TAG:+ (tag $MODEL_TAG)}
 nodes: ${JOB_NUM_NODES:-?} (${JOB_NODELIST:-?})
+gpus: $gpus
 coordinator: ${JOB_COORDINATOR_ADDR:-?}:${JOB_COORDINATOR_PORT:-?}
 stage_timeouts: $timeouts (defaults $STAGE_TIMEOUT_DEFAULTS; set STAGE_TIMEOUTS)
 container: ${CONTAINER_RUNTIME:-auto} ${CONTAINER_IMAGE:-localhost/maxtext-slurm:latest}

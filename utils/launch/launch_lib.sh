@@ -5,12 +5,20 @@
 #   check_settings            every launcher setting read from the environment, checked; dies
 #                             with a one-line reason on the first bad one
 #   check_sbatch_flags FLAG...  dies on a flag that contradicts what submit.sh sets itself
-#   prepare_launch MODEL[:TAG] REPO
+#   prepare_launch MODEL[:TAG] REPO [NODES [IGNORE_MIN]]
 #                             resolve and check everything a launch needs before any side effect;
 #                             applies the site file (utils/launch/site.sh: where the environment
 #                             has not set a variable), exports MODEL MODEL_TAG JOB_WORKSPACE MST_VENV
-#                             MST_SITE_APPLIED, sets MODEL_NAME and SITE_SBATCH; dies with a
+#                             MST_SITE_APPLIED, sets MODEL_NAME, SITE_SBATCH and the config's minimum
+#                             (CONFIG_MIN_NODES, CONFIG_GPUS_PER_NODE, CONFIG_MIN_WHY; empty for a
+#                             config without a "# Minimum nodes:" line); with NODES (submit.sh) a
+#                             count below that minimum is refused unless IGNORE_MIN is 1; dies with a
 #                             one-line reason on bad input
+#   gpu_request NODES FLAG... the job's GPUs (after site_sbatch; FLAG... the user's sbatch flags):
+#                             exports JOB_GPUS_PER_NODE (the count preflight checks; unset: none)
+#                             and MST_GPU_REQUEST (the job header's gpus: line), sets GPU_SBATCH
+#                             (--gpus-per-node=N, or nothing when a GPU flag was given, the count
+#                             is 0 or unknown, or SITE_GPU_REQUEST=0)
 #   make_workspace            create JOB_WORKSPACE (the first side effect of a launch)
 #   user_root_path            print $JOB_WORKSPACE/<user>, this user's root in the workspace
 #   make_user_root            make the user's root, its .snapshots/ and runs/ ours (own_dir, 0755),
@@ -84,6 +92,9 @@ check_settings() {
   int_setting RAY_OBJECT_STORE_BYTES 78643200 1099511627776   # Ray's minimum is 75 MiB
   int_setting PREFLIGHT_MIN_FREE_GB 0 1000000000
   int_setting JOB_GPUS_PER_NODE 0 4096
+  int_setting SITE_GPU_MEMORY_GB 1 100000
+  [[ "${SITE_GPU_REQUEST:-1}" =~ ^[01]$ ]] ||
+    die "SITE_GPU_REQUEST='${SITE_GPU_REQUEST}' must be 1 (submit.sh asks Slurm for each node's GPUs) or 0 (the cluster gives whole nodes)"
   local bad
   if [[ -n "${PREFLIGHT_HOST_SETTINGS:-}" ]] && ! bad=$(host_settings "$PREFLIGHT_HOST_SETTINGS" 2>&1 >/dev/null); then
     die "$bad"
@@ -166,7 +177,7 @@ move_aside() {
 }
 
 prepare_launch() {
-  local arg=$1 repo=$2 name tag msg
+  local arg=$1 repo=$2 nodes=${3:-} ignore_min=${4:-0} name tag msg out
   name=${arg%%:*}
   tag=""; [[ "$arg" == *:* ]] && tag=${arg#*:}
   [[ -n "$name" ]] || die "no model given; usage: ${PROG:-$0} MODEL[:TAG] ... (models: configs/*.yml)"
@@ -189,6 +200,13 @@ prepare_launch() {
 
   "$repo/utils/setup_env.sh" || exit 1 # its last line says what failed and what to install or fix
   MST_VENV=${MAXTEXT_SLURM_VENV:-$repo/.venv}
+  # the config's minimum node count and GPUs per node (its header: utils/launch/config_header.py)
+  out=$(config_header minimum "$repo/configs/$MODEL.yml" ${SITE_GPU_MEMORY_GB:+"$SITE_GPU_MEMORY_GB"} 2>&1) ||
+    die "${out#config_header.py: }"
+  IFS=$'\t' read -r CONFIG_MIN_NODES CONFIG_GPUS_PER_NODE CONFIG_MIN_WHY <<< "$out"
+  if [[ -n "$nodes" && -n "$CONFIG_MIN_NODES" ]] && (( nodes < CONFIG_MIN_NODES && ignore_min != 1 )); then
+    die "$MODEL needs at least $CONFIG_MIN_NODES nodes, -N $nodes is fewer ($CONFIG_MIN_WHY): give -N $CONFIG_MIN_NODES or more, or --ignore-min-nodes to submit anyway"
+  fi
   # the config's keys and the MaxText overrides against MaxText's schema (overrides by environment:
   # they may hold secrets)
   TRAIN_OVERRIDES=${TRAIN_OVERRIDES:-} "$MST_VENV/bin/python" "$repo/utils/launch/check_config.py" "$repo/configs/$MODEL.yml" || exit 1
@@ -203,4 +221,78 @@ check_attention_here() {
   (( rc == 1 )) || return 0
   [[ "$mode" == fail ]] && die "${out#attention: FAILED: }"
   echo "${PROG:-launch}: warning: ${out#attention: FAILED: } (preflight checks it again on each node)" >&2
+}
+
+# gpu_flag FLAG...: the first GPU request among sbatch FLAGs (--gpus-per-node, --gpus-per-task,
+# --gres=gpu..., -G/--gpus; a value in the flag or the next word) as "FLAG<TAB>NAME<TAB>COUNT": the
+# flag as given, its long or short name, its count (TYPE:N -> N; -G/--gpus: the job's total);
+# status 1 when there is none.
+gpu_flag() {
+  local f v name
+  while (( $# )); do
+    f=$1 v=""; shift
+    case "$f" in
+      --gpus-per-node=*|--gpus-per-task=*|--gpus=*|--gres=*) name=${f%%=*} v=${f#*=} ;;
+      --gpus-per-node|--gpus-per-task|--gpus|--gres|-G) name=$f v=${1:-}; f+=" ${1:-}"; shift || true ;;
+      -G?*) name=-G v=${f#-G} ;;
+      *) continue ;;
+    esac
+    if [[ "$name" == --gres ]]; then
+      [[ ",$v" == *,gpu* ]] || continue   # --gres=nvme:1 asks for no GPU
+      v=${v#*gpu}; v=${v%%,*}; [[ -n "$v" ]] || v=:1
+      v=${v##*:}
+    else
+      v=${v##*:}
+    fi
+    printf '%s\t%s\t%s\n' "$f" "$name" "$v"
+    return 0
+  done
+  return 1
+}
+
+# shellcheck disable=SC2034  # GPU_SBATCH: used by submit.sh
+gpu_request() {
+  local nodes=$1 n="" from="" by="" flag_out="" f="" name v req=""
+  shift
+  GPU_SBATCH=()
+  local site_count=0; [[ " ${SITE_SET[*]:-} " == *" JOB_GPUS_PER_NODE "* ]] && site_count=1
+  if flag_out=$(gpu_flag "$@"); then by=yours
+  elif flag_out=$(gpu_flag "${SITE_SBATCH_KEPT[@]}"); then by=site
+  fi
+  if [[ -n "$by" ]]; then
+    IFS=$'\t' read -r f name v <<< "$flag_out"
+    if [[ "$v" =~ ^[0-9]+$ ]]; then
+      if [[ "$name" == -G || "$name" == --gpus ]]; then
+        (( v % nodes == 0 )) && v=$((v / nodes)) || v=""
+      fi
+    else
+      v=""
+    fi
+  fi
+  if [[ -v JOB_GPUS_PER_NODE ]] && (( ! site_count )); then n=$JOB_GPUS_PER_NODE from="JOB_GPUS_PER_NODE=$n, your environment"
+  elif [[ "$by" == yours ]]; then n=$v   # the flag says it
+  elif [[ -v JOB_GPUS_PER_NODE ]]; then n=$JOB_GPUS_PER_NODE from="JOB_GPUS_PER_NODE=$n, the site file"
+  elif [[ "$by" == site ]]; then n=$v
+  elif [[ -n "${CONFIG_GPUS_PER_NODE:-}" ]]; then n=$CONFIG_GPUS_PER_NODE from="configs/$MODEL.yml"
+  fi
+  if [[ "$by" == yours ]]; then req="asked by your $f"
+  elif [[ "$by" == site ]]; then req="asked by the site's $f"
+  elif [[ -n "$n" ]] && (( n > 0 )); then
+    if [[ "${SITE_GPU_REQUEST:-1}" == 0 ]]; then req="not asked of Slurm: SITE_GPU_REQUEST=0 (whole nodes)"
+    else GPU_SBATCH=("--gpus-per-node=$n") req="asked by --gpus-per-node=$n"; fi
+  fi
+  if [[ -z "$n" && -z "$by" ]]; then
+    unset JOB_GPUS_PER_NODE
+    MST_GPU_REQUEST="none (configs/$MODEL.yml names no GPUs: none asked, no GPU count check)"
+  elif [[ -z "$n" ]]; then
+    unset JOB_GPUS_PER_NODE
+    MST_GPU_REQUEST="$req; the count per node is not known here: not checked (set JOB_GPUS_PER_NODE to check it)"
+  elif (( n == 0 )); then
+    export JOB_GPUS_PER_NODE=$n
+    MST_GPU_REQUEST="none (${from:-$req})"
+  else
+    export JOB_GPUS_PER_NODE=$n
+    MST_GPU_REQUEST="$n per node${from:+ ($from)}, $req; preflight fails a node that shows fewer"
+  fi
+  export MST_GPU_REQUEST
 }

@@ -17,6 +17,7 @@ shopt -s extglob
 #   host_settings SPEC    PREFLIGHT_HOST_SETTINGS checked against the table HOST_SETTINGS
 #   resubmit_excluding CMD HOST...  the submit command CMD with --exclude naming HOSTs too
 #   container_mounts DST...  CONTAINER_MOUNTS checked, as runtime flags in MOUNT_ARGS
+#   config_header ARG...  utils/launch/config_header.py (a config's header: aliases, minimum nodes)
 
 # The one help mechanism of every shell entry point (-h/--help): a script's usage header is its
 # comment block from the line "# Usage: ..." to the first line that is not a comment; it is printed
@@ -167,16 +168,32 @@ model_names() {
   printf '%s\n' "${found[*]}"
 }
 
+# config_header ARG...: utils/launch/config_header.py (the one reader of the configs' comment
+# header; standard library only) under the project's Python when it exists, else the host's python3.
+config_header() {
+  local py
+  for py in "${MST_VENV:+$MST_VENV/bin/python}" "${MAXTEXT_SLURM_VENV:-$(dirname "${BASH_SOURCE[0]}")/../../.venv}/bin/python" python3; do
+    [[ -n "$py" ]] && command -v "$py" >/dev/null 2>&1 && { "$py" -I "$(dirname "${BASH_SOURCE[0]}")/config_header.py" "$@"; return; }
+  done
+  echo "config_header.py: no python3 here to read the configs' headers; install python3.12 (or set MAXTEXT_SLURM_PYTHON and run utils/setup_env.sh)" >&2
+  return 1
+}
+
 # resolve_model NAME CONFIG_DIR: print the config name NAME stands for.
-# Exact file name first, then a unique prefix, then a unique substring.
+# Exact file name first, then a short name a config declares (its header's "# Aliases:" line),
+# then a unique prefix, then a unique substring; an ambiguous name lists its candidates.
 resolve_model() {
-  local want=$1 dir=$2 n
+  local want=$1 dir=$2 n table alias model
   local -a names=() hits=()
   [[ "$want" =~ ^[A-Za-z0-9._-]+$ ]] || die "bad model name '$want': use letters, digits, '.', '_' or '-' (see configs/)"
   read -r -a names <<< "$(model_names "$dir")"
   for n in "${names[@]}"; do
     [[ "$n" == "$want" ]] && { printf '%s\n' "$n"; return 0; }
   done
+  table=$(config_header aliases "$dir" 2>&1) || die "${table#config_header.py: }"
+  while read -r alias model; do
+    [[ "$alias" == "$want" ]] && { printf '%s\n' "$model"; return 0; }
+  done <<< "$table"
   for n in "${names[@]}"; do [[ "$n" == "$want"* ]] && hits+=("$n"); done
   if (( ${#hits[@]} == 0 )); then
     for n in "${names[@]}"; do [[ "$n" == *"$want"* ]] && hits+=("$n"); done
@@ -193,7 +210,7 @@ resolve_model() {
 RESERVED_ENV="MODEL MODEL_TAG TRAIN_OVERRIDES TRAIN_ENV_OVERRIDES STAGE_TIMEOUTS RAY ENABLE_COREDUMPS COREDUMP_DIR COREDUMP_WAIT
 DASHBOARD_BIND METRICS_INTERVAL RAY_JOIN_TIMEOUT PROMETHEUS_BIN RAY_NUM_CPUS RAY_OBJECT_STORE_BYTES
 CONTAINER_RUNTIME CONTAINER_IMAGE CONTAINER_ARGS CONTAINER_IMAGE_TAR CONTAINER_AUTH_FILE CONTAINER_MOUNTS
-PREFLIGHT_MIN_FREE_GB PREFLIGHT_HOST_SETTINGS SITE_SBATCH_FLAGS
+PREFLIGHT_MIN_FREE_GB PREFLIGHT_HOST_SETTINGS SITE_SBATCH_FLAGS SITE_GPU_REQUEST SITE_GPU_MEMORY_GB
 JAX_COORDINATOR_IP JAX_COORDINATOR_PORT JAX_COORDINATOR_BIND_ADDRESS NNODES NODE_RANK PATH"
 OVERRIDES_MAX_BYTES=100000   # each list travels as one environment variable (Linux: 128 KiB at most)
 

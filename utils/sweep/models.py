@@ -12,7 +12,7 @@ from pathlib import Path
 import trust
 from diagnosis import cli
 from diagnosis.cli import InputError
-from launch import check_config
+from launch import config_header
 from sweep import policy
 from sweep.args import (
     NODE_FLAGS,
@@ -43,12 +43,12 @@ def all_models() -> list[str]:
 
 
 def documented_nodes(model: str) -> int:
-    """The config header's `# Minimum nodes: N with 8x 80 GB GPUs` N (check_config.read_header); 1 without it."""
+    """The config header's `# Minimum nodes: N with 8x 80 GB GPUs` N (config_header.read_header); 1 without it."""
     try:
-        nodes = check_config.read_header(str(CONFIGS / f"{model}.yml")).min_nodes
-    except OSError:
+        nodes = config_header.read_header(CONFIGS / f"{model}.yml").min_nodes
+    except (OSError, ValueError):
         return 1
-    return nodes[0] if nodes else 1
+    return nodes[0].nodes if nodes else 1
 
 
 def resolve_commit(ref: str) -> str:
