@@ -138,7 +138,8 @@ def common_params(a: argparse.Namespace, passthrough: list[str]) -> dict:
     model, tag = split_model_arg(a.model)
     model = resolve_model(model)
     sbatch, overrides = split_passthrough(passthrough)
-    sbatch += ["--ignore-min-nodes"] if getattr(a, "ignore_min_nodes", False) else []  # the sweep judged it (min_nodes_notes)
+    if getattr(a, "ignore_min_nodes", False):  # the sweep judged it (min_nodes_notes); submit.sh must not refuse
+        sbatch += ["--ignore-min-nodes"]
     return {"model": model, "tag": tag, "sbatch": sbatch, "overrides": overrides}
 
 
