@@ -81,7 +81,7 @@ def read_env_file(path: str) -> dict[str, str]:
     for item in Path(path).read_bytes().split(b"\0"):
         if b"=" in item:
             key, _, value = item.partition(b"=")
-            env[key.decode()] = value.decode(errors="replace")
+            env[os.fsdecode(key)] = os.fsdecode(value)  # any bytes: the trainer gets them back unchanged
     return env
 
 
@@ -95,7 +95,7 @@ class NodeTrainer:
         # in its saved environment), not the driver's, which lives in the head node's private scratch
         repo = self.env.get("MST_REPO")
         self.command = [str(Path(repo) / Path(command[0]).name) if repo else command[0], *command[1:]]
-        self.lines: list[str] = []
+        self.lines: list[bytes] = []  # the trainer's lines as it wrote them: any length, any bytes
         self.lock = threading.Condition()
         self.proc: subprocess.Popen | None = None
         self.rc: int | None = None
@@ -117,7 +117,7 @@ class NodeTrainer:
         assert self.proc and self.proc.stdout
         for raw in self.proc.stdout:
             with self.lock:
-                self.lines.append(raw.decode(errors="replace").rstrip("\n"))
+                self.lines.append(raw.rstrip(b"\n"))
                 self.lock.notify_all()
         rc = self.proc.wait()
         if rc < 0:
@@ -127,7 +127,7 @@ class NodeTrainer:
             self.rc = rc
             self.lock.notify_all()
 
-    def drain(self, wait: float = 0.0, linger: float = 0.0) -> tuple[list[str], int | None]:
+    def drain(self, wait: float = 0.0, linger: float = 0.0) -> tuple[list[bytes], int | None]:
         """New output lines since the last call, and the exit status once the trainer ended.
         Blocks up to `wait` seconds for either; once a line is there, gathers for `linger` more
         seconds (fewer, larger batches), but returns at once when the trainer exits."""
@@ -210,9 +210,11 @@ def main() -> int:
         for ref in ready:
             host = pending.pop(ref)
             lines, rc = ray.get(ref)
-            if lines:
-                sys.stdout.write("".join(f"{host}: {line}\n" for line in lines))
+            if lines:  # byte for byte: a line of invalid UTF-8 or of 1 MiB reaches the log as the trainer wrote it
+                prefix = f"{host}: ".encode()
                 sys.stdout.flush()
+                sys.stdout.buffer.write(b"".join(prefix + line + b"\n" for line in lines))
+                sys.stdout.buffer.flush()
             if rc is None:
                 pending[actors[host].drain.remote(DRAIN_WAIT, DRAIN_LINGER)] = host
                 continue
