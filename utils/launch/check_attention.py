@@ -24,8 +24,6 @@ from typing import NamedTuple
 
 import yaml
 
-from launch.check_config import load_yaml, parse_value  # the config and override reader
-
 TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attention_kernels.tsv")
 MAXTEXT_DEFAULT = "autoselected"  # maxtext/configs/base.yml
 
@@ -56,6 +54,9 @@ def load_table(path: str = TABLE) -> dict[str, Kernel]:
 def requested(config_path: str, overrides: str) -> tuple[str, str]:
     """(attention value, where it comes from): the last attention= override, else the config's key,
     else MaxText's default (raises OSError or yaml.YAMLError when the config cannot be read)."""
+    # the config and override reader, imported here: --help needs no import path
+    from launch.check_config import load_yaml, parse_value  # noqa: PLC0415
+
     value, source = None, ""
     for line in overrides.split("\n"):
         key, eq, raw = line.partition("=")
