@@ -5,10 +5,8 @@ A job directory <workspace>/<id>-JAX-<model>[-<tag>]/ holds `log` (a link to `<d
 `summary.txt` (the JOB SUMMARY, docs/job-log.md), `artifact/configs/<model>.yml` (the config the job
 ran) and, for a RAY=1 job, `prometheus/` (its TSDB). Results that submit.sh moved aside for a new job
 with the same name (`<name>.earlier-<UTC>`) are that earlier job, never listed as a job.
-
-CLI mode (answer.sh): `python3 -m diagnosis.jobdir key JOB` prints what an answer about JOB depends
-on, one JSON line: the job's real path and the size and time of its log and TSDB; a JOB that names
-no job is one line on stderr, exit 2.
+Which job a user's JOB argument names is locate.py's rule, on top of this module (answer.sh's
+key: `python3 -m diagnosis.locate key JOB`, this module's fingerprint).
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ import math
 import os
 import re
 import stat
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -140,6 +137,15 @@ def tsdb_dir(job_dir: Path) -> Path:
     return job_dir / "prometheus"
 
 
+def has_blocks(path: Path) -> bool:
+    return any((d / "meta.json").is_file() for d in path.iterdir() if d.is_dir()) if path.is_dir() else False
+
+
+def is_tsdb(path: Path) -> bool:
+    """A dir holding Prometheus blocks and/or a WAL."""
+    return path.is_dir() and ((path / "wal").is_dir() or has_blocks(path))
+
+
 def tsdb_span(db: Path) -> tuple[float, float] | None:
     """The time range the TSDB's blocks hold (unix s, from their meta.json); None without a readable block."""
     lo, hi = math.inf, -math.inf
@@ -165,26 +171,3 @@ def fingerprint(path: Path, job_dir: Path | None, log: Path | None) -> tuple:
     key (mcpserver/cache.py, answer.sh)."""
     prom = tsdb_dir(job_dir) if job_dir else path
     return (str(path), _stat(log), _stat(prom), _stat(prom / "wal"))
-
-
-def main(argv: list[str] | None = None) -> int:
-    from diagnosis import locate  # the JOB argument's rule (locate imports this module)
-    from diagnosis.cli import InputError
-
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2 or args[0] != "key":
-        print("jobdir: expected `key JOB`", file=sys.stderr)
-        return 2
-    is_tsdb = lambda p: any((d / "meta.json").is_file() for d in p.iterdir() if d.is_dir())  # noqa: E731
-    try:
-        job = locate.find(args[1], tsdb=is_tsdb)
-    except InputError as e:
-        print(f"jobdir: {e}", file=sys.stderr)
-        return 2
-    path = job.path.resolve()
-    print(json.dumps(fingerprint(path, job.dir.resolve() if job.dir else None, job.log)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

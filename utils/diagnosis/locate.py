@@ -12,17 +12,23 @@ id (Slurm's ids restart after a state reset) are an error that lists them: give 
 that submit.sh moved aside for a new job with the same name (`<name>.earlier-<UTC>`,
 `<name>.log.earlier-<UTC>`) never match an id or a name; as a path they are that earlier job.
 Anything else raises cli.InputError with one line saying what is wrong and what to give.
+
+CLI mode (answer.sh's cache key): `python3 -m diagnosis.locate key JOB` prints what an answer about
+JOB depends on, one JSON line (jobdir.fingerprint: the job's real path, the size and time of its log
+and TSDB); a JOB that names no job is one line on stderr, exit 2.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import stat
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from diagnosis import joblog
+from diagnosis import jobdir, joblog
 from diagnosis.cli import InputError
 from diagnosis.jobdir import EARLIER, dir_of, listing, log_of
 
@@ -175,3 +181,22 @@ def _by_name(arg: str, workspace: Path, tsdb: bool) -> Path:
         )
     (name,) = names
     return workspace / name if (workspace / name).is_dir() else workspace / f"{name}.log"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`key JOB`: answer.sh's cache key (see the module's doc)."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] != "key":
+        print("locate: expected `key JOB`", file=sys.stderr)
+        return 2
+    try:
+        job = find(args[1], tsdb=jobdir.is_tsdb)
+    except InputError as e:
+        print(f"locate: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(jobdir.fingerprint(job.path.resolve(), job.dir.resolve() if job.dir else None, job.log)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
