@@ -130,7 +130,7 @@ def check_heartbeat(d: Data, rep: Report, prom: tsdb.Served) -> None:
         rep.missing.add("job log" if log is None else "utils/diagnosis/joblog.py")
         return rep.skipped.append({"check": "heartbeat_false_positive", "needs": ["job log"]})
     if jobdir.summary(d.target.job_dir).get("status") == "completed":  # a heartbeat claim ends the job
-        return rep.clean("heartbeat_false_positive", "the job completed (summary.txt)", ["summary.txt"])
+        return rep.clean("heartbeat_false_positive", f"the job completed ({jobdir.SUMMARY})", [jobdir.SUMMARY])
     try:
         scan = joblog.scan(log)
     except (OSError, ValueError) as e:  # a binary or unreadable log (joblog.NotALog is a ValueError)

@@ -24,7 +24,8 @@ from diagnosis import joblog
 
 EARLIER = re.compile(r"\.earlier-\d{8}T\d{6}Z(-\w+)?$")  # launch_lib.sh move_aside: PATH.earlier-<UTC>[-XXXX]
 JOB_RULE = "=" * 20 + " JOB " + "=" * 20  # the JOB header's first line (utils/launch/job_header.sh)
-SUMMARY_LIMIT = 1 << 20  # bytes of summary.txt read at most
+SUMMARY = "summary.txt"  # the JOB SUMMARY, as the job writes it in its directory
+SUMMARY_LIMIT = 1 << 20  # bytes of it read at most
 
 
 def log_of(job_dir: Path) -> Path | None:
@@ -75,7 +76,7 @@ def summary(job_dir: Path | None) -> dict[str, str]:
     if job_dir is None:
         return {}
     try:
-        fd = os.open(job_dir / "summary.txt", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(job_dir / SUMMARY, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         with os.fdopen(fd, "rb") as f:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 return {}

@@ -213,9 +213,10 @@ class Triage:
                 "stage_timeout": "failed",
                 "timeout": "failed",
             }.get(st, "unknown")
-        if self.sched == scheduler.GONE:
+        if self.sched == scheduler.GONE:  # it ended long ago, without writing its summary
             self.notes.append(f"Slurm no longer knows job {self.job_id} and the log has no JOB SUMMARY")
-        elif self.sched:
+            return "unknown"
+        if self.sched:
             if self.sched in RUNNING_STATES:
                 return "running"
             self.notes.append(f"Slurm says the job ended ({self.sched}) but the log has no JOB SUMMARY")

@@ -477,7 +477,7 @@ class Watch:
         """The JOB SUMMARY's fields (summary.txt in the job dir, a file of ours that nobody else can
         write), {} before the job wrote it."""
         try:
-            data = self.jd.read("summary.txt", "the job summary", limit=1 << 20)
+            data = self.jd.read(jobdir.SUMMARY, "the job summary", limit=jobdir.SUMMARY_LIMIT)
         except OSError:
             return {}
         if data is None:
