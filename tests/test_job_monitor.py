@@ -22,7 +22,7 @@ job: 41 41-JAX-tiny
 scheduler: slurm
 model: tiny
 nodes: 2 (n1 n2)
-overrides: steps={steps} log_period=5
+overrides: {overrides}
 started: 2026-11-26T22:00:00Z
 =============================================
 """
@@ -31,12 +31,13 @@ started: 2026-11-26T22:00:00Z
 class Job:
     """A job dir and its log, written line by line; `step(n, seconds)` appends both hosts' lines."""
 
-    def __init__(self, ws: Path, steps: int = 200, job_id: str = "41") -> None:
+    def __init__(self, ws: Path, steps: int | None = 200, job_id: str = "41") -> None:
         self.name = f"{job_id}-JAX-tiny"
         self.dir = ws / self.name
         self.dir.mkdir(parents=True)
         self.log = ws / f"{self.name}.log"
-        self.log.write_text(HEADER.format(steps=steps).replace("41", job_id))
+        overrides = ("" if steps is None else f"steps={steps} ") + "log_period=5"  # None: the config's steps
+        self.log.write_text(HEADER.format(overrides=overrides).replace("41", job_id))
         (self.dir / "log").symlink_to(self.log)
         self.t = T0 + 30
 
@@ -117,6 +118,20 @@ def test_a_clean_run_tells_each_event_once_also_after_a_restart(tmp_path):
     ]
     assert oct((job.dir / "monitor").stat().st_mode & 0o777) == "0o700"
     assert oct((job.dir / "monitor/state.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_the_configs_steps_give_milestones_and_eta_when_no_steps_override(tmp_path):
+    """A job submitted without `-- steps=`: its header's overrides say nothing of steps, and the number
+    comes from the config the job saved (artifact/configs/<model>.yml, as triage reads it)."""
+    job = Job(tmp_path, steps=None)
+    w = Watch(job.dir, Rules())
+    ev, _ = run_steps(w, job, range(0, 40), 0.5, T0)
+    assert kinds(ev) == ["running", "first_step"]  # no config saved: no total, no milestone
+    (job.dir / "artifact/configs").mkdir(parents=True)
+    (job.dir / "artifact/configs/tiny.yml").write_text("base_config: base.yml\nsteps: 200  # the run's length\n")
+    ev, _ = run_steps(w, job, range(40, 200), 0.5, job.t)
+    assert [e.data["percent"] for e in ev if e.kind == "milestone"] == [25, 50, 75], [e.title for e in ev]
+    assert all("ETA 20" in e.title and e.data["eta"] for e in ev if e.kind == "milestone"), [e.title for e in ev]
 
 
 def test_a_restart_mid_run_goes_on_without_repeats(tmp_path):

@@ -7,7 +7,7 @@
 # ask a tool once and query the file with jq for every question, instead of running the tool again.
 #   TOOL      triage, diagnose, perf or investigate
 #   JOB       what the tool takes: a job id, job name, job directory or log file
-#   --fresh   run the tool again (a running job whose log has not grown, or a changed TSDB)
+#   --fresh   run the tool again (the answer is kept until the job's log or TSDB changes)
 # Answers live in ${XDG_CACHE_HOME:-~/.cache}/maxtext-slurm/answers (mode 0700, files 0600). When the
 # tool fails, its stderr is passed on, nothing is saved and the exit status is the tool's.
 set -euo pipefail
@@ -33,24 +33,17 @@ for a in "$@"; do
   esac
 done
 
-# what the answer depends on: the job as a path (a name or id: in the workspace), its log's size
-# and time, the options
-ws=${JOB_WORKSPACE:-$repo/outputs}
-where="$ws/$job"
-if [[ -e "$job" ]]; then
-  where=$(realpath -- "$job")
-elif [[ ! -e "$where" ]]; then
-  ids=("$ws/$job"-JAX-*/)  # a job id: its directory, when exactly one has it
-  if ((${#ids[@]} == 1)) && [[ -d "${ids[0]}" ]]; then where=${ids[0]%/}; fi
+# what the answer depends on: the job (locate.py's rule: its real path, its log's and TSDB's size and
+# time; jobdir.fingerprint, the MCP server's cache key too) and the options. A JOB that names no job:
+# the tool says why.
+venv=${MAXTEXT_SLURM_VENV:-$repo/.venv}
+py=python3
+if [[ -x "$venv/bin/python" ]]; then py=$venv/bin/python; fi
+if ! depends=$(PYTHONPATH="$repo/utils${PYTHONPATH:+:$PYTHONPATH}" "$py" -m diagnosis.locate key "$job" 2>/dev/null); then
+  "$repo/utils/$tool.py" "$job" "${opts[@]}" --json >/dev/null  # its one line says why; its exit status
+  bad "$job names no job that can be kept an answer for"
 fi
-if [[ -e "$where" ]]; then where=$(realpath -- "$where"); fi
-if [[ -f "$where" && "$where" == *.log && -d "${where%.log}" ]]; then where=${where%.log}; fi
-log=""
-for f in "$where/log" "$where" "$where".log; do
-  if [[ -f "$f" ]]; then log=$f; break; fi
-done
-stamp=$( [[ -n "$log" ]] && stat -L -c '%s.%Y' -- "$log" || echo none)
-key=$(printf '%s\0' "$tool" "$where" "$stamp" "${opts[@]}" | sha256sum | cut -c1-24)
+key=$(printf '%s\0' "$tool" "$depends" "${opts[@]}" | sha256sum | cut -c1-24)
 
 dir=${XDG_CACHE_HOME:-$HOME/.cache}/maxtext-slurm/answers
 mkdir -p "$dir"

@@ -31,6 +31,7 @@ from typing import Any, BinaryIO
 
 from bridge.client import SOCKET, config_home
 from bridge.policy import REPO, BridgeError, Plan, Policy, Refused, plan
+from diagnosis import scheduler
 
 PID_FILE = "pid"
 MAX_REQUEST = 1 << 20
@@ -286,13 +287,9 @@ class Bridge:
 
     def check_owner(self, ids: list[str]) -> None:
         """scancel: every job must be in the queue and be the owner's."""
-        try:
-            res = subprocess.run(
-                ["squeue", "-h", "-o", "%i %u", "-j", ",".join(ids)], capture_output=True, text=True, timeout=60
-            )
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise Refused(f"cannot check whose jobs these are (squeue: {e}); scancel refused") from None
-        owners = dict(line.split(None, 1) for line in res.stdout.splitlines() if " " in line)
+        owners = scheduler.owners(ids)
+        if owners is None:
+            raise Refused("cannot check whose jobs these are (squeue could not be asked); scancel refused")
         for job in ids:
             if owners.get(job, "").strip() != self.policy.owner:
                 raise Refused(f"job {job} is not a job of {self.policy.owner} in the queue; scancel refused")

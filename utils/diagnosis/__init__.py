@@ -9,7 +9,8 @@ and never run inside a job.
     evidence, load, checks   diagnose's data model, its queries, the registry of its checks
     report           diagnose --report: the HTML page, from the report's data (evidence only)
     perf             step lines and profiler traces -> TGS, TFLOP/s, MFU, where time goes
-    scheduler        what Slurm says about a job (the monitor and the sweep ask here)
+    jobdir           the job directory read in one place: paths, listing, header, summary, planned steps
+    scheduler        the only place that asks Slurm (job state, the user's jobs, queue owners)
     min_nodes        a job's node count against its config's minimum-nodes header
     investigate      triage, then diagnose and perf where the skills hand over: one evidence bundle
     entry            how the thin commands in utils/ start a tool under the project's Python

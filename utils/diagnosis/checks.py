@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from diagnosis import tsdb
+from diagnosis import jobdir, tsdb
 from diagnosis.evidence import (
     Data,
     Finding,
@@ -129,11 +129,8 @@ def check_heartbeat(d: Data, rep: Report, prom: tsdb.Served) -> None:
     if log is None or joblog is None:
         rep.missing.add("job log" if log is None else "utils/diagnosis/joblog.py")
         return rep.skipped.append({"check": "heartbeat_false_positive", "needs": ["job log"]})
-    summary = d.target.job_dir / "summary.txt" if d.target.job_dir else None
-    if summary and summary.is_file():
-        status = joblog.parse_block(summary.read_text(errors="replace").splitlines()).get("status")
-        if status == "completed":  # a heartbeat claim ends the job: a completed one had none
-            return rep.clean("heartbeat_false_positive", "the job completed (summary.txt)", ["summary.txt"])
+    if jobdir.summary(d.target.job_dir).get("status") == "completed":  # a heartbeat claim ends the job
+        return rep.clean("heartbeat_false_positive", f"the job completed ({jobdir.SUMMARY})", [jobdir.SUMMARY])
     try:
         scan = joblog.scan(log)
     except (OSError, ValueError) as e:  # a binary or unreadable log (joblog.NotALog is a ValueError)

@@ -32,8 +32,6 @@ could not serve the data.
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import json
 import math
 import os
 import re
@@ -46,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from diagnosis import cli, tsdb
+from diagnosis import cli, jobdir, tsdb
 from diagnosis import locate as lookup
 from diagnosis.checks import (
     NEEDS,
@@ -76,12 +74,6 @@ from diagnosis.load import (
     nice_step,
 )
 from diagnosis.locate import default_workspace
-
-try:
-    from diagnosis import joblog  # the one parser of the job log format (utils/diagnosis/joblog.py)
-except ImportError:  # pragma: no cover - joblog is part of the repo; without it log facts are missing
-    joblog = None
-
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -129,46 +121,15 @@ class JobFacts:
     last: float | None
 
 
-def _head(log: Path | None) -> dict[str, str]:
-    """The key: value lines of the log's JOB header (its first lines)."""
-    if log is None:
-        return {}
-    try:
-        with log.open(errors="replace") as fh:
-            lines = [ln.rstrip("\n") for ln in itertools.islice(fh, 80)]
-    except OSError:
-        return {}
-    if not lines or not lines[0].startswith("=====") or joblog is None:
-        return {}
-    end = next((i for i, ln in enumerate(lines[1:], 1) if ln.startswith("=====")), len(lines))
-    return joblog.parse_block(lines[1:end])
-
-
-def _span(db: Path) -> tuple[float, float] | None:
-    """The time range the TSDB's blocks hold (unix s); None without a readable block."""
-    lo, hi = math.inf, -math.inf
-    for meta in db.glob("*/meta.json"):
-        try:
-            m = json.loads(meta.read_text())
-            lo, hi = min(lo, m["minTime"] / 1000), max(hi, m["maxTime"] / 1000)
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return (lo, hi) if lo <= hi else None
-
-
 def job_facts(job_dir: Path, db: Path | None = None) -> JobFacts:
-    head = _head(lookup.log_of(job_dir))
-    summary = job_dir / "summary.txt"
-    status = None
-    if summary.is_file() and joblog:
-        status = joblog.parse_block(summary.read_text(errors="replace").splitlines()).get("status")
+    head = jobdir.header(jobdir.log_of(job_dir))
     nodes = re.search(r"\(([^)]*)\)", head.get("nodes", ""))
-    span = _span(db or job_dir / "prometheus")
+    span = jobdir.tsdb_span(db or jobdir.tsdb_dir(job_dir))
     return JobFacts(
         job_dir,
-        head.get("model", "").split(" ")[0] or None,
+        jobdir.model(head),
         nodes.group(1).split() if nodes else [],
-        status,
+        jobdir.summary(job_dir).get("status"),
         span[0] if span else None,
         span[1] if span else None,
     )
@@ -185,11 +146,11 @@ def pick_baseline(target: Target, workspace: Path | None) -> tuple[Target, dict]
         return None
     cands = []
     try:
-        entries = [p for p in ws.iterdir() if "-JAX-" in p.name and p.is_dir() and p != target.job_dir]
+        entries = [p for _, p in jobdir.listing(ws) if p.is_dir() and p != target.job_dir]
     except OSError:
         return None
     for p in entries:
-        if lookup.EARLIER.search(p.name) or not tsdb.is_tsdb(p / "prometheus"):
+        if not tsdb.is_tsdb(jobdir.tsdb_dir(p)):
             continue
         f = job_facts(p)
         if f.model == me.model and f.status == "completed" and f.last is not None and f.last <= me.first:

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from diagnosis import cli, locate, triage
+from diagnosis import cli, jobdir, locate, triage
 from diagnosis.cli import InputError
 from diagnosis.min_nodes import min_nodes_notes
 
@@ -306,15 +306,15 @@ def earlier_run(job: locate.Job, ws: Path) -> Path | None:
     model, here = model_of(job.name), (job.dir.parent if job.dir else ws)
     try:
         cands = sorted(
-            (d for d in here.glob(f"*-JAX-{model}") if d != job.dir and not locate.EARLIER.search(d.name)),
+            (d for n, d in jobdir.listing(here) if n.endswith(f"-JAX-{model}") and d.is_dir() and d != job.dir),
             key=lambda d: d.stat().st_mtime,
             reverse=True,
         )
     except OSError:
         return None
     for d in cands:
-        log = locate.log_of(d)
-        if not (d / "prometheus").is_dir() or log is None:
+        log = jobdir.log_of(d)
+        if not jobdir.tsdb_dir(d).is_dir() or log is None:
             continue
         try:
             r = triage.triage(str(log), ws, triage.Options(scheduler=False))

@@ -12,22 +12,41 @@ id (Slurm's ids restart after a state reset) are an error that lists them: give 
 that submit.sh moved aside for a new job with the same name (`<name>.earlier-<UTC>`,
 `<name>.log.earlier-<UTC>`) never match an id or a name; as a path they are that earlier job.
 Anything else raises cli.InputError with one line saying what is wrong and what to give.
+
+CLI mode (answer.sh's cache key): `python3 -m diagnosis.locate key JOB` prints what an answer about
+JOB depends on, one JSON line (jobdir.fingerprint: the job's real path, the size and time of its log
+and TSDB); a JOB that names no job is one line on stderr, exit 2.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
-import re
 import stat
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from diagnosis import joblog
+from diagnosis import jobdir, joblog
 from diagnosis.cli import InputError
+from diagnosis.jobdir import EARLIER, dir_of, listing, log_of
+
+__all__ = [  # EARLIER, dir_of and log_of: the job directory's paths, from jobdir.py
+    "EARLIER",
+    "Job",
+    "default_workspace",
+    "dir_of",
+    "find",
+    "find_log",
+    "forms",
+    "job_id_and_name",
+    "job_id_of",
+    "log_of",
+    "read_log",
+]
 
 REPO = Path(__file__).resolve().parents[2]
-EARLIER = re.compile(r"\.earlier-\d{8}T\d{6}Z(-\w+)?$")  # launch_lib.sh move_aside: PATH.earlier-<UTC>[-XXXX]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,26 +126,6 @@ def job_id_of(name: str) -> str | None:
     return head if sep and head else None
 
 
-def log_of(job_dir: Path) -> Path | None:
-    """A job directory's log: its `log` link, else `<dir>.log` beside it; for a directory that
-    submit.sh moved aside, the log moved aside with it (its `log` link names the new job's log)."""
-    earlier = EARLIER.search(job_dir.name)
-    if earlier:
-        cands = [job_dir.with_name(job_dir.name[: earlier.start()] + ".log" + earlier.group(0))]
-    else:
-        cands = [job_dir / "log"] + ([job_dir.with_name(job_dir.name + ".log")] if job_dir.name else [])  # "/"
-    return next((c.resolve() for c in cands if c.is_file()), None)
-
-
-def dir_of(log: Path) -> Path | None:
-    """A log's job directory: the log's path without `.log`, when that is a directory (for a log
-    moved aside, the directory moved aside with it)."""
-    earlier = EARLIER.search(log.name)
-    base, tail = (log.name[: earlier.start()], earlier.group(0)) if earlier else (log.name, "")
-    d = log.with_name(base.removesuffix(".log") + tail) if base.endswith(".log") else None
-    return d if d is not None and d.is_dir() else None
-
-
 def _find(arg: str, workspace: Path, tsdb: Callable[[Path], bool] | None) -> Job:
     p = Path(arg)
     try:
@@ -172,14 +171,7 @@ def _by_name(arg: str, workspace: Path, tsdb: bool) -> Path:
         raise InputError(f"workspace {workspace} does not exist (set --workspace or JOB_WORKSPACE)")
     key = arg.removesuffix(".log")
     is_name = "-JAX-" in key
-    names: set[str] = set()
-    with os.scandir(workspace) as entries:
-        for e in entries:
-            name = e.name.removesuffix(".log")
-            if EARLIER.search(e.name) or not (name == key if is_name else name.startswith(f"{key}-JAX-")):
-                continue
-            if e.is_dir() if name == e.name else e.is_file():
-                names.add(name)
+    names = {n for n, _ in listing(workspace) if (n == key if is_name else n.startswith(f"{key}-JAX-"))}
     if not names:
         looked = f"{key}.log and {key}/" if is_name else f"{key}-JAX-*.log and {key}-JAX-*/"
         raise InputError(f"no job '{arg}' in {workspace} (looked for {looked}; {forms(tsdb)})")
@@ -189,3 +181,22 @@ def _by_name(arg: str, workspace: Path, tsdb: bool) -> Path:
         )
     (name,) = names
     return workspace / name if (workspace / name).is_dir() else workspace / f"{name}.log"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`key JOB`: answer.sh's cache key (see the module's doc)."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] != "key":
+        print("locate: expected `key JOB`", file=sys.stderr)
+        return 2
+    try:
+        job = find(args[1], tsdb=jobdir.is_tsdb)
+    except InputError as e:
+        print(f"locate: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(jobdir.fingerprint(job.path.resolve(), job.dir.resolve() if job.dir else None, job.log)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 import shlex
-import shutil
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
-from diagnosis import cli, joblog, locate
+from diagnosis import cli, jobdir, joblog, locate, scheduler
 from diagnosis import failure_classes as fc
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,20 +37,6 @@ class Options:
     phase_min_steps: int = 20
     phase_threshold: float = 0.10
     scheduler: bool = True
-
-
-def scheduler_state(job_id: str) -> str | None:
-    """Slurm's JobState for a job id, or None when Slurm cannot tell (no scontrol, unknown id)."""
-    if not re.fullmatch(r"\d+(_\d+)?", job_id or "") or not shutil.which("scontrol"):
-        return None
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=5, check=False
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    m = re.search(r"\bJobState=([A-Z_]+)", out)
-    return m.group(1) if m else None
 
 
 # --- numbers ------------------------------------------------------------------------------
@@ -183,7 +166,7 @@ class Triage:
         self.accused_hosts: list[str] = []  # the hosts a heartbeat claim named (failure_classes.on_job_heartbeat)
         self.suspect_hosts: list[str] = []  # where to look after a heartbeat claim
         if opts.scheduler and not s.summary and s.header.get("scheduler") == "slurm":
-            self.sched = scheduler_state(self.job_id)
+            self.sched = scheduler.slurm_state(self.job_id, timeout=5)
         self.hosts = self._hosts()
 
     # hosts ------------------------------------------------------------------------------
@@ -230,6 +213,9 @@ class Triage:
                 "stage_timeout": "failed",
                 "timeout": "failed",
             }.get(st, "unknown")
+        if self.sched == scheduler.GONE:  # it ended long ago, without writing its summary
+            self.notes.append(f"Slurm no longer knows job {self.job_id} and the log has no JOB SUMMARY")
+            return "unknown"
         if self.sched:
             if self.sched in RUNNING_STATES:
                 return "running"
@@ -315,23 +301,7 @@ class Triage:
         return None
 
     def total_steps(self) -> int | None:
-        found = None
-        for kv in self.scan.header.get("overrides", "").split():
-            k, _, v = kv.partition("=")
-            if k == "steps" and re.fullmatch(r"-?\d+", v):
-                found = int(v)
-        if found is not None:
-            return found
-        model = self.scan.header.get("model", "").split(" ")[0]
-        if self.job_dir and model:
-            cfg = self.job_dir / "artifact" / "configs" / f"{model}.yml"
-            try:
-                m = re.search(r"(?m)^steps:\s*(-?\d+)\s*(?:#.*)?$", cfg.read_text(errors="replace"))
-            except OSError:
-                m = None
-            if m:
-                return int(m.group(1))
-        return None
+        return jobdir.planned_steps(self.scan.header, self.job_dir)
 
     # evidence helpers -------------------------------------------------------------------
     def cite(self, line: int | None, text: str, why: str, host: str | None = None, file: str | None = None) -> None:

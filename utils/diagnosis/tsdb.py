@@ -25,21 +25,16 @@ from typing import Any
 
 import requests
 
+from diagnosis.jobdir import has_blocks, is_tsdb
+
+__all__ = ["REPO", "TOOL", "Served", "TSDBError", "has_blocks", "is_tsdb", "resolve"]  # has_blocks, is_tsdb: jobdir.py
+
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "utils" / "prometheus.sh"
 
 
 class TSDBError(Exception):
     """A TSDB that cannot be served or a query that failed (one line of text)."""
-
-
-def has_blocks(path: Path) -> bool:
-    return any((d / "meta.json").is_file() for d in path.iterdir() if d.is_dir()) if path.is_dir() else False
-
-
-def is_tsdb(path: Path) -> bool:
-    """A dir holding Prometheus blocks and/or a WAL."""
-    return path.is_dir() and ((path / "wal").is_dir() or has_blocks(path))
 
 
 def resolve(path: str | Path) -> Path:

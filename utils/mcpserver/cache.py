@@ -12,26 +12,16 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from diagnosis import locate
+from diagnosis import jobdir, locate
 
 MAX_ENTRIES = 128
 
 
-def _stat(p: Path | None) -> tuple[int, int] | None:
-    try:
-        st = p.stat() if p is not None else None
-    except OSError:
-        return None
-    return (st.st_size, st.st_mtime_ns) if st else None
-
-
 def fingerprint(job: locate.Job) -> tuple:
-    """What changes when a job's log or TSDB changes."""
-    prom = job.dir / "prometheus" if job.dir else job.path
-    return (str(job.path), _stat(job.log), _stat(prom), _stat(prom / "wal"))
+    """What changes when a job's log or TSDB changes (jobdir.fingerprint, answer.sh's key too)."""
+    return jobdir.fingerprint(job.path, job.dir, job.log)
 
 
 @dataclasses.dataclass

@@ -13,7 +13,7 @@ from typing import Any, BinaryIO
 from mcp.server.mcpserver.exceptions import ToolError
 
 from bridge import paths
-from diagnosis import joblog, locate, tsdb
+from diagnosis import jobdir, locate, tsdb
 from mcpserver.reports import Context, triage_report
 
 MAX_JOBS = 500  # list_jobs returns at most this many, newest id first
@@ -103,53 +103,33 @@ def lines(f: BinaryIO, limit: int = MAX_LINE_BYTES) -> Iterator[tuple[str, int]]
         yield held.decode(errors="replace"), dropped
 
 
-def _status(job_dir: Path) -> str | None:
-    try:  # never through a link, at most 64 KiB
-        fd = os.open(job_dir / "summary.txt", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
-            text = f.read(1 << 16).decode(errors="replace")
-    except OSError:
-        return None
-    return joblog.parse_block(text.splitlines()).get("status")
-
-
 def list_jobs(ctx: Context) -> dict[str, Any]:
     """The jobs of the workspace: directories and logs named <id>-JAX-<model>[-<tag>] (not the earlier
     results submit.sh moved aside). A link is listed only when it is ours and leads into the workspace."""
     ws = ctx.workspace
     try:
-        entries = list(ws.iterdir())
+        entries = list(jobdir.listing(ws))
     except OSError as e:
         raise ToolError(f"mcp_server.py: cannot read the workspace {ws}: {e.strerror or e}") from None
     names: dict[str, dict[str, Any]] = {}
-    for p in entries:
-        if "-JAX-" not in p.name or locate.EARLIER.search(p.name):
-            continue
+    for name, p in entries:
         if p.is_symlink():
             try:
                 paths.confine(p, [ws], "job")
             except paths.Outside:
                 continue
-        if p.is_dir():
-            name = p.name
-        elif p.is_file() and p.name.endswith(".log"):
-            name = p.name.removesuffix(".log")
-        else:
-            continue
         names.setdefault(name, {})
     jobs = []
     for name in names:
         d = ws / name
         is_dir = d.is_dir()
-        log = locate.log_of(d) if is_dir else (ws / f"{name}.log")
+        log = jobdir.log_of(d) if is_dir else (ws / f"{name}.log")
         jobs.append(
             {
                 "name": name,
                 "id": locate.job_id_of(name),
-                "status": _status(d) if is_dir else None,
-                "has_tsdb": is_dir and tsdb.is_tsdb(d / "prometheus"),
+                "status": jobdir.summary(d).get("status") if is_dir else None,
+                "has_tsdb": is_dir and tsdb.is_tsdb(jobdir.tsdb_dir(d)),
                 "has_log": log is not None and log.is_file(),
                 "dir": str(d) if is_dir else None,
             }

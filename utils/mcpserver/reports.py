@@ -20,7 +20,7 @@ from mcp_types import CallToolResult, TextContent
 from bridge import paths
 from diagnosis import diagnose as diag
 from diagnosis import investigate as inv
-from diagnosis import locate, tsdb
+from diagnosis import jobdir, locate, tsdb
 from diagnosis import perf as perf_tool
 from diagnosis import triage as tri
 from diagnosis.cli import InputError, one_line
@@ -125,11 +125,19 @@ def _diagnose(ctx: Context, job: str, vs: str | None) -> dict:
     return report
 
 
+def baselines(ws: Path) -> tuple:
+    """vs auto's key: the fingerprint (log and TSDB) of every job directory of the workspace."""
+    try:
+        return tuple(sorted(jobdir.fingerprint(p, p, jobdir.log_of(p)) for _, p in jobdir.listing(ws) if p.is_dir()))
+    except OSError:  # the workspace cannot be read: diagnose says so
+        return ()
+
+
 def diagnose(ctx: Context, job: str, vs: str | None = None) -> CallToolResult:
     found = ctx.find("diagnose.py", job)
     key: tuple = (fingerprint(found), vs)
     if vs == "auto":  # the baseline may be any job of the workspace: the key holds all of them
-        key += (tuple(sorted(str(p) for p in ctx.workspace.glob("*-JAX-*/prometheus"))),)
+        key += (baselines(ctx.workspace),)
     elif vs:
         key += (fingerprint(ctx.find("diagnose.py", vs, what="vs")),)
     return result(ctx.run("diagnose.py", "diagnose", key, lambda: _diagnose(ctx, str(found.path), vs)))

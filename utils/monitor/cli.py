@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import trust
-from diagnosis import joblog, locate, scheduler
+from diagnosis import jobdir, joblog, locate, scheduler
 from diagnosis.cli import InputError
 from monitor import notify, recover, store
 from monitor.watch import Event, Rules, Watch, span, utc
@@ -102,26 +102,9 @@ def check(a: argparse.Namespace) -> str | None:
 
 
 # --- scheduler ---------------------------------------------------------------------------
-def slurm_state(job_id: str) -> str | None:
-    """Slurm's state of the job (diagnosis/scheduler.py; GONE: Slurm forgot the id), for Slurm job ids
-    only: a run_local.sh job (local-...) has no scheduler state, never GONE."""
-    return scheduler.slurm_state(job_id) if re.fullmatch(r"\d+(_\d+)?", job_id or "") else None
-
-
 def my_jobs(ws: Path) -> list[Path]:
     """Job dirs in ws of the jobs Slurm lists for this user."""
-    try:
-        out = subprocess.run(
-            ["squeue", "-h", "-u", getpass.getuser(), "-o", "%i %j"], capture_output=True, text=True, timeout=30
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    dirs = []
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and (ws / f"{parts[0]}-{parts[1]}").is_dir():
-            dirs.append(ws / f"{parts[0]}-{parts[1]}")
-    return dirs
+    return [ws / f"{i}-{n}" for i, n in scheduler.my_jobs() if (ws / f"{i}-{n}").is_dir()]
 
 
 # --- the monitor ----------------------------------------------------------------------------
@@ -202,7 +185,7 @@ class Monitor:
             if w.ended:
                 continue
             now = time.time()
-            events = w.poll(now, slurm_state(w.job_id))
+            events = w.poll(now, scheduler.slurm_state(w.job_id))
             for ev in events:
                 self.tell(w, ev)
                 if w.refused is None and (ev.kind == "hang" or (ev.key == "end" and ev.kind == "failed")):
@@ -243,7 +226,8 @@ class Monitor:
         if ev.kind == "hang":
             cancel(w.job_id)
             end = time.time() + 120
-            while time.time() < end and slurm_state(w.job_id) not in (None, "GONE", "CANCELLED", "FAILED", "COMPLETED"):
+            settled = (None, scheduler.GONE, "CANCELLED", "FAILED", "COMPLETED")
+            while time.time() < end and scheduler.slurm_state(w.job_id) not in settled:
                 time.sleep(1)
         try:
             w.jd.verify()
@@ -452,7 +436,10 @@ def main(argv: list[str] | None = None) -> int:
             return fail(f"{j}: no job directory (the monitor keeps its state there)")
         dirs.append(found.dir)
     if a.status:
-        mine = [p for p in sorted(ws.glob("*-JAX-*")) if p.is_dir() and p.stat().st_uid == os.geteuid()]
+        try:
+            mine = sorted(p for _, p in jobdir.listing(ws) if p.is_dir() and p.stat().st_uid == os.geteuid())
+        except OSError:
+            mine = []
         return status(dirs if dirs else mine)
     try:  # a job whose directory is not ours alone is refused before anything is started
         for d in dirs:

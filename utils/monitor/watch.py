@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
-from diagnosis import joblog, locate, triage
+from diagnosis import jobdir, joblog, locate, triage
 from monitor import store
 from trust import UntrustedPath
 
@@ -74,29 +74,6 @@ def span(seconds: float) -> str:
     if s < 7200:
         return f"{s // 60} min {s % 60} s"
     return f"{s // 3600} h {s % 3600 // 60} min"
-
-
-def planned_steps(header: dict[str, str]) -> int | None:
-    """steps=N from the header's MaxText overrides (None: the config's default, not in the log)."""
-    m = re.search(r"(?:^|\s)steps=(\d+)(?:\s|$)", header.get("overrides", ""))
-    return int(m.group(1)) if m else None
-
-
-def read_header(f: BinaryIO) -> dict[str, str]:
-    """The JOB header's fields (the last run's), from the start of the open log."""
-    try:
-        f.seek(0)
-        head = f.read(64 << 10).decode(errors="replace").splitlines()
-    except OSError:
-        return {}
-    if not head or head[0] != "=" * 20 + " JOB " + "=" * 20:
-        return {}
-    block: list[str] = []
-    for line in head[1:]:
-        if line.startswith("====="):
-            break
-        block.append(line)
-    return joblog.parse_block(block)
 
 
 class Watch:
@@ -258,7 +235,7 @@ class Watch:
             if ticks and not s["header"] and log is not None:
                 try:
                     with self.open_log(log) as f:
-                        s["header"] = read_header(f)
+                        s["header"] = jobdir.read_header(f)
                 except FileNotFoundError:
                     pass
             self._ticks(ticks, now, out)
@@ -334,7 +311,7 @@ class Watch:
                 self._milestone(t, now, out)
 
     def _milestone(self, t: joblog.Tick, now: float, out: list[Event]) -> None:
-        total = planned_steps(self.s["header"])
+        total = jobdir.planned_steps(self.s["header"], self.dir)
         if not total or t.step is None:
             return
         done = t.step + 1
@@ -500,10 +477,9 @@ class Watch:
         """The JOB SUMMARY's fields (summary.txt in the job dir, a file of ours that nobody else can
         write), {} before the job wrote it."""
         try:
-            data = self.jd.read("summary.txt", "the job summary", limit=1 << 20)
+            data = self.jd.read(jobdir.SUMMARY, "the job summary", limit=jobdir.SUMMARY_LIMIT)
         except OSError:
             return {}
         if data is None:
             return {}
-        lines = data.decode(errors="replace").splitlines()
-        return joblog.parse_block([x for x in lines if not x.startswith("=====")])
+        return jobdir.parse_summary(data)
