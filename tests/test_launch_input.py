@@ -94,7 +94,7 @@ def test_submit_rejects(args, message, fake_sbatch, workspace, venv):
         ({"STAGE_TIMEOUTS": "preflight:60\ntrain:100"}, "STAGE_TIMEOUTS has a line break"),
         ({"METRICS_INTERVAL": "abc"}, "METRICS_INTERVAL='abc' must be a whole number from 1 to 3600"),
         ({"METRICS_INTERVAL": "0"}, "METRICS_INTERVAL='0' must be a whole number"),
-        ({"RAY_JOIN_TIMEOUT": "abc"}, "RAY_JOIN_TIMEOUT='abc' must be a whole number"),
+        ({"MST_RAY_JOIN_TIMEOUT": "abc"}, "MST_RAY_JOIN_TIMEOUT='abc' must be a whole number"),
         ({"ENABLE_COREDUMPS": "yes"}, "ENABLE_COREDUMPS='yes' must be 0 or 1"),
         ({"COREDUMP_DIR": "cores"}, "COREDUMP_DIR='cores' must be an absolute path"),
         ({"COREDUMP_WAIT": "-1"}, "COREDUMP_WAIT='-1' must be a whole number from 0 to 3600"),
