@@ -62,8 +62,8 @@ stage_timeouts() {
 # check_settings: every row of the settings table with a check (utils/launch/settings.tsv) whose
 # variable is set; the first bad value dies with one line: NAME='VALUE', what it must be, the row's doc.
 check_settings() {
-  local name def check site cont res doc v want lo hi
-  while IFS=$'\t' read -r name def check site cont res doc; do
+  local name check doc v want lo hi
+  while IFS=$'\t' read -r name _ check _ _ _ doc; do
     [[ "$check" == - || "$check" == renamed:* || ! -v "$name" ]] && continue
     v=${!name}
     [[ -n "$v" || "$check" == int:* || "$check" == loopback ]] || continue
