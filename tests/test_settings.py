@@ -222,3 +222,16 @@ def test_old_name_bad_value_is_refused_under_the_new_name(fake_sbatch, workspace
     assert res.returncode == 1 and len(errors) == 1, res.stderr
     assert "MST_RAY_JOIN_TIMEOUT='5' must be a whole number from 10 to 86400" in errors[0]
     assert not Path(fake_sbatch["SEEN"]).exists() and not any(workspace.iterdir())
+
+
+def test_one_secret_name_pattern():
+    """The launcher reads utils/launch/secret_names.re; the MCP server's copy and docs/security.md say the same."""
+    from mcpserver.jobs import SECRET_NAME
+
+    pattern = (REPO / "utils" / "launch" / "secret_names.re").read_text().strip()
+    res = bash('echo "$SECRET_NAME_RE"')
+    assert res.stdout.strip() == pattern == SECRET_NAME.pattern
+    assert f"`{pattern}`" in (REPO / "docs" / "security.md").read_text()
+    names = ["HF_TOKEN", "github_pat", "SENTRY_DSN", "PATH", "KEYBOARD", "TOKENIZER_PATH"]
+    shown = bash('for n in "$@"; do is_secret_env "$n" && echo "$n"; done', *names).stdout.split()
+    assert shown == [n for n in names if SECRET_NAME.search(n.upper())] == ["HF_TOKEN", "github_pat", "SENTRY_DSN"]

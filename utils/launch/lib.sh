@@ -298,8 +298,11 @@ split_overrides() {
 # Secrets. An environment name is secret when, upper-cased, it matches SECRET_NAME_RE (HF_TOKEN,
 # AWS_SECRET_ACCESS_KEY, DB_PASSWORD, OPENAI_KEY, GITHUB_PAT, PRIVATE_KEY, BASIC_AUTH, ...); a MaxText
 # key is secret when it is one of SECRET_MAXTEXT_KEYS (MaxText's credential settings). Their whole
-# values are hidden wherever the launcher shows them (docs/security.md).
-SECRET_NAME_RE='TOKEN($|_)|SECRET|PASSW|PASSPHRASE|CREDENTIAL|COOKIE|PRIVATE|AUTH|APIKEY|(^|_)KEY($|_)|(^|_)PAT($|_)|(^|_)DSN($|_)'
+# values are hidden wherever the launcher shows them (docs/security.md). The pattern is the one line of
+# utils/launch/secret_names.re (an extended regex that Python's re reads alike; utils/mcpserver/jobs.py
+# holds the same, tests/test_settings.py checks).
+read -r SECRET_NAME_RE < "${SETTINGS_TSV%/*}/secret_names.re" || true
+[[ -n "$SECRET_NAME_RE" ]] || SECRET_NAME_RE=.   # file missing: every name is secret (hide, never show)
 SECRET_MAXTEXT_KEYS="hf_access_token"
 
 # is_secret_env NAME / is_secret_key KEY: true when the value of that variable / MaxText key is a secret.
