@@ -3,6 +3,7 @@ shopt -s extglob
 # Shared helpers for the launcher scripts. Source it; it defines functions only.
 #   usage                 print the running script's usage header (its --help)
 #   die MSG...            print "<prog>: MSG" to stderr and exit 1
+#   die_usage MSG...      the same, exit 2: the command line is wrong (see "Exit status" below)
 #   port_in_use PORT      true if something listens on TCP PORT (any address, IPv4 or IPv6)
 #   free_port START [N]   print the first port >= START that nobody listens on (tries N, default 100)
 #   private_dir PARENT    create a new directory only this user can enter, print its path
@@ -29,9 +30,18 @@ usage() {
     "${BASH_SOURCE[-1]}"
 }
 
+# Exit status of every shell entry point, on bad input one line on stderr and nothing done:
+#   2  the command line is wrong: an unknown option or command, a missing or extra argument, an
+#      option's value of the wrong form (-N two): checkable without looking at anything (die_usage)
+#   1  everything else: a bad setting (environment, site file, settings.tsv's checks), a config or
+#      override MaxText refuses, a path that does not exist or is not ours, a failure (die)
 die() {
   printf '%s: %s\n' "${PROG:-${0##*/}}" "$*" >&2
   exit 1
+}
+die_usage() {
+  printf '%s: %s\n' "${PROG:-${0##*/}}" "$*" >&2
+  exit 2
 }
 
 # Reads /proc/net/tcp{,6} directly: no ss/netstat/python needed on compute nodes.

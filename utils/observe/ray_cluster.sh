@@ -158,5 +158,5 @@ case "${1:-}" in
       (( alive )) || break; sleep 0.25
     done
     kill -KILL "${pids[@]}" 2>/dev/null || true ;;
-  *) die "unknown command '${1:-}': use head, worker or stop (see --help)" ;;
+  *) die_usage "unknown command '${1:-}': use head, worker or stop (see --help)" ;;
 esac
