@@ -72,8 +72,8 @@ site_load() {
           "no \` or \\, no \$ but in \$USER and \$HOME: the site file is read as data, not run)"
       fi
       [[ "$value" == [\"\']* ]] && value=${value:1:-1}
-      [[ " ${SITE_VARS//$'\n'/ } " == *" $name "* ]] ||
-        die "$file:$n: '$name' is not a site setting; a site file may set: ${SITE_VARS//$'\n'/ }"
+      [[ " $SITE_VARS " == *" $name "* ]] ||
+        die "$file:$n: '$name' is not a site setting; a site file may set: $SITE_VARS"
       [[ ! -v "at[$name]" ]] || die "$file:$n: $name is set twice (also on line ${at[$name]}); keep one"
       at[$name]=$n val[$name]=$value
       order+=("$name")
