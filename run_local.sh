@@ -34,6 +34,7 @@ export JOB_NODELIST=$JOB_HOSTNAME JOB_COORDINATOR_ADDR=127.0.0.1 JOB_NODE_ADDRS=
 case "${1:-}" in
   -h|--help) usage; exit ;;
   "")
+    settings_renamed
     site_load "$repo"
     "$repo/utils/setup_env.sh"
     export MST_REPO=$repo MST_VENV=${MAXTEXT_SLURM_VENV:-$repo/.venv} JOB_ID=local-shell
