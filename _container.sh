@@ -29,18 +29,10 @@ repo=${MST_REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}
 source "$repo/utils/launch/lib.sh"
 PROG=_container.sh
 
-# The variables that cross into the container: keep in sync with docs/env-contract.md
-# (tests/test_env_contract.py checks both ways).
-CONTRACT_VARS=(
-  MST_REPO MST_USER_ROOT MST_VENV MODEL MODEL_TAG MST_RUN JOB_WORKSPACE TRAIN_OVERRIDES TRAIN_ENV_OVERRIDES
-  STAGE_TIMEOUTS RAY ENABLE_COREDUMPS COREDUMP_DIR DASHBOARD_BIND METRICS_INTERVAL RAY_JOIN_TIMEOUT PROMETHEUS_BIN
-  RAY_NUM_CPUS RAY_OBJECT_STORE_BYTES
-  JOB_SCHEDULER JOB_ID JOB_NAME JOB_DIR JOB_LOG JOB_NUM_NODES JOB_NODELIST JOB_NODE_RANK JOB_HOSTNAME
-  JOB_NODE_ADDRS JOB_COORDINATOR_ADDR JOB_COORDINATOR_PORT JOB_START_TIME
-  CUDA_VISIBLE_DEVICES ROCR_VISIBLE_DEVICES HIP_VISIBLE_DEVICES
-  NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME NCCL_IB_HCA NCCL_IB_GID_INDEX
-  MST_CONTAINER MST_PYTHON
-)
+# The variables that cross into the container: the rows of utils/launch/settings.tsv whose container
+# column says yes (docs/env-contract.md lists the same; tests/test_settings.py holds them equal).
+mapfile -t CONTRACT_VARS < <(settings_names container)
+(( ${#CONTRACT_VARS[@]} )) || die "no variable to pass into the container: utils/launch/settings.tsv is missing or empty"
 
 image=${CONTAINER_IMAGE:-localhost/maxtext-slurm:latest}
 runtime=${CONTAINER_RUNTIME:-auto}

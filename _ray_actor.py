@@ -179,7 +179,7 @@ def main() -> int:
     import ray  # only the driver and the actors import Ray; the trainer never does
 
     hosts = os.environ["JOB_NODELIST"].split()
-    join_timeout = float(os.environ.get("RAY_JOIN_TIMEOUT", "120"))
+    join_timeout = float(os.environ.get("MST_RAY_JOIN_TIMEOUT", "120"))
     say = lambda msg: print(f"_ray_actor.py: {msg}", flush=True)  # noqa: E731
 
     try:

@@ -29,7 +29,7 @@ addr=${addrs[$rank]:-127.0.0.1}
 (( ${JOB_NUM_NODES:-1} > 1 )) || addr=127.0.0.1  # one node: nothing outside needs to reach it
 py=${MST_PYTHON:-python3}
 ray_dir="$JOB_DIR/ray"
-join_timeout=${RAY_JOIN_TIMEOUT:-120}
+join_timeout=${MST_RAY_JOIN_TIMEOUT:-120}
 say() { echo "_train_with_ray.sh: $*"; }
 
 # The job dir may sit in a shared workspace (docs/security.md#shared-workspaces): the directories
@@ -131,7 +131,7 @@ if (( rank == 0 )); then
   # the driver authenticates with the job's token like every other Ray process (its path only);
   # when Ray cannot run the job it says why in MST_RAY_REASON_FILE (the node's private scratch)
   RAY_ADDRESS=$address RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$token_file MST_RAY_REASON_FILE=$scratch/ray-unusable \
-    RAY_JOIN_TIMEOUT=$join_timeout "$py" "$repo/_ray_actor.py"
+    MST_RAY_JOIN_TIMEOUT=$join_timeout "$py" "$repo/_ray_actor.py"
   rc=$?
   if (( rc == 200 )); then
     touch "$ray_dir/FAILED"

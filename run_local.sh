@@ -34,11 +34,12 @@ export JOB_NODELIST=$JOB_HOSTNAME JOB_COORDINATOR_ADDR=127.0.0.1 JOB_NODE_ADDRS=
 case "${1:-}" in
   -h|--help) usage; exit ;;
   "")
+    settings_renamed
     site_load "$repo"
     "$repo/utils/setup_env.sh"
     export MST_REPO=$repo MST_VENV=${MAXTEXT_SLURM_VENV:-$repo/.venv} JOB_ID=local-shell
     exec "$repo/_container.sh" _train.sh --shell ;;
-  -*) die "first argument must be MODEL[:TAG] or nothing (see run_local.sh --help)" ;;
+  -*) die_usage "first argument must be MODEL[:TAG] or nothing (see run_local.sh --help)" ;;
 esac
 model_arg=$1; shift
 if [[ "${MST_OVERRIDES_IN_ENV:-}" == 1 && $# == 0 ]]; then
@@ -50,9 +51,9 @@ else
   unset MST_RUN   # set by --run only
   while (( $# )) && [[ "$1" != -- ]]; do
     case "$1" in
-      --run) (( $# >= 2 )) || die "--run needs a run alias, e.g. --run exp1"; check_run_alias "$2"; export MST_RUN=$2; shift 2 ;;
+      --run) (( $# >= 2 )) || die_usage "--run needs a run alias, e.g. --run exp1"; check_run_alias "$2"; export MST_RUN=$2; shift 2 ;;
       --run=*) check_run_alias "${1#--run=}"; export MST_RUN=${1#--run=}; shift ;;
-      *) die "unexpected '$1': overrides go after --, e.g. run_local.sh $model_arg -- steps=10" ;;
+      *) die_usage "unexpected '$1': overrides go after --, e.g. run_local.sh $model_arg -- steps=10" ;;
     esac
   done
   (( $# )) && shift

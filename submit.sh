@@ -52,7 +52,7 @@ unset MST_RUN   # set by --run only
 
 case "${1:-}" in
   -h|--help) usage; exit ;;
-  ""|-*) die "first argument must be MODEL[:TAG] (see submit.sh --help; models: $(model_names "$repo/configs"))" ;;
+  ""|-*) die_usage "first argument must be MODEL[:TAG] (see submit.sh --help; models: $(model_names "$repo/configs"))" ;;
 esac
 model_arg=$1; shift
 command_text="submit.sh $(printf '%q' "$model_arg")$(shown_args "$@")"
@@ -65,12 +65,12 @@ while (( $# )); do
     --ignore-min-nodes) ignore_min=1; shift ;;
     --notify) notify=flag; shift ;;
     --auto-recover|--auto-recover=*)
-      if [[ "$1" == *=* ]]; then recover=${1#*=}; shift; else (( $# >= 2 )) || die "--auto-recover needs a count, e.g. --auto-recover 2"; recover=$2; shift 2; fi
-      [[ "$recover" =~ ^([1-9]|10)$ ]] || die "--auto-recover takes 1 .. 10 resubmissions, got '$recover'"
+      if [[ "$1" == *=* ]]; then recover=${1#*=}; shift; else (( $# >= 2 )) || die_usage "--auto-recover needs a count, e.g. --auto-recover 2"; recover=$2; shift 2; fi
+      [[ "$recover" =~ ^([1-9]|10)$ ]] || die_usage "--auto-recover takes 1 .. 10 resubmissions, got '$recover'"
       notify=flag ;;
-    --run) (( $# >= 2 )) || die "--run needs a run alias, e.g. --run exp1"; check_run_alias "$2"; export MST_RUN=$2; shift 2 ;;
+    --run) (( $# >= 2 )) || die_usage "--run needs a run alias, e.g. --run exp1"; check_run_alias "$2"; export MST_RUN=$2; shift 2 ;;
     --run=*) check_run_alias "${1#--run=}"; export MST_RUN=${1#--run=}; shift ;;
-    -N|--nodes) (( $# >= 2 )) || die "$1 needs a node count"; nodes=$2; shift 2 ;;
+    -N|--nodes) (( $# >= 2 )) || die_usage "$1 needs a node count"; nodes=$2; shift 2 ;;
     -N*) nodes=${1#-N}; shift ;;
     --nodes=*) nodes=${1#--nodes=}; shift ;;
     -H|--ho|--hol|--hold) user_hold=1; sbatch_flags+=("$1"); shift ;;
@@ -78,7 +78,7 @@ while (( $# )); do
   esac
 done
 if ! [[ "$nodes" =~ ^[1-9][0-9]{0,5}$ ]] || (( nodes > MAX_NODES )); then
-  die "bad node count '$nodes': -N takes a whole number from 1 to $MAX_NODES, e.g. -N 8"
+  die_usage "bad node count '$nodes': -N takes a whole number from 1 to $MAX_NODES, e.g. -N 8"
 fi
 check_sbatch_flags "${sbatch_flags[@]}"
 # before the Python environment is set up (minutes on a fresh machine)

@@ -52,7 +52,7 @@ def preflight(tmp_path: Path, model: str, overrides: str = "", pythonpath: str =
     env = {
         **clean,
         "MST_SYSFS_ROOT": str(GPU_FIX / "sys"),
-        "MST_PROC_ROOT": str(GPU_FIX / "proc"),
+        "MST_PROCFS_ROOT": str(GPU_FIX / "proc"),
         "MST_DEV_ROOT": str(GPU_FIX / "dev"),
         "FAKE_NVIDIA_SMI_DIR": str(GPU_FIX),
         "PATH": f"{FAKE_SMI_DIR}:{os.environ['PATH']}",

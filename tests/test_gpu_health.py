@@ -2,7 +2,7 @@
 removal of finished jobs' containers, the per-node report and the --exclude line of a failed preflight.
 
 This machine has no GPU: the real gpu_health.sh reads fixture trees through its test hooks
-(MST_SYSFS_ROOT, MST_PROC_ROOT, MST_DEV_ROOT; tests/fixtures/gpu/README.md says where each file's name and
+(MST_SYSFS_ROOT, MST_PROCFS_ROOT, MST_DEV_ROOT; tests/fixtures/gpu/README.md says where each file's name and
 format come from: the amdgpu/amdkfd kernel sources, NVIDIA's documented nvidia-smi CSV), and NVIDIA's
 nvidia-smi is a fake that prints the fixture's recorded answers. Containers are real podman ones (in a
 private storage), host settings are files of a fixture root (never the real /proc/sys), and the cluster
@@ -35,7 +35,7 @@ def hooks(fixture: Path) -> dict[str, str]:
     """The test hooks that point the node-side checks at a fixture node."""
     return {
         "MST_SYSFS_ROOT": str(fixture / "sys"),
-        "MST_PROC_ROOT": str(fixture / "proc"),
+        "MST_PROCFS_ROOT": str(fixture / "proc"),
         "MST_DEV_ROOT": str(fixture / "dev"),
         "FAKE_NVIDIA_SMI_DIR": str(fixture),
         "PATH": f"{FAKE_SMI_DIR}:{os.environ['PATH']}",
@@ -260,7 +260,7 @@ def test_per_node_fixture_roots(tmp_path):
         shutil.copytree(FIX / fixture, tmp_path / host, symlinks=True)
     env = {
         "MST_SYSFS_ROOT": f"{tmp_path}/%h/sys",
-        "MST_PROC_ROOT": f"{tmp_path}/%h/proc",
+        "MST_PROCFS_ROOT": f"{tmp_path}/%h/proc",
         "MST_DEV_ROOT": f"{tmp_path}/%h/dev",
     }
     assert gpu_health(FIX / "none", **env, JOB_HOSTNAME="n1").returncode == 0
@@ -360,7 +360,7 @@ def host_settings_as_nobody(base: Path) -> None:
         "TMPDIR": "/tmp",
         "PREFLIGHT_HOST_SETTINGS": "thp=never numa_balancing=1",
         "MST_SYSFS_ROOT": str(root / "sys"),
-        "MST_PROC_ROOT": str(root / "proc"),
+        "MST_PROCFS_ROOT": str(root / "proc"),
         "MST_DEV_ROOT": str(root / "dev"),
     }
     res = subprocess.run(

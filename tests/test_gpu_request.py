@@ -173,9 +173,16 @@ def test_site_settings_for_gpus(env, tmp_path):
 
 def test_bad_gpu_settings_are_refused(env, workspace):
     line = refused(submit(env, "70b", "-N", "4", SITE_GPU_REQUEST="no"), env, workspace)
-    assert line.startswith("submit.sh: SITE_GPU_REQUEST='no' must be 1 ")
+    # the check and the doc of the setting's row in utils/launch/settings.tsv
+    assert line == (
+        "submit.sh: SITE_GPU_REQUEST='no' must be 0 or 1; SITE_GPU_REQUEST is whether submit.sh asks Slurm"
+        " for each node's GPUs (1) or the cluster gives whole nodes (0)"
+    )
     line = refused(submit(env, "70b", "-N", "4", SITE_GPU_MEMORY_GB="80GB"), env, workspace)
-    assert line == "submit.sh: SITE_GPU_MEMORY_GB='80GB' must be a whole number from 1 to 100000"
+    assert line == (
+        "submit.sh: SITE_GPU_MEMORY_GB='80GB' must be a whole number from 1 to 100000;"
+        " SITE_GPU_MEMORY_GB is the memory of one of the cluster's GPUs in GB"
+    )
 
 
 def test_a_cpu_config_asks_for_no_gpu(env):

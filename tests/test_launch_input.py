@@ -6,6 +6,7 @@ empty (no snapshot, no job directory, no log).
 """
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -94,7 +95,7 @@ def test_submit_rejects(args, message, fake_sbatch, workspace, venv):
         ({"STAGE_TIMEOUTS": "preflight:60\ntrain:100"}, "STAGE_TIMEOUTS has a line break"),
         ({"METRICS_INTERVAL": "abc"}, "METRICS_INTERVAL='abc' must be a whole number from 1 to 3600"),
         ({"METRICS_INTERVAL": "0"}, "METRICS_INTERVAL='0' must be a whole number"),
-        ({"RAY_JOIN_TIMEOUT": "abc"}, "RAY_JOIN_TIMEOUT='abc' must be a whole number"),
+        ({"MST_RAY_JOIN_TIMEOUT": "abc"}, "MST_RAY_JOIN_TIMEOUT='abc' must be a whole number"),
         ({"ENABLE_COREDUMPS": "yes"}, "ENABLE_COREDUMPS='yes' must be 0 or 1"),
         ({"COREDUMP_DIR": "cores"}, "COREDUMP_DIR='cores' must be an absolute path"),
         ({"COREDUMP_WAIT": "-1"}, "COREDUMP_WAIT='-1' must be a whole number from 0 to 3600"),
@@ -279,3 +280,43 @@ def test_dry_run_submits_and_writes_nothing(fake_sbatch, workspace, venv):
     assert "HF_TOKEN=<redacted>" in res.stdout and "abc123" not in res.stdout
     assert not Path(fake_sbatch["SBATCH_CALLS"]).exists()
     assert not any(workspace.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("cmd", "env", "status", "message"),
+    [
+        (["submit.sh", "tiny", "-N", "two"], {}, 2, "bad node count 'two'"),
+        (["submit.sh", "--bogus"], {}, 2, "first argument must be MODEL[:TAG]"),
+        (["submit.sh", "tiny", "--run", "a b"], {}, 2, "bad run alias 'a b'"),
+        (["run_local.sh", "tiny", "--bogus"], {}, 2, "unexpected '--bogus'"),
+        (["utils/prometheus.sh", "bogus"], {}, 2, "unknown command 'bogus'"),
+        (["submit.sh", "tiny"], {"RAY": "yes"}, 1, "RAY='yes' must be 0 or 1"),
+        (["submit.sh", "nosuchmodel"], {}, 1, "unknown model 'nosuchmodel'"),
+        (["utils/prometheus.sh", "view", "/nonexistent/job"], {}, 1, "/nonexistent/job does not exist"),
+    ],
+)
+def test_exit_status_rule(cmd, env, status, message, fake_sbatch, workspace, venv):
+    """utils/launch/lib.sh "Exit status": 2 for a wrong command line (die_usage), 1 for everything else
+    (die); one line either way."""
+    res = run([str(REPO / cmd[0]), *cmd[1:]], env={**fake_sbatch, **launcher_env(workspace), **env})
+    lines = res.stderr.strip().splitlines()
+    assert (res.returncode, len(lines)) == (status, 1), res.stderr
+    assert message in lines[0]
+
+
+def test_command_line_errors_use_die_usage():
+    """The phrases of a wrong command line are never said through die (exit 1) in a shell script."""
+    from test_lint import project_files
+
+    usage = re.compile(
+        r'\bdie "(unknown option|unknown command|[^"]* takes one |bad node count'
+        r"|(--?[a-z-]+|\$1) needs (a value|a count|a node count|a run alias|START))"
+    )
+    wrong = [
+        f"{path.relative_to(REPO)}:{n}"
+        for path in project_files()
+        if path.suffix in {".sh", ".sbatch"} or path.name in {"submit.sh", "run_local.sh"}
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        if usage.search(line)
+    ]
+    assert not wrong, wrong

@@ -3,7 +3,7 @@ NCCL_IB_HCA and NCCL_IB_GID_INDEX chosen per node where nobody set them, the RDM
 libraries a container gets (_container.sh), and preflight's network check.
 
 This machine has no RDMA NIC: the real netenv.sh reads fixture nodes through its test hooks
-(MST_SYSFS_ROOT, MST_DEV_ROOT, MST_PROC_ROOT, MST_HOST_ROOT). The trees mirror the kernel's sysfs for mlx5
+(MST_SYSFS_ROOT, MST_DEV_ROOT, MST_PROCFS_ROOT, MST_HOST_ROOT). The trees mirror the kernel's sysfs for mlx5
 (ConnectX, InfiniBand and RoCE), bnxt_re (Broadcom Thor 2) and ionic (AMD Pensando Pollara), a node with
 no ACTIVE port and one whose address sits on a link that is down; tests/fixtures/sysfs/README.md names the
 kernel and rdma-core sources of every file. `ip` is a stand-in that prints each node's recorded
@@ -56,7 +56,7 @@ def node_env(fixture: str, nodes: int = 2, **env: str) -> dict[str, str]:
         "PATH": f"{FIX / 'bin'}:{os.environ['PATH']}",
         "MST_SYSFS_ROOT": str(node / "sys"),
         "MST_DEV_ROOT": str(node / "dev"),
-        "MST_PROC_ROOT": str(node / "proc"),
+        "MST_PROCFS_ROOT": str(node / "proc"),
         "JOB_HOSTNAME": "n7",
         "JOB_NUM_NODES": str(nodes),
         "JOB_NODE_RANK": "1" if nodes > 1 else "0",

@@ -318,8 +318,8 @@ def test_falls_back_to_the_plain_launch_when_ray_cannot_start(cluster, workspace
         "--",
         "steps=5",
         RAY="1",
-        RAY_OBJECT_STORE_BYTES="1000000000000",
-        RAY_JOIN_TIMEOUT="20",
+        MST_RAY_OBJECT_STORE_BYTES="1000000000000",
+        MST_RAY_JOIN_TIMEOUT="20",
     )
     assert wait_job_end(cluster, job_id, 300) == "COMPLETED", log.read_text()[-3000:]
     assert log_has(log, r"^n1: _train_with_ray.sh: Ray head did not start on n1: .* falling back to the plain launch")

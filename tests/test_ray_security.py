@@ -210,7 +210,7 @@ def test_one_node_ray_is_on_loopback_and_authenticated(tmp_path):
                 "RAY_ADDRESS": address,
                 "RAY_AUTH_MODE": "token",
                 "RAY_AUTH_TOKEN_PATH": token_file,
-                "RAY_JOIN_TIMEOUT": "60",
+                "MST_RAY_JOIN_TIMEOUT": "60",
             },
         )
         assert drv.returncode == 0, drv.stdout[-2000:] + drv.stderr[-2000:]

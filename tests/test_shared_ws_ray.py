@@ -299,7 +299,7 @@ def test_a_worker_never_sends_the_token_to_a_planted_head(users, base, tmp_path)
             "JOB_NODE_RANK": "1",
             "MST_REPO": str(REPO),
             "MST_PYTHON": str(VENV / "bin/python"),
-            "RAY_JOIN_TIMEOUT": "10",
+            "MST_RAY_JOIN_TIMEOUT": "10",
             "TMPDIR": str(node_tmp),
         }
         run = as_user(victim, [str(REPO / "_train_with_ray.sh")], env=env, umask=0o002, timeout=120)
@@ -347,7 +347,7 @@ def test_planted_ray_head_gets_no_token_and_runs_nothing(users, base, cluster, k
             "steps=200",
             umask=umask,
             RAY="1",
-            RAY_JOIN_TIMEOUT="60",
+            MST_RAY_JOIN_TIMEOUT="60",
         )
         job_dir = log.with_suffix("")
         tries = plant(attacker, ws, job_dir, f"127.0.0.1:{listener.port}")

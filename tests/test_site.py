@@ -146,13 +146,12 @@ def test_user_and_home_expand(fake, tmp_path, venv):
 
 def test_the_example_documents_every_site_setting(fake, tmp_path, venv):
     """configs/site.env.sh.example with every example line switched on is a valid site file, and it
-    names every setting a site file may set (the table in utils/launch/site.sh)."""
+    names every setting a site file may set (the site column of utils/launch/settings.tsv)."""
     example = (REPO / "configs" / "site.env.sh.example").read_text()
     on = re.sub(r"^#export ", "export ", example, flags=re.M)
     out = dry_run({**fake, "MST_SITE_FILE": site_file(tmp_path, on)})
-    table = re.search(r'^SITE_VARS="(.*?)"', (REPO / "utils/launch/site.sh").read_text(), re.S | re.M)
-    assert table
-    names = set(table.group(1).split())
+    rows = [line.split("\t") for line in (REPO / "utils/launch/settings.tsv").read_text().splitlines()]
+    names = {row[0] for row in rows if not row[0].startswith("#") and row[3] == "yes"}
     assert names == set(re.findall(r"^export (\w+)=", on, re.M))
     applied = {kv.split("=", 1)[0] for kv in shlex.split(out["site"])[1:]}
     assert applied == names - {"SITE_SBATCH_FLAGS"} | {"sbatch"}
@@ -169,7 +168,7 @@ BAD = [
     ("CONTAINER_IMAGE=x", ":2: not a comment"),
     ("source {probe}", ":2: not a comment"),
     ("export CONTAINER_IMAGE=x; touch {probe}", ":2: not a comment"),
-    ("export HF_TOKEN=hf_123", ":2: 'HF_TOKEN' is not a site setting; a site file may set: SITE_SBATCH_FLAGS "),
+    ("export HF_TOKEN=hf_123", ":2: 'HF_TOKEN' is not a site setting; a site file may set: STAGE_TIMEOUTS "),
     ("export CONTAINER_IMAGE=x\nexport CONTAINER_IMAGE=y", ":3: CONTAINER_IMAGE is set twice (also on line 2)"),
     ("export CONTAINER_IMAGE=x\r", ":2: the line ends in a carriage return"),
     ("export SITE_SBATCH_FLAGS=--job-name=x", "(from {site}): sbatch flag '--job-name=x' (--job-name) contradicts"),

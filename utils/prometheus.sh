@@ -101,7 +101,7 @@ check_time() { # NAME VALUE: unix seconds or RFC3339 that date(1) accepts
   [[ "$2" =~ ^[0-9]+(\.[0-9]+)?$ ]] && return 0
   [[ "$2" =~ ^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})$ ]] &&
     date -u -d "$2" +%s >/dev/null 2>&1 && return 0
-  die "bad $1 '$2': expected unix seconds (1714564800) or RFC3339 (2024-05-01T12:00:00Z)"
+  die_usage "bad $1 '$2': expected unix seconds (1714564800) or RFC3339 (2024-05-01T12:00:00Z)"
 }
 
 block_range() { # TSDB -> "FIRST_MS LAST_MS" over its blocks (meta.json maxTime is exclusive); nothing if none
@@ -125,8 +125,8 @@ one_operand() {
   while (($#)); do
     case $1 in
       -h | --help) show_help "$cmd"; exit 0 ;;
-      -?*) die "unknown option $1 for $cmd (it takes only $what)" ;;
-      *) [[ -z "$operand" ]] || die "$cmd takes one $what, got '$operand' and '$1'"; operand=$1 ;;
+      -?*) die_usage "unknown option $1 for $cmd (it takes only $what)" ;;
+      *) [[ -z "$operand" ]] || die_usage "$cmd takes one $what, got '$operand' and '$1'"; operand=$1 ;;
     esac
     shift
   done
@@ -259,18 +259,18 @@ cmd_view() {
   while (($#)); do
     case $1 in
       -h | --help) show_help view; exit 0 ;;
-      --port | --bind) (($# >= 2)) || die "$1 needs a value"
+      --port | --bind) (($# >= 2)) || die_usage "$1 needs a value"
         if [[ "$1" == --port ]]; then port=$2; else bind=$2; fi; shift ;;
-      -?*) die "unknown option $1 for view (expected --port P or --bind ADDR)" ;;
-      *) [[ -z "$target" ]] || die "view takes one JOB_DIR_OR_TSDB, got '$target' and '$1'"; target=$1 ;;
+      -?*) die_usage "unknown option $1 for view (expected --port P or --bind ADDR)" ;;
+      *) [[ -z "$target" ]] || die_usage "view takes one JOB_DIR_OR_TSDB, got '$target' and '$1'"; target=$1 ;;
     esac
     shift
   done
-  [[ -n "$target" ]] || die "view needs JOB_DIR_OR_TSDB (a job dir or a TSDB dir)"
+  [[ -n "$target" ]] || die_usage "view needs JOB_DIR_OR_TSDB (a job dir or a TSDB dir)"
   if [[ -n "$port" ]]; then
-    [[ "$port" =~ ^[0-9]{1,5}$ && "$port" -ge 1 && "$port" -le 65535 ]] || die "bad --port '$port': expected a number 1-65535"
+    [[ "$port" =~ ^[0-9]{1,5}$ && "$port" -ge 1 && "$port" -le 65535 ]] || die_usage "bad --port '$port': expected a number 1-65535"
   fi
-  [[ "$bind" =~ ^[A-Za-z0-9._:-]+$ ]] || die "bad --bind '$bind': expected an address such as 127.0.0.1 or 0.0.0.0"
+  [[ "$bind" =~ ^[A-Za-z0-9._:-]+$ ]] || die_usage "bad --bind '$bind': expected an address such as 127.0.0.1 or 0.0.0.0"
   resolve_tsdb "$target"
   find_prometheus
   if [[ -n "$port" ]]; then
@@ -320,23 +320,23 @@ cmd_query() {
   while (($#)); do
     case $1 in
       -h | --help) show_help query; exit 0 ;;
-      --time) (($# >= 2)) || die "--time needs a value: unix seconds or RFC3339"; t=$2; shift ;;
-      --range) (($# >= 4)) || die "--range needs START END STEP (e.g. --range 1714564800 1714568400 15s)"
+      --time) (($# >= 2)) || die_usage "--time needs a value: unix seconds or RFC3339"; t=$2; shift ;;
+      --range) (($# >= 4)) || die_usage "--range needs START END STEP (e.g. --range 1714564800 1714568400 15s)"
         range=("$2" "$3" "$4"); shift 3 ;;
       --) shift; args+=("$@"); break ;;
-      -?*) die "unknown option $1 for query (expected --time T or --range START END STEP)" ;;
+      -?*) die_usage "unknown option $1 for query (expected --time T or --range START END STEP)" ;;
       *) args+=("$1") ;;
     esac
     shift
   done
-  ((${#args[@]} == 2)) || die "query needs JOB_DIR_OR_TSDB and one 'PROMQL' (quote it), got ${#args[@]} argument(s)"
-  [[ -z "$t" || ${#range[@]} -eq 0 ]] || die "use either --time or --range, not both"
+  ((${#args[@]} == 2)) || die_usage "query needs JOB_DIR_OR_TSDB and one 'PROMQL' (quote it), got ${#args[@]} argument(s)"
+  [[ -z "$t" || ${#range[@]} -eq 0 ]] || die_usage "use either --time or --range, not both"
   [[ -z "$t" ]] || check_time --time "$t"
   if ((${#range[@]})); then
     check_time START "${range[0]}"
     check_time END "${range[1]}"
     [[ "${range[2]}" =~ ^[0-9]+(\.[0-9]+)?$|^([0-9]+(ms|[smhdwy]))+$ ]] ||
-      die "bad STEP '${range[2]}': expected seconds (15) or a duration (15s, 1m)"
+      die_usage "bad STEP '${range[2]}': expected seconds (15) or a duration (15s, 1m)"
   fi
   resolve_tsdb "${args[0]}"
   find_prometheus
@@ -369,7 +369,7 @@ cmd_serve() {
   local target port range rc
   one_operand serve JOB_DIR_OR_TSDB "$@"
   target=$operand
-  [[ -n "$target" ]] || die "serve needs JOB_DIR_OR_TSDB (a job dir or a TSDB dir)"
+  [[ -n "$target" ]] || die_usage "serve needs JOB_DIR_OR_TSDB (a job dir or a TSDB dir)"
   resolve_tsdb "$target"
   find_prometheus
   port=$(free_port $((20000 + RANDOM % 10000))) || die "no free port for prometheus"
@@ -396,7 +396,7 @@ main() {
       ;;
     -h | --help | help) show_help "${2:-}" ;;
     "") show_help >&2; exit 1 ;;
-    *) die "unknown command '$cmd' (expected list, view or query, or serve for programs; see --help)" ;;
+    *) die_usage "unknown command '$cmd' (expected list, view or query, or serve for programs; see --help)" ;;
   esac
 }
 

@@ -25,7 +25,7 @@
 #          /sys/class/kfd/kfd/proc/PID/vram_GPUID (bytes; GPUID from .../topology/nodes/N/gpu_id,
 #          the card from that node's drm_render_minor).
 #   NVIDIA /dev/nvidiactl: nvidia-smi --query-gpu and --query-compute-apps (csv,noheader,nounits).
-# Test hooks (fixture trees, tests/fixtures/gpu/): MST_SYSFS_ROOT (default /sys), MST_PROC_ROOT
+# Test hooks (fixture trees, tests/fixtures/gpu/): MST_SYSFS_ROOT (default /sys), MST_PROCFS_ROOT
 #   (/proc), MST_DEV_ROOT (/dev); "%h" in them stands for this node's name (JOB_HOSTNAME), so
 #   the nodes of a local cluster on one machine can each see their own tree.
 # Exit status: 0 healthy (or no GPU and none expected), 1 a problem.

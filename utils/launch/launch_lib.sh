@@ -2,8 +2,8 @@
 # Launch-time checks shared by submit.sh and run_local.sh (source after lib.sh).
 #   stage_timeouts [SPEC]     print "STAGE SECONDS" per stage, defaults overlaid with SPEC
 #                             (STAGE_TIMEOUTS syntax "image:1800,preflight:600,train:86400"); dies on bad input
-#   check_settings            every launcher setting read from the environment, checked; dies
-#                             with a one-line reason on the first bad one
+#   check_settings            every setting of utils/launch/settings.tsv that is set, checked as its
+#                             row says; dies with a one-line reason on the first bad one
 #   check_sbatch_flags FLAG...  dies on a flag that contradicts what submit.sh sets itself
 #   prepare_launch MODEL[:TAG] REPO [NODES [IGNORE_MIN]]
 #                             resolve and check everything a launch needs before any side effect;
@@ -36,7 +36,7 @@
 
 source "$(dirname "${BASH_SOURCE[0]}")/site.sh"
 
-STAGE_TIMEOUT_DEFAULTS="image:1800,preflight:600,train:86400"
+STAGE_TIMEOUT_DEFAULTS=$(setting_default STAGE_TIMEOUTS)
 STAGE_TIMEOUT_MAX=31536000   # one year
 # shellcheck disable=SC2034  # used by submit.sh
 MAX_NODES=10000
@@ -59,53 +59,50 @@ stage_timeouts() {
   for p in "${order[@]}"; do printf '%s %s\n' "$p" "${lim[$p]}"; done
 }
 
-# int_setting NAME MIN MAX: NAME, when set, is a whole number in [MIN, MAX].
-int_setting() {
-  local v=${!1-}
-  [[ -z "${!1+x}" ]] && return 0
-  if ! [[ "$v" =~ ^[0-9]{1,15}$ ]] || (( 10#$v < $2 || 10#$v > $3 )); then
-    die "$1='$v' must be a whole number from $2 to $3"
+# check_settings: every row of the settings table with a check (utils/launch/settings.tsv) whose
+# variable is set; the first bad value dies with one line: NAME='VALUE', what it must be, the row's doc.
+check_settings() {
+  local name check doc v want lo hi
+  while IFS=$'\t' read -r name _ check _ _ _ doc; do
+    [[ "$check" == - || "$check" == renamed:* || ! -v "$name" ]] && continue
+    v=${!name}
+    [[ -n "$v" || "$check" == int:* || "$check" == loopback ]] || continue
+    want=""
+    case "$check" in
+      bool) [[ "$v" =~ ^[01]$ ]] || want="must be 0 or 1" ;;
+      int:*) IFS=: read -r want lo hi <<< "$check"; want=""
+        if ! [[ "$v" =~ ^[0-9]{1,15}$ ]] || (( 10#$v < lo || 10#$v > hi )); then
+          want="must be a whole number from $lo to $hi"
+        fi ;;
+      abspath) [[ "$v" == /* ]] || want="must be an absolute path (a file every node sees)" ;;
+      plainpath) [[ "$v" =~ ^/[A-Za-z0-9._/+@,=-]*$ ]] ||
+        want="must be an absolute path of letters, digits and . _ / + @ , = -" ;;
+      loopback) [[ "$v" =~ ^(127\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}|::1|localhost)$ ]] ||
+        want="must be a loopback address (e.g. 127.0.0.1)" ;;
+      exe) [[ -f "$v" && -x "$v" ]] || want="is not an executable file; point it at one or unset it" ;;
+      enum:*) [[ ",${check#enum:}," == *",$v,"* ]] || want="is not one of ${check#enum:}"; want=${want//,/, } ;;
+      fn:*) "${check#fn:}" "$v" >/dev/null || exit 1 ;;
+      *) die "utils/launch/settings.tsv: $name has the unknown check '$check'" ;;
+    esac
+    [[ -z "$want" ]] || die "$name='$v' $want; $name is $doc"
+  done < <(settings_rows)
+  return 0
+}
+
+# check_auth_file PATH: the registry credentials file is an absolute path, not readable by others.
+check_auth_file() {
+  [[ "$1" == /* ]] || die "CONTAINER_AUTH_FILE='$1' must be an absolute path (a file every node sees)"
+  if [[ -f "$1" ]] && (( (8#$(stat -L -c %a "$1") & 8#077) != 0 )); then
+    die "CONTAINER_AUTH_FILE='$1' has mode $(stat -L -c %a "$1"): others can read your registry credentials; chmod 600 it"
   fi
 }
 
-check_settings() {
-  [[ "${RAY:-0}" =~ ^[01]$ ]] || die "RAY='${RAY}' must be 0 or 1"
-  [[ "${ENABLE_COREDUMPS:-0}" =~ ^[01]$ ]] || die "ENABLE_COREDUMPS='${ENABLE_COREDUMPS}' must be 0 or 1"
-  [[ -z "${COREDUMP_DIR:-}" || "$COREDUMP_DIR" =~ ^/[A-Za-z0-9._/+@,=-]*$ ]] ||
-    die "COREDUMP_DIR='$COREDUMP_DIR' must be an absolute path of letters, digits and . _ / + @ , = - (a place with room that every node sees)"
-  int_setting COREDUMP_WAIT 0 3600
-  case "${CONTAINER_RUNTIME:-auto}" in auto|podman|docker|apptainer|singularity|pyxis|enroot|none) ;;
-    *) die "CONTAINER_RUNTIME='$CONTAINER_RUNTIME' is not one of auto, podman, docker, apptainer, singularity, pyxis, enroot, none" ;; esac
-  stage_timeouts "${STAGE_TIMEOUTS:-}" >/dev/null || exit 1
-  # the image stage's settings, as far as this machine can tell (the nodes check the files themselves)
-  local f
-  for f in CONTAINER_IMAGE_TAR CONTAINER_AUTH_FILE; do
-    [[ -z "${!f:-}" || "${!f}" == /* ]] || die "$f='${!f}' must be an absolute path (a file every node sees)"
-  done
-  if [[ -f "${CONTAINER_AUTH_FILE:-}" ]] && (( (8#$(stat -L -c %a "$CONTAINER_AUTH_FILE") & 8#077) != 0 )); then
-    die "CONTAINER_AUTH_FILE='$CONTAINER_AUTH_FILE' has mode $(stat -L -c %a "$CONTAINER_AUTH_FILE"): others can read your registry credentials; chmod 600 it"
-  fi
-  container_mounts --shape
-  int_setting METRICS_INTERVAL 1 3600
-  int_setting RAY_JOIN_TIMEOUT 10 86400
-  int_setting RAY_NUM_CPUS 1 100000
-  int_setting RAY_OBJECT_STORE_BYTES 78643200 1099511627776   # Ray's minimum is 75 MiB
-  int_setting PREFLIGHT_MIN_FREE_GB 0 1000000000
-  int_setting JOB_GPUS_PER_NODE 0 4096
-  int_setting SITE_GPU_MEMORY_GB 1 100000
-  [[ "${SITE_GPU_REQUEST:-1}" =~ ^[01]$ ]] ||
-    die "SITE_GPU_REQUEST='${SITE_GPU_REQUEST}' must be 1 (submit.sh asks Slurm for each node's GPUs) or 0 (the cluster gives whole nodes)"
+# check_mounts / check_host_settings VALUE: CONTAINER_MOUNTS' shape, PREFLIGHT_HOST_SETTINGS' names
+# and values (the table's fn: checks).
+check_mounts() { container_mounts --shape; }
+check_host_settings() {
   local bad
-  if [[ -n "${PREFLIGHT_HOST_SETTINGS:-}" ]] && ! bad=$(host_settings "$PREFLIGHT_HOST_SETTINGS" 2>&1 >/dev/null); then
-    die "$bad"
-  fi
-  # Prometheus and TensorBoard have no authentication: they listen on loopback only (SSH tunnel).
-  [[ -z "${DASHBOARD_BIND+x}" || "$DASHBOARD_BIND" =~ ^(127\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}|::1|localhost)$ ]] ||
-    die "DASHBOARD_BIND='$DASHBOARD_BIND' must be a loopback address (e.g. 127.0.0.1): the dashboards have no login; reach them through an SSH tunnel"
-  if [[ -n "${PROMETHEUS_BIN:-}" && ! -x "$PROMETHEUS_BIN" ]]; then
-    die "PROMETHEUS_BIN='$PROMETHEUS_BIN' is not an executable file; point it at a prometheus binary or unset it"
-  fi
-  return 0
+  bad=$(host_settings "$1" 2>&1 >/dev/null) || die "$bad"
 }
 
 # sbatch options submit.sh sets itself (long names); a user's flag for one of them, or an
@@ -190,6 +187,7 @@ prepare_launch() {
   # shellcheck disable=SC2034  # used by the scripts that source this file
   MODEL_NAME="JAX-$MODEL${MODEL_TAG:+-$MODEL_TAG}"
 
+  settings_renamed   # old names hand their values to the new ones, with a warning each
   site_load "$repo"
   # a bad value that came from the site file is blamed on it
   if msg=$(check_settings 2>&1); then [[ -z "$msg" ]] || printf '%s\n' "$msg" >&2

@@ -3,6 +3,7 @@ shopt -s extglob
 # Shared helpers for the launcher scripts. Source it; it defines functions only.
 #   usage                 print the running script's usage header (its --help)
 #   die MSG...            print "<prog>: MSG" to stderr and exit 1
+#   die_usage MSG...      the same, exit 2: the command line is wrong (see "Exit status" below)
 #   port_in_use PORT      true if something listens on TCP PORT (any address, IPv4 or IPv6)
 #   free_port START [N]   print the first port >= START that nobody listens on (tries N, default 100)
 #   private_dir PARENT    create a new directory only this user can enter, print its path
@@ -18,6 +19,8 @@ shopt -s extglob
 #   resubmit_excluding CMD HOST...  the submit command CMD with --exclude naming HOSTs too
 #   container_mounts DST...  CONTAINER_MOUNTS checked, as runtime flags in MOUNT_ARGS
 #   config_header ARG...  utils/launch/config_header.py (a config's header: aliases, minimum nodes)
+#   settings_names COLUMN / setting_default NAME / settings_renamed
+#                         the launcher's settings table, utils/launch/settings.tsv
 
 # The one help mechanism of every shell entry point (-h/--help): a script's usage header is its
 # comment block from the line "# Usage: ..." to the first line that is not a comment; it is printed
@@ -27,9 +30,18 @@ usage() {
     "${BASH_SOURCE[-1]}"
 }
 
+# Exit status of every shell entry point, on bad input one line on stderr and nothing done:
+#   2  the command line is wrong: an unknown option or command, a missing or extra argument, an
+#      option's value of the wrong form (-N two): checkable without looking at anything (die_usage)
+#   1  everything else: a bad setting (environment, site file, settings.tsv's checks), a config or
+#      override MaxText refuses, a path that does not exist or is not ours, a failure (die)
 die() {
   printf '%s: %s\n' "${PROG:-${0##*/}}" "$*" >&2
   exit 1
+}
+die_usage() {
+  printf '%s: %s\n' "${PROG:-${0##*/}}" "$*" >&2
+  exit 2
 }
 
 # Reads /proc/net/tcp{,6} directly: no ss/netstat/python needed on compute nodes.
@@ -205,18 +217,54 @@ resolve_model() {
   esac
 }
 
+# The launcher's settings, one row each: utils/launch/settings.tsv (its header says the columns).
+SETTINGS_TSV=${BASH_SOURCE[0]%/*}
+[[ "$SETTINGS_TSV" != "${BASH_SOURCE[0]}" ]] || SETTINGS_TSV=.
+[[ "$SETTINGS_TSV" == /* ]] || SETTINGS_TSV=$PWD/$SETTINGS_TSV
+SETTINGS_TSV+=/settings.tsv
+
+# settings_rows: the table's rows, "NAME<TAB>DEFAULT<TAB>CHECK<TAB>SITE<TAB>CONTAINER<TAB>RESERVED<TAB>DOC".
+settings_rows() { grep -v '^#' "$SETTINGS_TSV"; }
+
+# settings_names site|container|reserved: the names whose column says yes, in the table's order.
+settings_names() {
+  local col
+  case "$1" in site) col=4 ;; container) col=5 ;; reserved) col=6 ;; *) return 1 ;; esac
+  settings_rows | awk -F'\t' -v c="$col" '$c == "yes" { print $1 }'
+}
+
+# setting_default NAME: NAME's default as the table writes it (nothing for "-").
+setting_default() {
+  settings_rows | awk -F'\t' -v n="$1" '$1 == n && $2 != "-" { print $2 }'
+}
+
+# settings_renamed: each old name of the table (check renamed:NEW) that is set hands its value to NEW
+# (NEW set too: NEW wins), with one warning line on stderr each; the old name is unset. Accepted for
+# one release (docs/env-contract.md "Renamed settings").
+settings_renamed() {
+  local old new
+  while IFS=$'\t' read -r old new; do
+    [[ -v "$old" ]] || continue
+    if [[ -v "$new" ]]; then
+      echo "${PROG:-launch}: warning: $old is renamed $new, which is set too and wins; unset $old" >&2
+    else
+      export "$new=${!old}"
+      echo "${PROG:-launch}: warning: $old is renamed $new; its value is used this time, set $new instead (the old name goes in the next release)" >&2
+    fi
+    unset "$old"
+  done < <(settings_rows | awk -F'\t' '$3 ~ /^renamed:/ { sub(/^renamed:/, "", $3); print $1 "\t" $3 }')
+}
+
 # Variables the launcher sets and checks itself: _env_ cannot set them (the trainer would run with
-# values nobody validated). Prefixes MST_ JOB_ SLURM_ SLURMD_ SRUN_, and these names:
-RESERVED_ENV="MODEL MODEL_TAG TRAIN_OVERRIDES TRAIN_ENV_OVERRIDES STAGE_TIMEOUTS RAY ENABLE_COREDUMPS COREDUMP_DIR COREDUMP_WAIT
-DASHBOARD_BIND METRICS_INTERVAL RAY_JOIN_TIMEOUT PROMETHEUS_BIN RAY_NUM_CPUS RAY_OBJECT_STORE_BYTES
-CONTAINER_RUNTIME CONTAINER_IMAGE CONTAINER_ARGS CONTAINER_IMAGE_TAR CONTAINER_AUTH_FILE CONTAINER_MOUNTS
-PREFLIGHT_MIN_FREE_GB PREFLIGHT_HOST_SETTINGS SITE_SBATCH_FLAGS SITE_GPU_REQUEST SITE_GPU_MEMORY_GB
-JAX_COORDINATOR_IP JAX_COORDINATOR_PORT JAX_COORDINATOR_BIND_ADDRESS NNODES NODE_RANK PATH"
+# values nobody validated). Prefixes MST_ JOB_ SLURM_ SLURMD_ SRUN_, and the table's reserved names
+# (RESERVED_ENV, filled on first use).
+RESERVED_ENV=""
 OVERRIDES_MAX_BYTES=100000   # each list travels as one environment variable (Linux: 128 KiB at most)
 
 # is_reserved_env NAME: true when NAME is one of the launcher's own variables.
 is_reserved_env() {
-  [[ "$1" =~ ^(MST_|JOB_|SLURM_|SLURMD_|SRUN_) || " ${RESERVED_ENV//$'\n'/ } " == *" $1 "* ]]
+  [[ -n "$RESERVED_ENV" ]] || RESERVED_ENV=$(settings_names reserved | grep -Ev '^(MST_|JOB_)' | tr '\n' ' ')
+  [[ "$1" =~ ^(MST_|JOB_|SLURM_|SLURMD_|SRUN_) || " $RESERVED_ENV " == *" $1 "* ]]
 }
 
 # split_overrides ARG...: sort the arguments after `--` into two newline-separated lists,
@@ -242,7 +290,7 @@ split_overrides() {
       [[ "$key" != _env_M_* ]] ||
         die "'$key' would set a MaxText key behind the schema check (MaxText reads M_<KEY> variables); write the key as an override, e.g. steps=100"
       is_reserved_env "${key#_env_}" &&
-        die "'$key' sets a launcher variable, which _env_ cannot change; reserved: MST_* JOB_* SLURM_* SLURMD_* SRUN_* ${RESERVED_ENV//$'\n'/ }"
+        die "'$key' sets a launcher variable, which _env_ cannot change; reserved: MST_* JOB_* SLURM_* SLURMD_* SRUN_* ${RESERVED_ENV% }"
       TRAIN_ENV_OVERRIDES+="${a#_env_}"$'\n'
     else
       [[ "$key" =~ ^[A-Za-z_][A-Za-z0-9_.]*$ ]] || die "bad MaxText key in override '$(shown_kv maxtext "$a")': keys look like per_device_batch_size=2"
@@ -260,8 +308,11 @@ split_overrides() {
 # Secrets. An environment name is secret when, upper-cased, it matches SECRET_NAME_RE (HF_TOKEN,
 # AWS_SECRET_ACCESS_KEY, DB_PASSWORD, OPENAI_KEY, GITHUB_PAT, PRIVATE_KEY, BASIC_AUTH, ...); a MaxText
 # key is secret when it is one of SECRET_MAXTEXT_KEYS (MaxText's credential settings). Their whole
-# values are hidden wherever the launcher shows them (docs/security.md).
-SECRET_NAME_RE='TOKEN($|_)|SECRET|PASSW|PASSPHRASE|CREDENTIAL|COOKIE|PRIVATE|AUTH|APIKEY|(^|_)KEY($|_)|(^|_)PAT($|_)|(^|_)DSN($|_)'
+# values are hidden wherever the launcher shows them (docs/security.md). The pattern is the one line of
+# utils/launch/secret_names.re (an extended regex that Python's re reads alike; utils/mcpserver/jobs.py
+# holds the same, tests/test_settings.py checks).
+read -r SECRET_NAME_RE < "${SETTINGS_TSV%/*}/secret_names.re" || true
+[[ -n "$SECRET_NAME_RE" ]] || SECRET_NAME_RE=.   # file missing: every name is secret (hide, never show)
 SECRET_MAXTEXT_KEYS="hf_access_token"
 
 # is_secret_env NAME / is_secret_key KEY: true when the value of that variable / MaxText key is a secret.
@@ -319,14 +370,14 @@ shown_cmd() {
 }
 
 # node_root sys|proc|dev: the root this node's /sys, /proc or /dev files are read under. Test hooks
-# MST_SYSFS_ROOT, MST_PROC_ROOT, MST_DEV_ROOT (docs/env-contract.md) point the node-side checks at
+# MST_SYSFS_ROOT, MST_PROCFS_ROOT, MST_DEV_ROOT (docs/env-contract.md) point the node-side checks at
 # fixture trees; "%h" in them stands for this node's name, so each node of a local cluster on one
 # machine can be given its own tree.
 node_root() {
   local v
   case "$1" in
     sys) v=${MST_SYSFS_ROOT:-/sys} ;;
-    proc) v=${MST_PROC_ROOT:-/proc} ;;
+    proc) v=${MST_PROCFS_ROOT:-/proc} ;;
     dev) v=${MST_DEV_ROOT:-/dev} ;;
     *) return 1 ;;
   esac

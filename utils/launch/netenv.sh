@@ -27,7 +27,7 @@
 # netenv_counter_globs).
 # Reads /sys/class/net, /sys/class/infiniband, `ip -o addr show` and `ip -o route get` (without ip,
 # /proc/net/route) and getent for a node address that is a name.
-# Test hooks (docs/env-contract.md): MST_SYSFS_ROOT (/sys), MST_PROC_ROOT (/proc), MST_DEV_ROOT (/dev),
+# Test hooks (docs/env-contract.md): MST_SYSFS_ROOT (/sys), MST_PROCFS_ROOT (/proc), MST_DEV_ROOT (/dev),
 #   MST_HOST_ROOT (/: the host's libraries and /etc/libibverbs.d); "%h" in them is the node's name.
 
 _netenv_here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

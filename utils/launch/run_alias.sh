@@ -25,7 +25,7 @@
 check_run_alias() {
   local a=$1
   [[ -n "$a" && "$(safe_name "$a")" == "$a" ]] ||
-    die "bad run alias '$a': use letters, digits, . _ - only (at most 64, not starting with . or -), e.g. --run exp1"
+    die_usage "bad run alias '$a': use letters, digits, . _ - only (at most 64, not starting with . or -), e.g. --run exp1"
 }
 
 # With --run, the launcher decides where checkpoints go and turns checkpointing on; an override that

@@ -15,10 +15,10 @@
 #                           option, or set sbatch's variable for it: SBATCH_PARTITION ...); the
 #                           kept ones are added to MST_SITE_APPLIED as sbatch=FLAG
 
-# The variables a site file may set; anything else is refused (the list is in the error).
-SITE_VARS="SITE_SBATCH_FLAGS SITE_GPU_REQUEST SITE_GPU_MEMORY_GB CONTAINER_RUNTIME CONTAINER_IMAGE CONTAINER_IMAGE_TAR CONTAINER_AUTH_FILE
-CONTAINER_MOUNTS JOB_GPUS_PER_NODE PREFLIGHT_HOST_SETTINGS PREFLIGHT_MIN_FREE_GB STAGE_TIMEOUTS
-NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME NCCL_IB_HCA NCCL_IB_GID_INDEX COREDUMP_DIR MST_NOTIFY"
+# The variables a site file may set (the rows of utils/launch/settings.tsv whose site column says
+# yes); anything else is refused (the list is in the error).
+SITE_VARS=$(settings_names site | tr '\n' ' ')
+SITE_VARS=${SITE_VARS% }
 
 # sbatch's one-letter options and their long names: with a value (-p gpu, -pgpu) and without.
 SBATCH_SHORT_ARG="A=account a=array b=begin C=constraint c=cpus-per-task D=chdir d=dependency
@@ -72,8 +72,8 @@ site_load() {
           "no \` or \\, no \$ but in \$USER and \$HOME: the site file is read as data, not run)"
       fi
       [[ "$value" == [\"\']* ]] && value=${value:1:-1}
-      [[ " ${SITE_VARS//$'\n'/ } " == *" $name "* ]] ||
-        die "$file:$n: '$name' is not a site setting; a site file may set: ${SITE_VARS//$'\n'/ }"
+      [[ " $SITE_VARS " == *" $name "* ]] ||
+        die "$file:$n: '$name' is not a site setting; a site file may set: $SITE_VARS"
       [[ ! -v "at[$name]" ]] || die "$file:$n: $name is set twice (also on line ${at[$name]}); keep one"
       at[$name]=$n val[$name]=$value
       order+=("$name")

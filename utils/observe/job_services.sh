@@ -103,6 +103,6 @@ CONF
     done
     sup=$(cat "$run_dir/supervisor.pid" 2>/dev/null) && wait "$sup" 2>/dev/null
     ;;
-  *) die "unknown command '${1:-}': use start or stop (see --help)" ;;
+  *) die_usage "unknown command '${1:-}': use start or stop (see --help)" ;;
 esac
 exit 0

@@ -122,8 +122,8 @@ start() {  # ADDR ARGS...: start Ray on this node with the common arguments
   # process cannot lower it again): the trainer would lose the CPU to every daemon on the node.
   RAY_worker_niceness=0 ray_start "$@" --node-ip-address="$addr" --disable-usage-stats \
     --temp-dir="$MST_JOB_SCRATCH/ray" --include-log-monitor=false \
-    --num-cpus="${RAY_NUM_CPUS:-1}" --num-gpus=0 --resources="{\"$resource\": 1}" \
-    --object-store-memory="${RAY_OBJECT_STORE_BYTES:-268435456}" \
+    --num-cpus="${MST_RAY_NUM_CPUS:-1}" --num-gpus=0 --resources="{\"$resource\": 1}" \
+    --object-store-memory="${MST_RAY_OBJECT_STORE_BYTES:-268435456}" \
     --metrics-export-port="$metrics_port" \
     --dashboard-agent-listen-port="$(free_port 52365)" \
     --dashboard-agent-grpc-port="$(free_port 53365)" \
@@ -158,5 +158,5 @@ case "${1:-}" in
       (( alive )) || break; sleep 0.25
     done
     kill -KILL "${pids[@]}" 2>/dev/null || true ;;
-  *) die "unknown command '${1:-}': use head, worker or stop (see --help)" ;;
+  *) die_usage "unknown command '${1:-}': use head, worker or stop (see --help)" ;;
 esac
