@@ -263,9 +263,14 @@ def monitor(*args: str, **env: str) -> subprocess.CompletedProcess:
     [
         ([], "give JOB ... or --all"),
         (["1", "--all"], "give JOB ... or --all"),
-        (["41", "--slowdown", "1.5"], "--slowdown is a fraction"),
-        (["41", "--interval", "0"], "--interval must be > 0"),
-        (["41", "--auto-recover", "11"], "--auto-recover takes 0 .. 10"),
+        (["41", "--slowdown", "1.5"], "--slowdown: '1.5' must be a fraction of the steady throughput"),
+        (["41", "--interval", "0"], "--interval: '0' must be a positive number"),
+        (["41", "--interval", "soon"], "--interval: 'soon' is not a number"),
+        (["41", "--hang-factor", "nan"], "--hang-factor: 'nan' must be a positive number"),
+        (["41", "--auto-recover", "11"], "--auto-recover: '11' must be 0 .. 10"),
+        (["41", "--auto-recover", "2.5"], "--auto-recover: '2.5' is not a whole number"),
+        (["41", "--linger", "-1"], "--linger: '-1' must be 0 or more"),
+        (["41", "--since", "1h"], "unrecognized arguments: --since 1h (see job_monitor.py --help)"),
         (["977"], "977"),
     ],
 )

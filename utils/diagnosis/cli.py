@@ -99,7 +99,7 @@ class Option:
     """One option of a tool, declared once for its command line and its MCP tool.
 
     NAME is the Python and MCP name (hang_factor); the command line spells it --hang-factor. TYPE is
-    bool (a flag), int, float, str or Path; a number's bounds (GE, GT, LE) check it on both sides, and
+    bool (a flag), int, float, str or Path; a number's bounds (GE, GT, LE, LT) check it on both sides, and
     MUST says what would be right when the bounds alone say it badly. HELP is the MCP description and
     the start of the --help line, which ends with "(NOTE)": by default "default D" for a number with a
     default D. Options of one GROUP exclude each other. CLI_ONLY says why the MCP tool does not offer
@@ -113,6 +113,7 @@ class Option:
     ge: float | None = None
     gt: float | None = None
     le: float | None = None
+    lt: float | None = None
     must: str = ""
     metavar: str | None = None
     note: str | None = None
@@ -126,20 +127,25 @@ class Option:
     def accepts(self, x: float) -> bool:
         """Whether the number X is within the bounds."""
         return (
-            (self.ge is None or x >= self.ge) and (self.gt is None or x > self.gt) and (self.le is None or x <= self.le)
+            (self.ge is None or x >= self.ge)
+            and (self.gt is None or x > self.gt)
+            and (self.le is None or x <= self.le)
+            and (self.lt is None or x < self.lt)
         )
 
     def bounds(self) -> str:
-        """The bounds in words ("1 or more", "a positive whole number", "0 .. 199")."""
+        """The bounds in words: MUST, else "a positive whole number", "0 .. 10", "1 or more", ..."""
         if self.must:
             return self.must
-        whole = self.type is int
-        if self.gt == 0 and self.ge is None and self.le is None:
-            return "a positive whole number" if whole else "a positive number"
-        low = f"{self.ge:g}" if self.ge is not None else f"more than {self.gt:g}" if self.gt is not None else None
-        if self.le is None:
-            return f"{low} or more" if self.ge is not None else str(low)
-        return f"{low} .. {self.le:g}" if self.ge is not None else f"{low} and at most {self.le:g}"
+        if (self.ge, self.le, self.lt) == (None, None, None) and self.gt == 0:
+            return "a positive whole number" if self.type is int else "a positive number"
+        if self.ge is not None and self.le is not None and (self.gt, self.lt) == (None, None):
+            return f"{self.ge:g} .. {self.le:g}"
+        words = [f"{self.ge:g} or more"] if self.ge is not None else []
+        words += [f"more than {self.gt:g}"] if self.gt is not None else []
+        words += [f"at most {self.le:g}"] if self.le is not None else []
+        words += [f"less than {self.lt:g}"] if self.lt is not None else []
+        return " and ".join(words) or "a number"
 
     def cli_help(self) -> str:
         note = self.note
@@ -166,7 +172,7 @@ def add_options(ap: argparse.ArgumentParser, options: tuple[Option, ...]) -> Non
             kw["metavar"] = o.metavar
         if o.choices:
             kw["choices"] = o.choices
-        if o.type in (int, float) and (o.ge, o.gt, o.le) != (None, None, None):
+        if o.type in (int, float) and (o.ge, o.gt, o.le, o.lt) != (None, None, None, None):
             kw["type"] = number(o.type, o.accepts, o.bounds())
         elif o.type is not str:
             kw["type"] = o.type

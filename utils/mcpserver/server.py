@@ -47,7 +47,7 @@ def argument(o: cli.Option) -> Any:
     kind: Any = Literal[o.choices] if o.choices else o.type
     if o.default is None:
         kind = kind | None
-    bounds = {k: v for k, v in (("ge", o.ge), ("gt", o.gt), ("le", o.le)) if v is not None}
+    bounds = {k: v for k, v in (("ge", o.ge), ("gt", o.gt), ("le", o.le), ("lt", o.lt)) if v is not None}
     return Annotated[kind, Field(description=o.help, **bounds)]
 
 
