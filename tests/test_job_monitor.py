@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, VENV
 
-from monitor import recover
+from monitor import cli, recover
 from monitor.watch import Rules, Watch
 
 T0 = 1795730400.0  # 2026-11-26T22:00:00Z
@@ -281,6 +281,13 @@ def test_bad_input_is_one_line_exit_2(tmp_path, args, says):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("job_monitor.py: ") and says in lines[0], r.stderr
     assert not (tmp_path / "ws/41-JAX-tiny/monitor").exists()
+
+
+def test_the_options_default_to_the_rules_defaults():
+    """job_monitor.py's options (declared once in monitor/cli.py) are the Rules a caller gets by default."""
+    a = cli.build_parser().parse_args(["41"])
+    fields = ("hang_factor", "hang_floor", "pause_grace", "slowdown")
+    assert {f: getattr(a, f) for f in fields} == {f: getattr(Rules(), f) for f in fields}
 
 
 def test_once_then_status(tmp_path):
