@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, VENV
 
-from monitor import recover
+from monitor import cli, recover
 from monitor.watch import Rules, Watch
 
 T0 = 1795730400.0  # 2026-11-26T22:00:00Z
@@ -278,9 +278,14 @@ def monitor(*args: str, **env: str) -> subprocess.CompletedProcess:
     [
         ([], "give JOB ... or --all"),
         (["1", "--all"], "give JOB ... or --all"),
-        (["41", "--slowdown", "1.5"], "--slowdown is a fraction"),
-        (["41", "--interval", "0"], "--interval must be > 0"),
-        (["41", "--auto-recover", "11"], "--auto-recover takes 0 .. 10"),
+        (["41", "--slowdown", "1.5"], "--slowdown: '1.5' must be a fraction of the steady throughput"),
+        (["41", "--interval", "0"], "--interval: '0' must be a positive number"),
+        (["41", "--interval", "soon"], "--interval: 'soon' is not a number"),
+        (["41", "--hang-factor", "nan"], "--hang-factor: 'nan' must be a positive number"),
+        (["41", "--auto-recover", "11"], "--auto-recover: '11' must be 0 .. 10"),
+        (["41", "--auto-recover", "2.5"], "--auto-recover: '2.5' is not a whole number"),
+        (["41", "--linger", "-1"], "--linger: '-1' must be 0 or more"),
+        (["41", "--since", "1h"], "unrecognized arguments: --since 1h (see job_monitor.py --help)"),
         (["977"], "977"),
     ],
 )
@@ -291,6 +296,13 @@ def test_bad_input_is_one_line_exit_2(tmp_path, args, says):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("job_monitor.py: ") and says in lines[0], r.stderr
     assert not (tmp_path / "ws/41-JAX-tiny/monitor").exists()
+
+
+def test_the_options_default_to_the_rules_defaults():
+    """job_monitor.py's options (declared once in monitor/cli.py) are the Rules a caller gets by default."""
+    a = cli.build_parser().parse_args(["41"])
+    fields = ("hang_factor", "hang_floor", "pause_grace", "slowdown")
+    assert {f: getattr(a, f) for f in fields} == {f: getattr(Rules(), f) for f in fields}
 
 
 def test_once_then_status(tmp_path):

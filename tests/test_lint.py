@@ -128,7 +128,9 @@ def test_every_entry_point_helps_from_anywhere():
     assert problems == [], "\n".join(problems)
 
 
-@pytest.mark.parametrize("tool", ["triage", "diagnose", "perf", "sweep", "host_bridge", "mcp_server"])
+@pytest.mark.parametrize(
+    "tool", ["triage", "diagnose", "perf", "investigate", "sweep", "job_monitor", "host_bridge", "mcp_server"]
+)
 def test_user_commands_run_directly(tool):
     """utils/<tool>.py runs through its #! line with whatever python3 is first on PATH: it finds the
     project's environment itself (no .venv/bin/python in front, no PYTHONPATH)."""
@@ -136,9 +138,10 @@ def test_user_commands_run_directly(tool):
     env["PATH"] = "/usr/local/bin:/usr/bin:/bin"
     res = run([str(REPO / "utils" / f"{tool}.py"), "--help"], env=env, cwd="/", timeout=60)
     assert res.returncode == 0 and res.stdout.startswith(f"Usage: {tool}.py"), res.stdout + res.stderr
-    # and a user error is one line, not a traceback, from any directory
+    # and a user error is one line, not a traceback or a usage dump, from any directory
     res = run([str(REPO / "utils" / f"{tool}.py"), "--no-such-option"], env=env, cwd="/", timeout=60)
-    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    lines = res.stderr.splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"{tool}.py: "), res.stderr
 
 
 def test_no_import_path_hacks_and_modules_are_not_programs():

@@ -5,6 +5,10 @@
   exit BAD_INPUT, with no usage dump and no traceback.
 - `number(...)`: an argparse type for a finite number within bounds, with a message that says
   what would be right.
+- `Option` and `add_options`: a tool's options, each declared once (name, type, default, help,
+  choices, bounds); the tool's argparse parser is built from them, and so is its MCP tool's input
+  schema (mcpserver/server.py) for the ones not marked `cli_only` (tests/test_tool_options.py holds
+  the two equal).
 - `InputError` and `fail`: bad input found after parsing (no such job, not a job log) is raised as
   InputError and printed by the tool's main() as one line, "PROG: message", exit BAD_INPUT.
 - The exit codes, by name.
@@ -17,6 +21,7 @@ Standard library only (utils/triage.py needs nothing else).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -87,6 +92,91 @@ def number(kind: type[int] | type[float], ok: Callable[[float], bool], what: str
 
 positive_int = number(int, lambda x: x > 0, "a positive whole number")
 positive_float = number(float, lambda x: x > 0, "a positive number")
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One option of a tool, declared once for its command line and its MCP tool.
+
+    NAME is the Python and MCP name (hang_factor); the command line spells it --hang-factor. TYPE is
+    bool (a flag), int, float, str or Path; a number's bounds (GE, GT, LE, LT) check it on both sides, and
+    MUST says what would be right when the bounds alone say it badly. HELP is the MCP description and
+    the start of the --help line, which ends with "(NOTE)": by default "default D" for a number with a
+    default D. Options of one GROUP exclude each other. CLI_ONLY says why the MCP tool does not offer
+    the option (its output is always JSON, it never asks Slurm, ...); empty: the MCP tool offers it."""
+
+    name: str
+    help: str
+    type: type = str
+    default: Any = None
+    choices: tuple[str, ...] = ()
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    must: str = ""
+    metavar: str | None = None
+    note: str | None = None
+    group: str = ""
+    cli_only: str = ""
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def accepts(self, x: float) -> bool:
+        """Whether the number X is within the bounds."""
+        return (
+            (self.ge is None or x >= self.ge)
+            and (self.gt is None or x > self.gt)
+            and (self.le is None or x <= self.le)
+            and (self.lt is None or x < self.lt)
+        )
+
+    def bounds(self) -> str:
+        """The bounds in words: MUST, else "a positive whole number", "0 .. 10", "1 or more", ..."""
+        if self.must:
+            return self.must
+        if (self.ge, self.le, self.lt) == (None, None, None) and self.gt == 0:
+            return "a positive whole number" if self.type is int else "a positive number"
+        if self.ge is not None and self.le is not None and (self.gt, self.lt) == (None, None):
+            return f"{self.ge:g} .. {self.le:g}"
+        words = [f"{self.ge:g} or more"] if self.ge is not None else []
+        words += [f"more than {self.gt:g}"] if self.gt is not None else []
+        words += [f"at most {self.le:g}"] if self.le is not None else []
+        words += [f"less than {self.lt:g}"] if self.lt is not None else []
+        return " and ".join(words) or "a number"
+
+    def cli_help(self) -> str:
+        note = self.note
+        if note is None and self.type in (int, float) and self.default is not None:
+            note = f"default {self.default:g}"
+        return f"{self.help} ({note})" if note else self.help
+
+
+def add_options(ap: argparse.ArgumentParser, options: tuple[Option, ...]) -> None:
+    """Add OPTIONS to AP in their order, as declared: a flag (store_true) for a bool, a checked
+    number for an int or float with bounds, the choices of a str; each GROUP mutually exclusive."""
+    groups: dict[str, Any] = {}
+    for o in options:
+        where: Any = ap
+        if o.group:
+            if o.group not in groups:
+                groups[o.group] = ap.add_mutually_exclusive_group()
+            where = groups[o.group]
+        kw: dict[str, Any] = {"help": o.cli_help()}
+        if o.type is bool:
+            where.add_argument(o.flag, action="store_true", **kw)
+            continue
+        if o.metavar is not None:
+            kw["metavar"] = o.metavar
+        if o.choices:
+            kw["choices"] = o.choices
+        if o.type in (int, float) and (o.ge, o.gt, o.le, o.lt) != (None, None, None, None):
+            kw["type"] = number(o.type, o.accepts, o.bounds())
+        elif o.type is not str:
+            kw["type"] = o.type
+        where.add_argument(o.flag, default=o.default, **kw)
 
 
 def emit(report: Any, as_json: bool, render: Callable[[Any], str]) -> None:

@@ -732,25 +732,52 @@ def check_out_dir(out: Path, option: str = "--plot", what: str = "the PNG charts
         ) from None
 
 
-def main(argv: list[str] | None = None) -> int:
+# The options of diagnose.py, declared once: its parser below and the MCP tool `diagnose` (cli.Option).
+OPTIONS = (
+    cli.Option(
+        "vs",
+        "compare with this job (as JOB), or auto: the latest completed job of the same model that ended "
+        "before JOB started (sharing hosts with it when one does)",
+        metavar="OTHER_JOB",
+    ),
+    cli.Option("json", "print the report as JSON", bool, cli_only="the MCP tool answers JSON"),
+    cli.Option(
+        "plot",
+        "write PNG charts of the evidence to DIR",
+        Path,
+        metavar="DIR",
+        cli_only="the MCP tools write nothing",
+    ),
+    cli.Option(
+        "report",
+        "write one HTML page of the diagnosis: DIR/<job name>-report.html",
+        Path,
+        metavar="DIR",
+        cli_only="the MCP tools write nothing",
+    ),
+    cli.Option(
+        "workspace",
+        "where job ids and names are looked up",
+        Path,
+        metavar="DIR",
+        cli_only="the MCP server's workspace is its own",
+    ),
+)
+
+
+def build_parser() -> cli.Parser:
     ap = cli.Parser(
         prog="diagnose.py",
         description=__doc__.split("\n", 2)[2],
         usage="diagnose.py JOB [--vs OTHER_JOB|auto] [--json] [--plot DIR] [--report DIR] [--workspace DIR]",
     )
     ap.add_argument("job", help="job id, job name, job dir, its log or TSDB dir")
-    ap.add_argument(
-        "--vs",
-        metavar="OTHER_JOB",
-        help="compare with this job (as JOB), or auto: the latest completed job of the same model that ended "
-        "before JOB started (sharing hosts with it when one does)",
-    )
-    ap.add_argument("--json", action="store_true", help="print the report as JSON")
-    ap.add_argument("--plot", metavar="DIR", type=Path, help="write PNG charts of the evidence to DIR")
-    ap.add_argument(
-        "--report", metavar="DIR", type=Path, help="write one HTML page of the diagnosis: DIR/<job name>-report.html"
-    )
-    ap.add_argument("--workspace", metavar="DIR", type=Path, help="where job ids and names are looked up")
+    cli.add_options(ap, OPTIONS)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     a = ap.parse_args(argv)
     ws = a.workspace or default_workspace()
     try:

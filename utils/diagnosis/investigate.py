@@ -464,21 +464,41 @@ def render(r: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+# The options of investigate.py, declared once: its parser below and the MCP tool `investigate` (cli.Option).
+OPTIONS = (
+    cli.Option("json", "print the bundle as JSON (for agents and scripts)", bool, cli_only="the MCP tool answers JSON"),
+    cli.Option(
+        "metrics",
+        "read the TSDB: auto (when triage hands over or the log shows no failure), always, never",
+        default="auto",
+        choices=("auto", "always", "never"),
+    ),
+    cli.Option(
+        "workspace",
+        "where ids and names are looked up (default $JOB_WORKSPACE)",
+        Path,
+        metavar="DIR",
+        cli_only="the MCP server's workspace is its own",
+    ),
+    cli.Option(
+        "no_scheduler",
+        "do not ask Slurm (scontrol) about the job",
+        bool,
+        cli_only="the MCP tool never asks Slurm (a job's result depends on its files only)",
+    ),
+)
+
+
+def build_parser() -> cli.Parser:
     doc = (__doc__ or "").splitlines()
     ap = cli.Parser(prog=PROG, usage=doc[0].removeprefix("Usage: "), description="\n".join(doc[2:]))
     ap.add_argument("job", metavar="JOB", help="job id, job name, job directory or log file")
-    ap.add_argument("--json", action="store_true", help="print the bundle as JSON (for agents and scripts)")
-    ap.add_argument(
-        "--metrics",
-        choices=("auto", "always", "never"),
-        default="auto",
-        help="read the TSDB: auto (when triage hands over or the log shows no failure), always, never",
-    )
-    ap.add_argument(
-        "--workspace", type=Path, metavar="DIR", help="where ids and names are looked up (default $JOB_WORKSPACE)"
-    )
-    ap.add_argument("--no-scheduler", action="store_true", help="do not ask Slurm (scontrol) about the job")
+    cli.add_options(ap, OPTIONS)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     a: argparse.Namespace = ap.parse_args(argv)
     try:
         r = investigate(a.job, a.workspace, a.metrics, not a.no_scheduler)

@@ -962,7 +962,59 @@ def render(r: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+# The options of perf.py, declared once: its parser below and the MCP tool `perf` (cli.Option).
+OPTIONS = (
+    cli.Option("json", "print the report as JSON (for agents and scripts)", bool, cli_only="the MCP tool answers JSON"),
+    cli.Option(
+        "workspace",
+        "where job ids and names are looked up (default $JOB_WORKSPACE or <repo>/outputs)",
+        Path,
+        metavar="DIR",
+        cli_only="the MCP server's workspace is its own",
+    ),
+    cli.Option(
+        "peak_tflops",
+        "peak dense bf16 TFLOP/s of one device, for MFU (overrides the table)",
+        float,
+        gt=0,
+        metavar="X",
+        note="",
+        group="peak",
+    ),
+    cli.Option("gpu", "device type for the peak: " + ", ".join(g[0] for g in GPUS), metavar="NAME", group="peak"),
+    cli.Option(
+        "warmup_steps",
+        "first steps left out of the steady numbers, the first (compilation) included",
+        int,
+        joblog.WARMUP_STEPS,
+        gt=0,
+        metavar="N",
+        cli_only="not offered over MCP yet",
+    ),
+    cli.Option(
+        "stall_factor",
+        "a steady step longer than F x the median is a stall",
+        float,
+        3.0,
+        gt=0,
+        metavar="F",
+        cli_only="not offered over MCP yet",
+    ),
+    cli.Option(
+        "max_traces",
+        "summarise at most N trace files, newest first",
+        int,
+        2,
+        ge=0,
+        metavar="N",
+        note="default 2; 0: only list them",
+        cli_only="not offered over MCP yet",
+    ),
+    cli.Option("top", "ops listed per trace", int, 10, gt=0, metavar="N", cli_only="not offered over MCP yet"),
+)
+
+
+def build_parser() -> cli.Parser:
     doc = (__doc__ or "").strip().splitlines()
     ap = cli.Parser(
         prog="perf.py",
@@ -972,44 +1024,12 @@ def main(argv: list[str] | None = None) -> int:
         + ". Sources: docs/perf.md.",
     )
     ap.add_argument("job", metavar="JOB", help="job id, job name, job directory or log file")
-    ap.add_argument("--json", action="store_true", help="print the report as JSON (for agents and scripts)")
-    ap.add_argument(
-        "--workspace",
-        type=Path,
-        metavar="DIR",
-        help="where job ids and names are looked up (default $JOB_WORKSPACE or <repo>/outputs)",
-    )
-    peak = ap.add_mutually_exclusive_group()
-    peak.add_argument(
-        "--peak-tflops",
-        type=cli.positive_float,
-        metavar="X",
-        help="peak dense bf16 TFLOP/s of one device, for MFU (overrides the table)",
-    )
-    peak.add_argument("--gpu", metavar="NAME", help="device type for the peak: " + ", ".join(g[0] for g in GPUS))
-    ap.add_argument(
-        "--warmup-steps",
-        type=cli.positive_int,
-        default=joblog.WARMUP_STEPS,
-        metavar="N",
-        help="first steps left out of the steady numbers, the first (compilation) included "
-        f"(default {joblog.WARMUP_STEPS})",
-    )
-    ap.add_argument(
-        "--stall-factor",
-        type=cli.positive_float,
-        default=3.0,
-        metavar="F",
-        help="a steady step longer than F x the median is a stall (default 3)",
-    )
-    ap.add_argument(
-        "--max-traces",
-        type=cli.number(int, lambda x: x >= 0, "0 or more"),
-        default=2,
-        metavar="N",
-        help="summarise at most N trace files, newest first (default 2; 0: only list them)",
-    )
-    ap.add_argument("--top", type=cli.positive_int, default=10, metavar="N", help="ops listed per trace (default 10)")
+    cli.add_options(ap, OPTIONS)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     a = ap.parse_args(argv)
     try:
         r = perf(

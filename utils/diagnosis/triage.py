@@ -753,54 +753,68 @@ def render(r: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+JSON_ONLY = "the MCP tool answers JSON"
+NO_SCHEDULER = "the MCP tool never asks Slurm (a job's result depends on its files only)"
+# The options of triage.py, declared once: its parser below and the MCP tool `triage` (cli.Option).
+OPTIONS = (
+    cli.Option("json", "print the report as JSON (for agents and scripts)", bool, cli_only=JSON_ONLY),
+    cli.Option(
+        "workspace",
+        "where job ids and names are looked up (default $JOB_WORKSPACE or <repo>/outputs)",
+        Path,
+        cli_only="the MCP server's workspace is its own",
+    ),
+    cli.Option("hang_factor", "hung when no step for FACTOR x the median step time", float, 10.0, ge=1),
+    cli.Option(
+        "hang_min_seconds",
+        "... and for at least this long",
+        float,
+        120.0,
+        ge=0,
+        cli_only="not offered over MCP (the hang floor for runs with a short step time)",
+    ),
+    cli.Option("warmup_steps", "first steps left out of the steady throughput", int, joblog.WARMUP_STEPS, ge=0),
+    cli.Option(
+        "phase_min_steps",
+        "shortest throughput phase in steps",
+        int,
+        20,
+        ge=2,
+        cli_only="not offered over MCP (a tuning knob of the phase split)",
+    ),
+    cli.Option(
+        "phase_threshold",
+        "relative change that starts a new phase",
+        float,
+        0.10,
+        ge=0,
+        note="default 0.10",
+        cli_only="not offered over MCP (a tuning knob of the phase split)",
+    ),
+    cli.Option(
+        "now",
+        "evaluate as if at this epoch time (reproducible hang checks)",
+        float,
+        ge=0,
+        must="an epoch time (seconds since 1970, 0 or more)",
+        cli_only="the MCP tool judges a hang at the time of the call",
+    ),
+    cli.Option(
+        "no_scheduler", "do not ask Slurm (scontrol) about a job without a summary", bool, cli_only=NO_SCHEDULER
+    ),
+)
+
+
+def build_parser() -> cli.Parser:
     doc = (__doc__ or "").strip().splitlines()
     ap = cli.Parser(prog="triage.py", description="\n".join(doc[2:]))
     ap.add_argument("job", metavar="JOB", help="job id, job name, job directory or log file")
-    ap.add_argument("--json", action="store_true", help="print the report as JSON (for agents and scripts)")
-    ap.add_argument(
-        "--workspace",
-        type=Path,
-        help="where job ids and names are looked up (default $JOB_WORKSPACE or <repo>/outputs)",
-    )
-    ap.add_argument(
-        "--hang-factor",
-        type=cli.number(float, lambda x: x >= 1, "1 or more"),
-        default=10.0,
-        help="hung when no step for FACTOR x the median step time (default 10)",
-    )
-    ap.add_argument(
-        "--hang-min-seconds",
-        type=cli.number(float, lambda x: x >= 0, "0 or more"),
-        default=120.0,
-        help="... and for at least this long (default 120)",
-    )
-    ap.add_argument(
-        "--warmup-steps",
-        type=cli.number(int, lambda x: x >= 0, "0 or more"),
-        default=joblog.WARMUP_STEPS,
-        help=f"first steps left out of the steady throughput (default {joblog.WARMUP_STEPS})",
-    )
-    ap.add_argument(
-        "--phase-min-steps",
-        type=cli.number(int, lambda x: x >= 2, "2 or more"),
-        default=20,
-        help="shortest throughput phase in steps (default 20)",
-    )
-    ap.add_argument(
-        "--phase-threshold",
-        type=cli.number(float, lambda x: x >= 0, "0 or more"),
-        default=0.10,
-        help="relative change that starts a new phase (default 0.10)",
-    )
-    ap.add_argument(
-        "--now",
-        type=cli.number(float, lambda x: x >= 0, "an epoch time (seconds since 1970, 0 or more)"),
-        help="evaluate as if at this epoch time (reproducible hang checks)",
-    )
-    ap.add_argument(
-        "--no-scheduler", action="store_true", help="do not ask Slurm (scontrol) about a job without a summary"
-    )
+    cli.add_options(ap, OPTIONS)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     a = ap.parse_args(argv)
     opts = Options(
         now=a.now,

@@ -88,17 +88,16 @@ def result(hit: Hit) -> CallToolResult:
     )
 
 
-def triage_report(ctx: Context, found: locate.Job, hang_factor: float = 10.0, warmup_steps: int | None = None) -> Hit:
-    """The triage report of a found job, through the cache (job_log_excerpt shares it)."""
-    opts = tri.Options(hang_factor=hang_factor, scheduler=False)
-    if warmup_steps is not None:
-        opts.warmup_steps = warmup_steps
-    key = (fingerprint(found), hang_factor, opts.warmup_steps)
-    return ctx.run("triage.py", "triage", key, lambda: tri.triage(str(found.path), ctx.workspace, opts))
+def triage_report(ctx: Context, found: locate.Job, **opts: Any) -> Hit:
+    """The triage report of a found job, through the cache (job_log_excerpt shares it): OPTS are the
+    options the MCP tool offers (triage.OPTIONS), the others as triage.Options has them."""
+    options = tri.Options(**opts, scheduler=False)
+    key = (fingerprint(found), dataclasses.astuple(options))
+    return ctx.run("triage.py", "triage", key, lambda: tri.triage(str(found.path), ctx.workspace, options))
 
 
-def triage(ctx: Context, job: str, hang_factor: float = 10.0, warmup_steps: int | None = None) -> CallToolResult:
-    return result(triage_report(ctx, ctx.find("triage.py", job, need_log=True), hang_factor, warmup_steps))
+def triage(ctx: Context, job: str, **opts: Any) -> CallToolResult:
+    return result(triage_report(ctx, ctx.find("triage.py", job, need_log=True), **opts))
 
 
 def _diagnose(ctx: Context, job: str, vs: str | None) -> dict:
@@ -143,29 +142,22 @@ def diagnose(ctx: Context, job: str, vs: str | None = None) -> CallToolResult:
     return result(ctx.run("diagnose.py", "diagnose", key, lambda: _diagnose(ctx, str(found.path), vs)))
 
 
-def perf(ctx: Context, job: str, gpu: str | None = None, peak_tflops: float | None = None) -> CallToolResult:
+def perf(ctx: Context, job: str, **opts: Any) -> CallToolResult:
+    """OPTS: the options the MCP tool offers (perf.OPTIONS: gpu, peak_tflops)."""
     found = ctx.find("perf.py", job, need_log=True)
-    key = (fingerprint(found), gpu, peak_tflops)
-    if gpu and peak_tflops:
-        raise ToolError("perf.py: give gpu or peak_tflops, not both")
-    return result(
-        ctx.run(
-            "perf.py",
-            "perf",
-            key,
-            lambda: perf_tool.perf(str(found.path), ctx.workspace, gpu=gpu, peak_tflops=peak_tflops),
-        )
-    )
+    key = (fingerprint(found), tuple(sorted(opts.items())))
+    return result(ctx.run("perf.py", "perf", key, lambda: perf_tool.perf(str(found.path), ctx.workspace, **opts)))
 
 
-def investigate(ctx: Context, job: str, metrics: str = "auto") -> CallToolResult:
+def investigate(ctx: Context, job: str, **opts: Any) -> CallToolResult:
+    """OPTS: the options the MCP tool offers (investigate.OPTIONS: metrics)."""
     found = ctx.find("investigate.py", job)
-    key = (fingerprint(found), metrics)
+    key = (fingerprint(found), tuple(sorted(opts.items())))
     return result(
         ctx.run(
             "investigate.py",
             "investigate",
             key,
-            lambda: inv.investigate(str(found.path), ctx.workspace, metrics, scheduler=False),
+            lambda: inv.investigate(str(found.path), ctx.workspace, scheduler=False, **opts),
         )
     )

@@ -11,15 +11,23 @@ The write tool `submit` (a dry run) is listed only when the owner's config enabl
 from __future__ import annotations
 
 import argparse
+import functools
+import inspect
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, ToolAnnotations
 from pydantic import Field
 
 from diagnosis import cli, locate
+from diagnosis import diagnose as diag
+from diagnosis import investigate as inv
+from diagnosis import perf as perf_tool
+from diagnosis import triage as tri
 from mcpserver import config as cfg
 from mcpserver import jobs, promql, reports, submit
 
@@ -31,6 +39,45 @@ CACHED = (
 )
 Report = Annotated[CallToolResult, dict[str, Any]]
 Job = Annotated[str, Field(description="job id, job name (<id>-JAX-<model>[-<tag>]) or job dir in the workspace")]
+
+
+def argument(o: cli.Option) -> Any:
+    """The MCP argument type of option O: its type (its choices as a Literal; None allowed when it has
+    no default), its help as the description, its bounds as the schema's minimum and maximum."""
+    kind: Any = Literal[o.choices] if o.choices else o.type
+    if o.default is None:
+        kind = kind | None
+    bounds = {k: v for k, v in (("ge", o.ge), ("gt", o.gt), ("le", o.le), ("lt", o.lt)) if v is not None}
+    return Annotated[kind, Field(description=o.help, **bounds)]
+
+
+def offers(prog: str, options: tuple[cli.Option, ...]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A tool function `fn(job, **opts)` with the arguments of its command's OPTIONS that are not
+    cli_only (cli.Option): the signature the MCP SDK builds the tool's input schema from, and the
+    groups' "give A or B, not both" checked before FN runs (ToolError "PROG: ...")."""
+    offered = [o for o in options if not o.cli_only]
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        own = inspect.signature(fn, eval_str=True)
+        params = [p for p in own.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        params += [
+            inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=o.default, annotation=argument(o))
+            for o in offered
+        ]
+
+        @functools.wraps(fn)
+        def tool(*args: Any, **kw: Any) -> Any:
+            for group in {o.group for o in offered if o.group}:
+                given = [o.name for o in offered if o.group == group and kw.get(o.name) is not None]
+                if len(given) > 1:
+                    raise ToolError(f"{prog}: give {' or '.join(given)}, not both")
+            return fn(*args, **kw)
+
+        tool.__signature__ = own.replace(parameters=params)  # type: ignore[attr-defined]
+        tool.__annotations__ = {p.name: p.annotation for p in params} | {"return": own.return_annotation}
+        return tool
+
+    return wrap
 
 
 def build(workspace: Path, conf: cfg.Config) -> MCPServer:
@@ -49,46 +96,28 @@ def build(workspace: Path, conf: cfg.Config) -> MCPServer:
         running or when the job never ended cleanly), has_tsdb (RAY=1 jobs), has_log."""
         return jobs.list_jobs(ctx)
 
-    def triage(
-        job: Job,
-        hang_factor: Annotated[float, Field(ge=1, description="hung when no step for FACTOR x the median")] = 10.0,
-        warmup_steps: Annotated[int | None, Field(ge=0, description="first steps left out of throughput")] = None,
-    ) -> Report:
+    @offers("triage.py", tri.OPTIONS)
+    def triage(job: Job, **opts: Any) -> Report:
         """Triage a job from its log (utils/triage.py JOB --json, docs/triage.md): status, failure class,
         culprit hosts, evidence (file, line, text), hang, throughput phases, next steps. Slurm is not asked."""
-        return reports.triage(ctx, job, hang_factor, warmup_steps)
+        return reports.triage(ctx, job, **opts)
 
-    def diagnose(
-        job: Job,
-        vs: Annotated[
-            str | None,
-            Field(
-                description="compare with this job, or 'auto': the latest completed job of the same model "
-                "that ended before JOB started (as diagnose.py --vs auto)"
-            ),
-        ] = None,
-    ) -> Report:
+    @offers("diagnose.py", diag.OPTIONS)
+    def diagnose(job: Job, **opts: Any) -> Report:
         """Diagnose a RAY=1 job from its saved TSDB (utils/diagnose.py JOB --json, docs/diagnose.md): verdict,
         culprits, findings with their PromQL, window and values; serves the TSDB through Prometheus (~1-2 s)."""
-        return reports.diagnose(ctx, job, vs)
+        return reports.diagnose(ctx, job, **opts)
 
-    def perf(
-        job: Job,
-        gpu: Annotated[str | None, Field(description="device type for the MFU peak (perf.py --gpu)")] = None,
-        peak_tflops: Annotated[float | None, Field(gt=0, description="peak dense bf16 TFLOP/s of one device")] = None,
-    ) -> Report:
+    @offers("perf.py", perf_tool.OPTIONS)
+    def perf(job: Job, **opts: Any) -> Report:
         """Throughput, MFU, step-time breakdown and traces of a job (utils/perf.py JOB --json, docs/perf.md)."""
-        return reports.perf(ctx, job, gpu, peak_tflops)
+        return reports.perf(ctx, job, **opts)
 
-    def investigate(
-        job: Job,
-        metrics: Annotated[
-            Literal["auto", "always", "never"], Field(description="read the TSDB: auto, always, never")
-        ] = "auto",
-    ) -> Report:
+    @offers("investigate.py", inv.OPTIONS)
+    def investigate(job: Job, **opts: Any) -> Report:
         """The whole chain in one bundle (utils/investigate.py JOB --json, docs/investigate.md): triage, then
         diagnose and perf where triage hands over; a verdict with evidence and next steps. Slurm is not asked."""
-        return reports.investigate(ctx, job, metrics)
+        return reports.investigate(ctx, job, **opts)
 
     def query_tsdb(
         job: Job,

@@ -14,13 +14,12 @@ import time
 from pathlib import Path
 
 import trust
-from diagnosis import jobdir, joblog, locate, scheduler
+from diagnosis import cli, jobdir, joblog, locate, scheduler
 from diagnosis.cli import InputError
 from monitor import notify, recover, store
 from monitor.watch import Event, Rules, Watch, span, utc
 from trust import UntrustedPath
 
-BAD_INPUT = 2
 PROG = "job_monitor.py"
 DESCRIPTION = """Watches MaxText jobs from a login node and reports what happens to them: queued ->
 running, first step (time to it), 25/50/75 % with an ETA, a hang (no step for max(FACTOR x the
@@ -45,59 +44,73 @@ def say(msg: str) -> None:
 
 
 def fail(msg: str) -> int:
-    print(f"{PROG}: {msg}", file=sys.stderr)
-    return BAD_INPUT
+    return cli.fail(PROG, msg)
 
 
-def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
+# The monitor's options, declared once (cli.Option): the parser below is built from them; a bad value
+# is one line naming the option and what would be right, exit 2, before anything is watched.
+OPTIONS = (
+    cli.Option("all", "every job of yours that Slurm lists (new ones too)", bool),
+    cli.Option("workspace", "where jobs are found (default $JOB_WORKSPACE or <repo>/outputs)", Path),
+    cli.Option("interval", "seconds between polls", float, 10.0, gt=0),
+    cli.Option("hang_factor", "hang: no step for FACTOR x median step", float, 10.0, gt=0, note="10"),
+    cli.Option("hang_floor", "... and at least this many seconds", float, 45.0, gt=0, note="45"),
+    cli.Option("pause_grace", "after a save/eval line: at least this", float, 600.0, ge=0, note="600"),
+    cli.Option(
+        "slowdown",
+        "slowdown under this fraction of steady",
+        float,
+        0.6,
+        gt=0,
+        lt=1,
+        must="a fraction of the steady throughput, more than 0 and less than 1",
+        note="0.6",
+    ),
+    cli.Option(
+        "notify_config",
+        "Apprise config, mode 0600 (default $MST_NOTIFY_CONFIG or ~/.config/maxtext-slurm/notify.conf when it exists)",
+        Path,
+    ),
+    cli.Option("no_notify", "log and events.jsonl only", bool),
+    cli.Option(
+        "auto_recover",
+        "resubmit without the culprit nodes, at most N times",
+        int,
+        0,
+        ge=0,
+        le=10,
+        must="0 .. 10 resubmissions",
+        metavar="N",
+        note="",
+    ),
+    cli.Option("detach", "run in the background (pid file and log in the monitor dir)", bool),
+    cli.Option("stop", "stop the detached monitor of these jobs (or of --all)", bool),
+    cli.Option("status", "print each job's monitor state and exit", bool),
+    cli.Option("once", "poll once and exit (for cron)", bool),
+    cli.Option("check_notify", "load the notification config, print its destinations, exit", bool),
+    cli.Option("send_test", "send one test notification and exit (0: delivered)", bool),
+    cli.Option(
+        "linger",
+        "after the last job ended, retry undelivered notifications this long",
+        float,
+        600.0,
+        ge=0,
+        note="600 s",
+    ),
+)
+
+
+def build_parser() -> cli.Parser:
+    ap = cli.Parser(prog=PROG, description=DESCRIPTION)
     ap.add_argument("jobs", nargs="*", metavar="JOB", help="job id, job name, job dir or log file")
-    ap.add_argument("--all", action="store_true", help="every job of yours that Slurm lists (new ones too)")
-    ap.add_argument("--workspace", type=Path, help="where jobs are found (default $JOB_WORKSPACE or <repo>/outputs)")
-    ap.add_argument("--interval", type=float, default=10.0, help="seconds between polls (default 10)")
-    ap.add_argument("--hang-factor", type=float, default=10.0, help="hang: no step for FACTOR x median step (10)")
-    ap.add_argument("--hang-floor", type=float, default=45.0, help="... and at least this many seconds (45)")
-    ap.add_argument("--pause-grace", type=float, default=600.0, help="after a save/eval line: at least this (600)")
-    ap.add_argument("--slowdown", type=float, default=0.6, help="slowdown under this fraction of steady (0.6)")
-    ap.add_argument(
-        "--notify-config",
-        type=Path,
-        help="Apprise config, mode 0600 (default $MST_NOTIFY_CONFIG or "
-        "~/.config/maxtext-slurm/notify.conf when it exists)",
-    )
-    ap.add_argument("--no-notify", action="store_true", help="log and events.jsonl only")
-    ap.add_argument(
-        "--auto-recover", type=int, default=0, metavar="N", help="resubmit without the culprit nodes, at most N times"
-    )
-    ap.add_argument("--detach", action="store_true", help="run in the background (pid file and log in the monitor dir)")
-    ap.add_argument("--stop", action="store_true", help="stop the detached monitor of these jobs (or of --all)")
-    ap.add_argument("--status", action="store_true", help="print each job's monitor state and exit")
-    ap.add_argument("--once", action="store_true", help="poll once and exit (for cron)")
-    ap.add_argument(
-        "--check-notify", action="store_true", help="load the notification config, print its destinations, exit"
-    )
-    ap.add_argument("--send-test", action="store_true", help="send one test notification and exit (0: delivered)")
-    ap.add_argument(
-        "--linger",
-        type=float,
-        default=600.0,
-        help="after the last job ended, retry undelivered notifications this long (600 s)",
-    )
-    return ap.parse_args(argv)
+    cli.add_options(ap, OPTIONS)
+    return ap
 
 
 def check(a: argparse.Namespace) -> str | None:
+    """What is wrong with the parsed arguments together (each value alone is checked by its type)."""
     if bool(a.jobs) == a.all and not (a.check_notify or a.send_test):
         return "give JOB ... or --all (not both)"
-    for name in ("interval", "hang_factor", "hang_floor", "slowdown"):
-        if getattr(a, name) <= 0:
-            return f"--{name.replace('_', '-')} must be > 0, got {getattr(a, name):g}"
-    if a.slowdown >= 1:
-        return f"--slowdown is a fraction of steady throughput (0 < F < 1), got {a.slowdown:g}"
-    if a.pause_grace < 0 or a.linger < 0:
-        return "--pause-grace and --linger must be >= 0"
-    if not 0 <= a.auto_recover <= 10:
-        return f"--auto-recover takes 0 .. 10 resubmissions, got {a.auto_recover}"
     return None
 
 
@@ -410,7 +423,7 @@ def status(dirs: list[Path]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    a = parse(argv)
+    a = build_parser().parse_args(argv)
     if (why := check(a)) is not None:
         return fail(why)
     if a.check_notify or a.send_test:
