@@ -225,7 +225,7 @@ def test_old_name_bad_value_is_refused_under_the_new_name(fake_sbatch, workspace
 
 
 def test_one_secret_name_pattern():
-    """The launcher reads utils/launch/secret_names.re; the MCP server's copy and docs/security.md say the same."""
+    """The launcher and the MCP server read utils/launch/secret_names.re; docs/security.md says the same."""
     from mcpserver.jobs import SECRET_NAME
 
     pattern = (REPO / "utils" / "launch" / "secret_names.re").read_text().strip()

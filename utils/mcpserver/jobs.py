@@ -23,11 +23,9 @@ MAX_LINE_BYTES = 8192  # bytes of a log line held (and searched by a pattern); t
 CHUNK = 1 << 16  # the log is read in pieces of this size
 MAX_PATTERN = 1000  # characters of a pattern
 ADVICE = "give a job of the workspace (list_jobs)"
-# docs/security.md "Secret names" (utils/launch/lib.sh SECRET_NAME_RE) and MaxText's credential keys:
-# a value the launcher missed is still not returned
-SECRET_NAME = re.compile(
-    r"TOKEN($|_)|SECRET|PASSW|PASSPHRASE|CREDENTIAL|COOKIE|PRIVATE|AUTH|APIKEY|(^|_)KEY($|_)|(^|_)PAT($|_)|(^|_)DSN($|_)"
-)
+# docs/security.md "Secret names": the one pattern, utils/launch/secret_names.re (lib.sh reads it too), and
+# MaxText's credential keys: a value the launcher missed is still not returned
+SECRET_NAME = re.compile((Path(__file__).resolve().parents[1] / "launch" / "secret_names.re").read_text().strip())
 SECRET_KEYS = {"HF_ACCESS_TOKEN"}
 # NAME=VALUE; VALUE as a shell writes it: bare characters, backslash escapes and quoted strings ("a b",
 # 'a b', $'a b') glued together; a quote left open (a line cut short) runs to the line's end
