@@ -423,7 +423,7 @@ SETUP_ENV = str(REPO / "utils" / "setup_env.sh")
 
 def test_setup_env_refuses_an_unknown_accelerator(tmp_path):
     res = run([SETUP_ENV], env={"MAXTEXT_SLURM_VENV": str(tmp_path / "venv"), "MST_ACCELERATOR": "gpu"})
-    assert res.returncode == 2 and res.stdout == "", res.stderr
+    assert res.returncode == 1 and res.stdout == "", res.stderr
     assert res.stderr.splitlines() == [
         "setup_env.sh: MST_ACCELERATOR='gpu' is not one of cpu, cuda (NVIDIA), rocm (AMD)"
     ]

@@ -88,7 +88,7 @@ acc=${MST_ACCELERATOR:-$have_acc}
 case "$acc" in
   cpu) acc_reqs="" ;;
   cuda|rocm) acc_reqs="$repo/requirements/accelerators/$acc.txt" ;;
-  *) echo "setup_env.sh: MST_ACCELERATOR='$acc' is not one of cpu, cuda (NVIDIA), rocm (AMD)" >&2; exit 2 ;;
+  *) echo "setup_env.sh: MST_ACCELERATOR='$acc' is not one of cpu, cuda (NVIDIA), rocm (AMD)" >&2; exit 1 ;;  # a bad setting: 1 (2 is for the command line, lib.sh)
 esac
 acc_hash=cpu
 [[ -n "$acc_reqs" ]] && acc_hash=$(sha256sum < "$acc_reqs" | cut -c1-16)
