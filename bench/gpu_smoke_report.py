@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 if __name__ == "__main__":  # run directly: under the project's environment, found as the utils/ commands find it
-    runpy.run_path(str(Path(__file__).resolve().parents[1] / "utils" / "diagnosis" / "entry.py"))["enter_venv"]()
+    runpy.run_path(str(Path(__file__).resolve().parents[1] / "utils" / "entry.py"))["enter_venv"]()
 
 from diagnosis import joblog  # the one reader of the job log and its JOB SUMMARY (utils/ on PYTHONPATH)
 

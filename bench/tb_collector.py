@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 if __name__ == "__main__":  # run directly: under the project's environment, found as the utils/ commands find it
-    runpy.run_path(str(Path(__file__).resolve().parents[1] / "utils" / "diagnosis" / "entry.py"))["enter_venv"]()
+    runpy.run_path(str(Path(__file__).resolve().parents[1] / "utils" / "entry.py"))["enter_venv"]()
 
 from helpers.tbevents import write_history
 

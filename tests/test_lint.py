@@ -108,7 +108,7 @@ def help_problems(script: Path, res: subprocess.CompletedProcess) -> list[str]:
 def test_every_entry_point_helps_from_anywhere():
     """Every program runs directly (its #! line; executable) from / with PATH=/usr/bin, as typed in a
     plain shell, and answers --help with its usage and nothing else: a Python one finds the project's
-    environment itself, as the utils/ commands do (utils/diagnosis/entry.py). 8 at a time: 57
+    environment itself, as the utils/ commands do (utils/entry.py). 8 at a time: 57
     programs in 2.8 s on a loaded 2-core machine (one after the other: 4.9 s)."""
     programs = entry_points()
     env = {"PATH": "/usr/bin", "HOME": os.environ.get("HOME", "/"), "MAXTEXT_SLURM_VENV": str(VENV)}

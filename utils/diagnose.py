@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Thin command: runs diagnosis/diagnose.py under the project's Python (see utils/diagnose.py --help)."""
 
-from diagnosis import entry
+import entry
 
 entry.run("diagnose")

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Thin command: runs monitor/cli.py under the project's Python (see utils/job_monitor.py --help)."""
 
-from diagnosis import entry
+import entry
 
 entry.run("cli", package="monitor")

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Thin command: runs mcpserver/server.py under the project's Python (see utils/mcp_server.py --help)."""
 
-from diagnosis import entry
+import entry
 
 entry.run("server", package="mcpserver")

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Thin command: runs diagnosis/perf.py under the project's Python (see utils/perf.py --help)."""
 
-from diagnosis import entry
+import entry
 
 entry.run("perf")

@@ -49,7 +49,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 if __name__ == "__main__":  # run directly: under the project's environment, found as the utils/ commands find it
-    runpy.run_path(str(Path(__file__).resolve().parents[2] / "utils" / "diagnosis" / "entry.py"))["enter_venv"]()
+    runpy.run_path(str(Path(__file__).resolve().parents[2] / "utils" / "entry.py"))["enter_venv"]()
 
 import numpy as np
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 if __name__ == "__main__":  # run directly: under the project's environment, found as the utils/ commands find it
-    runpy.run_path(str(Path(__file__).resolve().parents[1] / "diagnosis" / "entry.py"))["enter_venv"]()
+    runpy.run_path(str(Path(__file__).resolve().parents[1] / "entry.py"))["enter_venv"]()
 
 try:
     from diagnosis import joblog

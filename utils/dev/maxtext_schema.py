@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 if __name__ == "__main__":  # run directly: under the project's environment, found as the utils/ commands find it
-    runpy.run_path(str(Path(__file__).resolve().parents[1] / "diagnosis" / "entry.py"))["enter_venv"]()
+    runpy.run_path(str(Path(__file__).resolve().parents[1] / "entry.py"))["enter_venv"]()
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO / "requirements" / "maxtext-schema.json"

@@ -27,6 +27,7 @@ import math
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 OK = 0  # the tool did its work (a failed job that was triaged is OK)
@@ -152,6 +153,17 @@ class Option:
         if note is None and self.type in (int, float) and self.default is not None:
             note = f"default {self.default:g}"
         return f"{self.help} ({note})" if note else self.help
+
+
+# The options every tool has
+JSON = Option("json", "print the report as JSON (for agents and scripts)", bool, cli_only="the MCP tool answers JSON")
+WORKSPACE = Option(
+    "workspace",
+    "where job ids and names are looked up (default $JOB_WORKSPACE or <repo>/outputs)",
+    Path,
+    metavar="DIR",
+    cli_only="the MCP server's workspace is its own",
+)
 
 
 def add_options(ap: argparse.ArgumentParser, options: tuple[Option, ...]) -> None:

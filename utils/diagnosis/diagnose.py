@@ -740,7 +740,7 @@ OPTIONS = (
         "before JOB started (sharing hosts with it when one does)",
         metavar="OTHER_JOB",
     ),
-    cli.Option("json", "print the report as JSON", bool, cli_only="the MCP tool answers JSON"),
+    cli.JSON,
     cli.Option(
         "plot",
         "write PNG charts of the evidence to DIR",
@@ -755,13 +755,7 @@ OPTIONS = (
         metavar="DIR",
         cli_only="the MCP tools write nothing",
     ),
-    cli.Option(
-        "workspace",
-        "where job ids and names are looked up",
-        Path,
-        metavar="DIR",
-        cli_only="the MCP server's workspace is its own",
-    ),
+    cli.WORKSPACE,
 )
 
 

@@ -466,20 +466,14 @@ def render(r: dict) -> str:
 
 # The options of investigate.py, declared once: its parser below and the MCP tool `investigate` (cli.Option).
 OPTIONS = (
-    cli.Option("json", "print the bundle as JSON (for agents and scripts)", bool, cli_only="the MCP tool answers JSON"),
+    cli.JSON,
     cli.Option(
         "metrics",
         "read the TSDB: auto (when triage hands over or the log shows no failure), always, never",
         default="auto",
         choices=("auto", "always", "never"),
     ),
-    cli.Option(
-        "workspace",
-        "where ids and names are looked up (default $JOB_WORKSPACE)",
-        Path,
-        metavar="DIR",
-        cli_only="the MCP server's workspace is its own",
-    ),
+    cli.WORKSPACE,
     cli.Option(
         "no_scheduler",
         "do not ask Slurm (scontrol) about the job",

@@ -964,14 +964,8 @@ def render(r: dict) -> str:
 
 # The options of perf.py, declared once: its parser below and the MCP tool `perf` (cli.Option).
 OPTIONS = (
-    cli.Option("json", "print the report as JSON (for agents and scripts)", bool, cli_only="the MCP tool answers JSON"),
-    cli.Option(
-        "workspace",
-        "where job ids and names are looked up (default $JOB_WORKSPACE or <repo>/outputs)",
-        Path,
-        metavar="DIR",
-        cli_only="the MCP server's workspace is its own",
-    ),
+    cli.JSON,
+    cli.WORKSPACE,
     cli.Option(
         "peak_tflops",
         "peak dense bf16 TFLOP/s of one device, for MFU (overrides the table)",

@@ -753,17 +753,11 @@ def render(r: dict) -> str:
     return "\n".join(lines)
 
 
-JSON_ONLY = "the MCP tool answers JSON"
 NO_SCHEDULER = "the MCP tool never asks Slurm (a job's result depends on its files only)"
 # The options of triage.py, declared once: its parser below and the MCP tool `triage` (cli.Option).
 OPTIONS = (
-    cli.Option("json", "print the report as JSON (for agents and scripts)", bool, cli_only=JSON_ONLY),
-    cli.Option(
-        "workspace",
-        "where job ids and names are looked up (default $JOB_WORKSPACE or <repo>/outputs)",
-        Path,
-        cli_only="the MCP server's workspace is its own",
-    ),
+    cli.JSON,
+    cli.WORKSPACE,
     cli.Option("hang_factor", "hung when no step for FACTOR x the median step time", float, 10.0, ge=1),
     cli.Option(
         "hang_min_seconds",

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 if __name__ == "__main__":  # run directly: under the project's environment, found as the utils/ commands find it
-    runpy.run_path(str(Path(__file__).resolve().parents[1] / "diagnosis" / "entry.py"))["enter_venv"]()
+    runpy.run_path(str(Path(__file__).resolve().parents[1] / "entry.py"))["enter_venv"]()
 
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest

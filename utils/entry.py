@@ -1,4 +1,5 @@
-"""Start a diagnosis tool from its thin command in utils/ under the project's Python environment.
+"""Start a command of utils/ (a diagnosis tool, the monitor, the MCP server ...) from its thin command
+under the project's Python environment.
 
 A command such as utils/triage.py may be run by any python3 (or directly, through its #! line).
 `run("triage")` re-executes it with the environment's interpreter when that exists and is not
@@ -13,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 NO_ENVIRONMENT = 2  # cli.BAD_INPUT: nothing was done, the one line says what to set up
 
 
