@@ -509,13 +509,17 @@ def test_job_trains_in_the_recorded_image(image, shared_ws, venv):
     assert log_has(log, rf"^{HOST}: mst-test-image: python3 is {re.escape(str(VENV))}/bin/python3$")
     assert log_has(log, rf"^{HOST}: .*completed step: 2,")
     assert summary(log)["status"] == "completed"
-    # podman ran the recorded image (by its ID) with the job's labels
+    # podman ran the recorded image (by its ID) with the job's labels, twice: preflight's attention-kernel
+    # check in the interpreter that trains (utils/launch/check_attention.py), then the trainer
+    image_python = re.escape(f"{VENV}/bin/python3")
+    assert log_has(log, rf"^{HOST}: preflight: attention: dot_product \(.*for {image_python} on {HOST}$")
     job_id = log.name.split("-JAX-")[0]
     started = [e for e in events(image, job_id) if e["Status"] == "start"]
-    assert len(started) == 1, started
-    labels = started[0]["Attributes"]
-    assert labels["mst.workspace"] == str(shared_ws) and labels["mst.scheduler"] == "local"
-    assert started[0]["Image"] in (image["id"], image["name"]), started[0]
+    assert len(started) == 2, started
+    for start in started:
+        labels = start["Attributes"]
+        assert labels["mst.workspace"] == str(shared_ws) and labels["mst.scheduler"] == "local"
+        assert start["Image"] in (image["id"], image["name"]), start
 
 
 @pytest.mark.slow
