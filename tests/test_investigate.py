@@ -113,6 +113,9 @@ LOG_CASES = [
     ("oom_device", "oom_device", ["n3"], False),  # explained by the log: no metrics, no step times
     ("collective_error", "collective_error", ["n3"], False),
     ("node_failure", "node_failure", ["n3"], False),
+    # a GPU that failed (tests/helpers/logcorpus.py GPU_ERRORS): the host is named and the metrics are asked for
+    ("gpu_ecc", "gpu_error", ["n3"], False),
+    ("gpu_hsa", "gpu_error", ["n3"], False),
     ("hang", "hang", ["n3"], True),
     (None, "none", [], True),
 ]
@@ -133,7 +136,7 @@ def test_log_only_incident(tmp_path, failure, verdict, culprits, perf):
         assert e["source"] == "triage" and e["file"] and e["line"] >= 1 and e["text"], e
     else:
         assert any(e["source"] == "perf" and e["kind"] == "throughput" for e in r["evidence"]), r["evidence"]
-    if failure in ("collective_error", "hang", None):  # handed over to the metrics, but there are none
+    if failure in ("collective_error", "hang", None, "gpu_ecc", "gpu_hsa"):  # handed over to the metrics: none here
         assert any(c["check"] == "diagnose" and "saved no TSDB" in c["detail"] for c in r["not_checked"])
 
 

@@ -222,6 +222,7 @@ def test_a_short_dip_is_no_slowdown(tmp_path):
     [
         ({"failure_class": "node_failure", "culprit_hosts": ["n2"]}, ["n2"]),
         ({"failure_class": "heartbeat_timeout", "culprit_hosts": ["n2"]}, ["n2"]),
+        ({"failure_class": "gpu_error", "culprit_hosts": ["n2"]}, ["n2"]),  # its GPU failed (ECC, Xid, HSA)
         ({"failure_class": "hang", "culprit_hosts": ["n1"]}, ["n1"]),
         ({"failure_class": "hang", "culprit_hosts": []}, []),  # no culprit: nothing to leave out
         ({"failure_class": "config_error", "culprit_hosts": ["n1", "n2"]}, []),  # the job's own fault

@@ -75,7 +75,57 @@ def machine_has_gpu() -> bool:
 
 
 def host_fixture_env() -> dict[str, str]:
-    return {"METRICS_PROCFS_ROOT": str(FIX / "host/proc"), "METRICS_SYSFS_ROOT": str(FIX / "host/sys")}
+    """tests/fixtures/host/kmsg stands in for /dev/kmsg (records "prio,seq,usec,flags;message", continuation
+    lines starting with a space: the kernel's Documentation/ABI/testing/dev-kmsg; the NVRM Xid text is NVIDIA's
+    "Xid Errors" document's form); sys/bus/pci/drivers/nvidia/ holds GPU 0 (0000:3b:00.0); 0000:5d:00 fell off
+    the bus and is bound to no driver."""
+    return {
+        "METRICS_PROCFS_ROOT": str(FIX / "host/proc"),
+        "METRICS_SYSFS_ROOT": str(FIX / "host/sys"),
+        "METRICS_KMSG": str(FIX / "host/kmsg"),
+    }
+
+
+def test_kernel_log_gpu_errors_are_counted_once_each(tmp_path):
+    """Two polls of a growing kernel log (a stand-in for /dev/kmsg, see host_fixture_env): the first only
+    takes the newest sequence number, the second counts what came after it, a third counts nothing again."""
+    kmsg, state = tmp_path / "kmsg", tmp_path / "state"
+    state.mkdir()
+    kmsg.write_text((FIX / "host/kmsg").read_text())
+    env = {**host_fixture_env(), "METRICS_KMSG": str(kmsg), "METRICS_STATE_DIR": str(state)}
+    got = samples(run_plugin("host", env).stdout)
+    assert val(got, "hw_gpu_kernel_log_readable") == 1
+    assert "hw_gpu_kernel_errors_total" not in names(got)  # in the log before the job: not the job's
+    with kmsg.open("a") as f:  # amdgpu's texts: amdgpu_device.c "GPU reset begin!", amdgpu_ras.c's UE lines
+        f.write(
+            "4,1005,900000000,-;NVRM: Xid (PCI:0000:3b:00): 48, pid=4711, name=python3, An uncorrectable double "
+            "bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0.\n"
+            "3,1006,900000100,-;amdgpu 0000:c1:00.0: amdgpu: GPU reset begin!\n"
+            "3,1007,900000200,-;amdgpu 0000:c1:00.0: amdgpu: socket: 0, die: 1, 2 new uncorrectable hardware "
+            "errors detected in UMC block\n"
+            "3,1008,900000300,-;amdgpu 0000:c1:00.0: amdgpu: socket: 0, die: 1, 2 uncorrectable hardware errors "
+            "detected in total in UMC block\n"
+        )
+    for _ in range(2):  # the second read finds nothing new: the same counts
+        got = samples(run_plugin("host", env).stdout)
+        assert val(got, "hw_gpu_kernel_errors_total", gpu="0", code="48") == 1
+        assert val(got, "hw_gpu_kernel_errors_total", code="gpu_reset") == 1  # no amdgpu card here: no gpu label
+        assert val(got, "hw_gpu_kernel_errors_total", code="ras_uncorrectable") == 1
+        assert not any(n == "hw_gpu_kernel_errors_total" and dict(lb).get("code") == "79" for n, lb in got)
+
+
+def test_unreadable_kernel_log_is_tried_once(tmp_path):
+    """No /dev/kmsg to read (a container without it; kernel.dmesg_restrict for a non-root user): no failure,
+    readable 0, and the state remembers it so later polls do not try again."""
+    state = tmp_path / "state"
+    state.mkdir()
+    env = {**host_fixture_env(), "METRICS_KMSG": str(tmp_path / "none"), "METRICS_STATE_DIR": str(state)}
+    r = run_plugin("host", env)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert val(samples(r.stdout), "hw_gpu_kernel_log_readable") == 0
+    (tmp_path / "none").write_text((FIX / "host/kmsg").read_text())  # readable now, but not tried again
+    got = samples(run_plugin("host", env).stdout)
+    assert val(got, "hw_gpu_kernel_log_readable") == 0 and "hw_gpu_kernel_errors_total" not in names(got)
 
 
 def test_host_plugin_on_fixture():
@@ -118,6 +168,9 @@ def test_host_plugin_on_fixture():
     assert val(got, "hw_ib_port_transport_errors_total", counter="roce_adp_retrans", **roce) == 31
     assert val(got, "hw_ib_port_state", **roce) == 1
     assert not any(dict(lbl).get("counter") == "lifespan" for _, lbl in got)  # a setting, not a counter
+    assert val(got, "hw_gpu_kernel_errors_total", gpu="0", code="48") == 1  # run by hand: the whole kernel log
+    assert val(got, "hw_gpu_kernel_errors_total", code="79") == 1  # its GPU left the bus: no index
+    assert not any(dict(lbl).get("code") == "12028" for _, lbl in got)  # an NVSwitch SXid is no GPU's
 
 
 def test_host_plugin_on_real_proc():
@@ -145,9 +198,12 @@ def test_host_plugin_on_real_proc():
 def test_host_plugin_tolerates_missing_files(tmp_path):
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc/loadavg").write_text("0.50 0.40 0.30 2/300 1234\n")
-    r = run_plugin("host", {"METRICS_PROCFS_ROOT": str(tmp_path / "proc"), "METRICS_SYSFS_ROOT": str(tmp_path)})
+    env = {"METRICS_PROCFS_ROOT": str(tmp_path / "proc"), "METRICS_SYSFS_ROOT": str(tmp_path)}
+    r = run_plugin("host", {**env, "METRICS_KMSG": str(tmp_path / "no_kmsg")})
     assert r.returncode == 0, r.stderr
-    assert names(samples(r.stdout)) == {"hw_load1", "hw_load5", "hw_load15"}
+    got = samples(r.stdout)
+    assert names(got) == {"hw_load1", "hw_load5", "hw_load15", "hw_gpu_kernel_log_readable"}
+    assert val(got, "hw_gpu_kernel_log_readable") == 0
 
 
 # ---- GPU plugin ----------------------------------------------------------------------------------------

@@ -448,6 +448,7 @@ def test_batch_stops_going_up_at_the_first_oom(tmp_path):
         ("failed", "oom_device", [], False, [], "skip_value"),
         ("failed", "oom_host", [], False, ["oom_host"], "skip_value"),  # larger values failing too is expected
         ("failed", "gpu_health", ["n3"], False, [], "exclude_node_retry"),
+        ("failed", "gpu_error", ["n3"], False, [], "exclude_node_retry"),
         ("failed", "node_failure", ["n3"], False, [], "exclude_node_retry"),
         ("failed", "node_failure", ["n3", "n4"], False, [], "mark_failed"),  # not one culprit
         ("failed", "gpu_health", ["n3"], True, [], "mark_failed"),  # once only

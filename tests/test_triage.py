@@ -30,6 +30,7 @@ EXPECTED = {
     "killed_gloo": "oom_host",
     "preflight": None,
     "time_limit": "stage_timeout",
+    **{f: "gpu_error" for f in logcorpus.GPU_ERRORS},
 }
 EXPECTED_STATUS = {None: "completed", "cancelled": "cancelled", "node_failure": "cancelled", "hang": "hung"}
 
@@ -85,6 +86,7 @@ def test_failure_class(failure, fmt, tmp_path):
         "node_failure",
         "killed_gloo",
         "gpu_health",
+        *logcorpus.GPU_ERRORS,
     ):
         assert r["culprit_hosts"] == [culprit], r
     if failure == "heartbeat_false_positive":  # the accused was alive: named, no culprit; the coordinator suspected

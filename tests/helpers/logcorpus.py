@@ -37,7 +37,11 @@ FAILURES = (
     "gpu_health",
     "nan_loss",
     "no_steps",
+    "gpu_ecc",
+    "gpu_nccl",
+    "gpu_hsa",
 )
+GPU_ERRORS = ("gpu_ecc", "gpu_nccl", "gpu_hsa")  # classed gpu_error (the host's own GPU failed)
 MULTI_NODE = ("collective_error", "heartbeat_timeout", "heartbeat_false_positive", "node_failure")
 PY = "/opt/venv/lib/python3.12/site-packages"
 STAGE_SH = "/ws/.snapshots/20261122T043000Z-AbC123/utils/launch/run_stage.sh"
@@ -206,6 +210,47 @@ def traceback_lines(w: _Writer, host: str, exc: str) -> list[str]:
             "                     ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
             exc,
         )
+    ]
+
+
+# The GPU errors a trainer dies of, as the programs print them:
+# - CUDA driver API: CUDA_ERROR_ECC_UNCORRECTABLE = 214, "uncorrectable ECC error encountered" (cuGetErrorName /
+#   cuGetErrorString; CUDA Driver API reference, "Error Handling"); XLA prefixes the failed call, as TensorFlow did
+#   in "failed call to cuDevicePrimaryCtxRetain: CUDA_ERROR_ECC_UNCORRECTABLE: uncorrectable ECC error encountered"
+#   (github.com/nagadit/DeepFaceLab_Linux/issues/89).
+# - NCCL: "<host>:<pid>:<tid> [<dev>] NCCL WARN Cuda failure '<cudaGetErrorString>'" and the API's result string
+#   for ncclUnhandledCudaError, "unhandled cuda error (run with NCCL_DEBUG=INFO for details)" (nccl src/misc).
+# - ROCm (HIP runtime rocdevice.cpp): ":0:rocdevice.cpp :2660: <us> us: <pid>: [tid:0x...] Device::callbackQueue
+#   aborting with error : HSA_STATUS_ERROR_MEMORY_APERTURE_VIOLATION: The agent attempted to access memory beyond
+#   the largest legal address. code: 0x29", then the abort (github.com/parthenon-hpc-lab/parthenon/issues/1101).
+GPU_ERROR_TEXT = {
+    "gpu_ecc": "jaxlib._jax.XlaRuntimeError: INTERNAL: Failed to synchronize GPU stream: CUDA_ERROR_ECC_UNCORRECTABLE: "
+    "uncorrectable ECC error encountered",
+    "gpu_nccl": "n0:4711:4790 [3] NCCL WARN Cuda failure 'uncorrectable ECC error encountered'",
+    "gpu_hsa": ":0:rocdevice.cpp            :2660: 556940992572 us: 32834: [tid:0x7f9e41945700] Device::callbackQueue "
+    "aborting with error : HSA_STATUS_ERROR_MEMORY_APERTURE_VIOLATION: The agent attempted to access memory beyond "
+    "the largest legal address. code: 0x29",
+}
+
+
+def gpu_error_lines(w: _Writer, host: str, fail: str, t: float) -> list[str]:
+    """What the culprit prints when its GPU fails (GPU_ERROR_TEXT), then how the trainer ends."""
+    first = w.node(host, GPU_ERROR_TEXT[fail])
+    if fail == "gpu_ecc":
+        return traceback_lines(w, host, GPU_ERROR_TEXT[fail])
+    if fail == "gpu_nccl":
+        exc = (
+            "jaxlib._jax.XlaRuntimeError: INTERNAL: NCCL operation ncclGroupEnd() failed: unhandled cuda error (run "
+            "with NCCL_DEBUG=INFO for details). Last NCCL warning(error) log entry (may be unrelated) 'Cuda failure "
+            "'uncorrectable ECC error encountered''."
+        )
+        return [first, *traceback_lines(w, host, exc)]
+    return [  # gpu_hsa: the runtime aborts the process (SIGABRT, exit 134)
+        first,
+        w.node(host, "Fatal Python error: Aborted"),
+        w.node(host, ""),
+        w.node(host, "Current thread 0x00007fb077d90b80 (most recent call first):"),
+        w.node(host, f'  File "{PY}/maxtext/trainers/pre_train/train.py", line 957 in training_loop_iteration'),
     ]
 
 
@@ -415,6 +460,7 @@ def body(job: Job, w: _Writer) -> tuple[list[str], _Outcome, float]:
         "node_failure",
         "killed_gloo",
         "heartbeat_false_positive",
+        *GPU_ERRORS,
     ):
         for h in hosts:
             last[h] = fstep + (0 if h == culprit else 1)
@@ -525,6 +571,16 @@ def body(job: Job, w: _Writer) -> tuple[list[str], _Outcome, float]:
         records[culprit] = (1, "exit")
         status = "failed"
         first_error = w.node(culprit, "ZeroDivisionError: division by zero")
+    elif fail in GPU_ERRORS:
+        out += gpu_error_lines(w, culprit, fail, t_fail)
+        for h in survivors:  # the peers' collectives fail: a consequence
+            out += traceback_lines(w, h, GLOO_EXC.format(peer=peer_ip))
+        code = 134 if fail == "gpu_hsa" else 1
+        out.append(f"srun: error: {culprit}: task {hosts.index(culprit)}: Exited with exit code {code}")
+        records.update({h: (143, "stopped") for h in survivors})
+        records[culprit] = (code, "exit")
+        status = "failed"
+        first_error = w.node(culprit, GPU_ERROR_TEXT[fail])
     elif fail == "collective_error":
         # the culprit froze (no more output); the survivors' collectives fail, they exit 1 and srun
         # stops the culprit

@@ -46,14 +46,20 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "network": ("hw_tcp_retransmits_total", "hw_ib_port_transport_errors_total", "hw_ib_port_errors_total"),
     "gpu_thermal": ("hw_gpu_temperature_celsius", "hw_gpu_clock_mhz", "hw_gpu_throttle_reasons"),
     "gpu_power": ("hw_gpu_power_limit_watts", "hw_gpu_power_watts", "hw_gpu_throttle_reasons"),
-    "gpu_hardware": ("hw_gpu_ras_errors_total", "hw_gpu_pcie_aer_errors_total", "hw_gpu_pcie_link_width"),
+    "gpu_hardware": (
+        "hw_gpu_ras_errors_total",
+        "hw_gpu_pcie_aer_errors_total",
+        "hw_gpu_pcie_link_width",
+        "hw_gpu_kernel_errors_total",
+    ),
     "cpu_contention": ("hw_procs_running", "hw_cpu_pressure_some_pct"),
     "io_pressure": ("hw_io_pressure_full_pct", "hw_io_pressure_some_pct", "hw_procs_blocked"),
     "memory": ("hw_oom_kills_total", "hw_memory_available_bytes", "hw_memory_pressure_full_pct"),
     "training_dynamics": ("tb_learning_loss", "tb_learning_moe_lb_loss", "tb_learning_grad_norm"),
     "throughput": ("tb_perf_per_device_tokens_per_sec", "tb_perf_step_time_seconds"),
 }
-OPTIONAL = {"hw_gpu_throttle_reasons"}  # NVIDIA only: its absence on AMD is no gap in the evidence
+# absent without a gap in the evidence: NVIDIA only (absent on AMD); a series that appears with the first event
+OPTIONAL = {"hw_gpu_throttle_reasons", "hw_gpu_kernel_errors_total"}
 
 
 def _spin_tail(util: dict[str, np.ndarray], power: dict[str, np.ndarray], hosts: list[str]) -> tuple[int, dict]:
@@ -469,14 +475,15 @@ def check_gpu_power(d: Data, rep: Report) -> None:
 
 
 def check_gpu_hardware(d: Data, rep: Report) -> None:
-    fams = [k for k in d.deltas if k.startswith(("hw_gpu_ras", "hw_gpu_pcie_aer"))]
+    fams = [k for k in d.deltas if k.startswith(("hw_gpu_ras", "hw_gpu_pcie_aer", "hw_gpu_kernel_errors"))]
     width = d.gpu_min.get("hw_gpu_pcie_link_width", {})
     if not fams and not width:
         return rep.skipped.append({"check": "gpu_hardware", "needs": list(NEEDS["gpu_hardware"])})
     bad: dict[str, list[str]] = {}
     for key in fams:
         per = d.deltas[key]
-        severe = "{ue}" in key or "{fatal}" in key or "{nonfatal}" in key
+        # any kernel GPU error event (Xid, amdgpu RAS/reset) is rare on a healthy node: one is enough
+        severe = "{ue}" in key or "{fatal}" in key or "{nonfatal}" in key or key.startswith("hw_gpu_kernel_errors")
         peer = nanmed(list(per.values()))
         for h, inc in per.items():
             if (severe and inc >= 1) or (not severe and inc >= max(100, 10 * peer)):
@@ -489,11 +496,12 @@ def check_gpu_hardware(d: Data, rep: Report) -> None:
     if not bad or len(bad) > max(1, len(d.hosts) // 2):
         return rep.clean(
             "gpu_hardware",
-            "no RAS/ECC or PCIe AER error counts, no degraded PCIe link (XID events are not exported)",
+            "no RAS/ECC or PCIe AER error counts, no kernel GPU error events (Xid, amdgpu RAS/reset), no degraded "
+            "PCIe link",
             NEEDS["gpu_hardware"],
         )
     hosts = [h for h in d.hosts if h in bad]
-    severe = any("{ue}" in s or "fatal" in s for h in hosts for s in bad[h])
+    severe = any("{ue}" in s or "fatal" in s or "kernel_errors" in s for h in hosts for s in bad[h])
     ce = d.rates.get(next((k for k in d.rates if k.startswith("hw_gpu_ras_errors_total") and 'kind="ce"' in k), ""), {})
     rep.findings.append(
         Finding(
@@ -503,7 +511,7 @@ def check_gpu_hardware(d: Data, rep: Report) -> None:
             d.train,
             [
                 d.queries[f"delta:{k}"]
-                for k in ("hw_gpu_ras_errors_total", "hw_gpu_pcie_aer_errors_total")
+                for k in ("hw_gpu_ras_errors_total", "hw_gpu_pcie_aer_errors_total", "hw_gpu_kernel_errors_total")
                 if f"delta:{k}" in d.queries
             ],
             {"errors": bad},

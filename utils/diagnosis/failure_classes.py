@@ -56,6 +56,11 @@ def on_host_oom_device(h: Host) -> Found:
     return e is not None, e
 
 
+def on_host_gpu_error(h: Host) -> Found:
+    e = h.first("gpu_error") or first_exception(h, "gpu_error")
+    return e is not None, e
+
+
 def on_host_oom_host(h: Host) -> Found:
     e = h.first("oom_host")
     return e is not None, e
@@ -423,6 +428,25 @@ def steps_gpu_health(j: Job) -> list[str]:
     return out
 
 
+def steps_gpu_error(j: Job) -> list[str]:
+    host = j.first or "HOST"
+    check = "dmesg -T | grep -a -E 'NVRM: Xid|amdgpu.*(RAS|uncorrectable|GPU reset)'"
+    out = [
+        (check if j.scheduler == "local" else f'ssh {host} "{check}"') + "   # the kernel's GPU error events",
+        (
+            "nvidia-smi -q -d ECC,ROW_REMAPPER   # NVIDIA: uncorrectable ECC errors, rows pending remapping; "
+            "AMD: amd-smi metric --ecc"
+        ),
+    ]
+    if j.resubmit:
+        out.append(f"resubmit without the node: {j.resubmit}")
+    elif j.slurm:
+        out.append(f"resubmit without the node: {j.command or 'submit.sh MODEL'} (add --exclude={host})")
+    if j.slurm:
+        out.append(f"scontrol show node {host}   # tell the admins: a GPU reset, a drain or a repair")
+    return out
+
+
 def steps_node_failure(j: Job) -> list[str]:
     if not j.slurm:
         return []
@@ -553,8 +577,27 @@ REGISTRY: tuple[FailureClass, ...] = (
         "that fits.",
     ),
     FailureClass(
-        "oom_host",
+        "gpu_error",
         priority=5,
+        on_host=on_host_gpu_error,
+        metrics_why="a GPU error",
+        summary={"": "a GPU failed on {host} (its own hardware, not the training){detail}"},
+        next_steps=steps_gpu_error,
+        cites=("the first error on the culprit", *ROOT_CITES),
+        host_evidence="A GPU error in the host's own lines or its exception: CUDA `CUDA_ERROR_ECC_UNCORRECTABLE` / "
+        "`uncorrectable ECC error encountered`, the kernel's `NVRM: Xid` / `GPU has fallen off the bus`, NCCL/RCCL "
+        "`unhandled cuda error` (a CUDA call failed on this host), ROCm `HSA_STATUS_ERROR_*` or `rocdevice.cpp ... "
+        "aborting`. Ahead of the segfault (SIGABRT) and the exception the error ends in.",
+        decided_by="`CUDA_ERROR_ECC_UNCORRECTABLE`, `uncorrectable ECC error`, `NVRM: Xid`, `GPU has fallen off the "
+        "bus`, NCCL/RCCL `unhandled cuda error`, `HSA_STATUS_ERROR_*`, `rocdevice.cpp ... aborting`",
+        culprit="the host whose GPU failed",
+        check_next=f"The host's kernel log (Xid, amdgpu RAS, GPU reset) and ECC counters (in `next_steps`); resubmit "
+        f"with `--exclude=HOST`; with a TSDB, {TSDB} (`gpu_hardware`: RAS/ECC counts and "
+        "`hw_gpu_kernel_errors_total`).",
+    ),
+    FailureClass(
+        "oom_host",
+        priority=6,
         on_host=on_host_oom_host,
         summary={"": "{host} ran out of host memory (the kernel/cgroup OOM killer ended it){detail}"},
         next_steps=steps_oom_host,
@@ -569,7 +612,7 @@ REGISTRY: tuple[FailureClass, ...] = (
     ),
     FailureClass(
         "segfault",
-        priority=6,
+        priority=7,
         on_host=on_host_segfault,
         summary={"": "native crash on {host}{exit}{detail}"},
         next_steps=steps_segfault,
@@ -585,7 +628,7 @@ REGISTRY: tuple[FailureClass, ...] = (
     ),
     FailureClass(
         "python_exception",
-        priority=7,
+        priority=8,
         on_host=on_host_python_exception,
         summary={"": "Python exception on {host}{detail}"},
         next_steps=steps_python_exception,
@@ -599,7 +642,7 @@ REGISTRY: tuple[FailureClass, ...] = (
     ),
     FailureClass(
         "killed",
-        priority=8,
+        priority=9,
         on_host=on_host_killed,
         reported_as="oom_host",
         doc_label="killed (reported as `oom_host`, confidence low)",
@@ -618,7 +661,7 @@ REGISTRY: tuple[FailureClass, ...] = (
     ),
     FailureClass(
         "stage_timeout",
-        priority=9,
+        priority=10,
         on_host=on_host_stage_timeout,
         rule=5,
         on_job=on_job_time_limit,

@@ -40,9 +40,9 @@ PROG = "investigate.py"
 TOOLS = {name: REPO / "utils" / f"{name}.py" for name in ("triage", "diagnose", "perf", "sweep", "investigate")}
 
 # triage's classes after which the metrics tell more (skills/job-log-triage, "Hand over")
-METRICS_CLASSES = ("hang", "heartbeat_false_positive", "heartbeat_timeout", "collective_error", "oom_host")
+METRICS_CLASSES = ("hang", "heartbeat_false_positive", "heartbeat_timeout", "collective_error", "oom_host", "gpu_error")
 # triage's classes that explain a failure from the log alone: step times add nothing to them
-PERF_SILENT = ("config_error", "gpu_health", "oom_device", "segfault", "python_exception", "node_failure")
+PERF_SILENT = ("config_error", "gpu_health", "gpu_error", "oom_device", "segfault", "python_exception", "node_failure")
 SLOW_HOST = 1.05  # perf: a host whose median step is this much above the job's does extra work
 EVIDENCE_LINES = 6  # triage evidence items quoted (decisive first)
 FINDINGS = 3  # diagnose findings quoted (strongest first)

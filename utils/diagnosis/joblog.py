@@ -92,7 +92,16 @@ NAN_ABORT = re.compile(r"Aborting training due to (NaN|Inf) loss\.")
 # fields it gives (utils/launch/job_summary.sh's first_error guess is the one exception: it must
 # print in every job, without Python; see its comment).
 _OOM_DEVICE = r"RESOURCE_EXHAUSTED|Out of memory while trying to allocate"  # XLA's allocator
-_JOBCTL = r"^\S+: line \d+: +\d+ "  # bash job control: "<script>: line N: PID Killed  <command>"
+_JOBCTL = r"^\S+: line \d+: +\d+ "
+# a GPU that failed under the trainer (the host's own hardware): CUDA's uncorrectable ECC error (driver API
+# CUDA_ERROR_ECC_UNCORRECTABLE, runtime "uncorrectable ECC error encountered"), the NVIDIA kernel driver's Xid
+# and "fallen off the bus" lines when they reach the job log, NCCL/RCCL's "unhandled cuda error" (a CUDA call
+# failed on this host: not a peer's death), ROCm's HSA runtime errors and its queue abort
+# (":0:rocdevice.cpp :2660: ... Device::callbackQueue aborting with error : HSA_STATUS_ERROR_...")
+_GPU_ERROR = (
+    r"CUDA_ERROR_ECC_UNCORRECTABLE|uncorrectable ECC error|NVRM: Xid\b|GPU has fallen off the bus"
+    r"|unhandled (?:cuda|hip) error|HSA_STATUS_ERROR_\w+|rocdevice\.cpp\b.*\b[Aa]bort"
+)  # bash job control: "<script>: line N: PID Killed  <command>"
 SIGNATURES: list[tuple[str, str]] = [
     ("header", r"^={20} JOB ={20}$"),
     ("summary", r"^={20} JOB SUMMARY ={20}$"),
@@ -115,6 +124,7 @@ SIGNATURES: list[tuple[str, str]] = [
         r"|yaml\.(?:scanner|parser|constructor|composer)\.\w+Error",
     ),
     ("oom_device", _OOM_DEVICE),
+    ("gpu_error", _GPU_ERROR),
     ("oom_host", r"\bOut Of Memory\b|oom-kill|oom_kill|Out of memory: Killed process|invoked oom-killer"),
     ("hb_claim", r"The following tasks are unhealthy \(stopped sending heartbeats\)"),
     ("hb_task", r"Task (?:/job:[\w-]+/replica:\d+/task:)?(\d+) heartbeat timeout"),
@@ -180,6 +190,13 @@ _NEEDLES = (
     b"  <- no record",
     b"' is in use",
     b"gpu_health: ",
+    b"ECC error",
+    b"CUDA_ERROR_ECC",
+    b"Xid",
+    b"fallen off the bus",
+    b"unhandled",
+    b"HSA_STATUS_ERROR",
+    b"rocdevice",
 )
 _F_LINE = re.compile(rb"\n(?:[^:\n]{1,64}+: )?F\d{4} \d\d:")
 _EXC_LINE = re.compile(
@@ -203,6 +220,7 @@ EXCEPTION_KINDS: list[tuple[str, re.Pattern[str]]] = [
         ),
     ),
     ("oom_device", re.compile(_OOM_DEVICE)),
+    ("gpu_error", re.compile(_GPU_ERROR)),
     ("collective", re.compile(r"Gloo|\b[NR]CCL\b|nccl\w*Error|Connection reset by peer|Connection closed by peer")),
     ("interrupt", re.compile(r"^(?:KeyboardInterrupt|SystemExit)\b")),
     (
@@ -322,8 +340,8 @@ class Scan:
 
 # --- small parsers ------------------------------------------------------------------------
 def exception_kind(text: str) -> str:
-    """What an exception line means: config_error, oom_device, collective, interrupt, coordination
-    or python_exception (see EXCEPTION_KINDS)."""
+    """What an exception line means: config_error, oom_device, gpu_error, collective, interrupt,
+    coordination or python_exception (see EXCEPTION_KINDS)."""
     return next((kind for kind, rx in EXCEPTION_KINDS if rx.search(text)), "python_exception")
 
 

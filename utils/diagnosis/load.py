@@ -150,6 +150,10 @@ def _deltas(d: Data) -> dict[str, str]:
             q[name] = (
                 f"sum by (host{by}) (last_over_time({name}{last})) - sum by (host{by}) (min_over_time({name}{first}))"
             )
+    # counted from the exporter's start, a series appearing with its first event: its largest value is the increase
+    name = "hw_gpu_kernel_errors_total"
+    if name in d.names:
+        q[name] = f"sum by (host, code) (max_over_time({name}[{d.end - d.start + 1:.0f}s] @ {d.end:.0f}))"
     return q
 
 
@@ -190,7 +194,7 @@ def load(target: Target, prom: tsdb.Served) -> Data:
     for k, rows in dres.items():
         for r in rows:
             if "host" in r["metric"]:
-                sub = r["metric"].get("kind") or r["metric"].get("severity") or ""
+                sub = r["metric"].get("kind") or r["metric"].get("severity") or r["metric"].get("code") or ""
                 d.deltas.setdefault(f"{k}{{{sub}}}" if sub else k, {})[r["metric"]["host"]] = float(r["value"][1])
     hosts = set()
     for fam in (d.gauges, d.gpu_min, d.rates):

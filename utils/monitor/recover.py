@@ -24,7 +24,7 @@ from trust import UntrustedPath
 
 # classes that name nodes at fault rather than the job itself (docs/triage.md); never config
 # errors, out of memory, NaN loss or the job's own exceptions
-NODE_CLASSES = ("node_failure", "gpu_health", "heartbeat_timeout", "collective_error", "hang")
+NODE_CLASSES = ("node_failure", "gpu_health", "gpu_error", "heartbeat_timeout", "collective_error", "hang")
 
 
 class RecoverError(RuntimeError):

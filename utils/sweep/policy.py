@@ -21,6 +21,7 @@ POLICY: dict[str, tuple[str, str]] = {
     "oom_device": (SKIP_VALUE, "out of GPU memory: this value does not fit"),
     "oom_host": (SKIP_VALUE, "out of host memory: this value does not fit"),
     "gpu_health": (EXCLUDE_NODE_RETRY, "one node failed the GPU check: exclude it, retry once"),
+    "gpu_error": (EXCLUDE_NODE_RETRY, "a GPU failed on one node: exclude it, retry once"),
     "node_failure": (EXCLUDE_NODE_RETRY, "one node failed: exclude it, retry once"),
     "config_error": (STOP, "the config does not load: every job would fail the same way"),
     "hang": (RETRY, "the job hung: cancelled, retry once"),

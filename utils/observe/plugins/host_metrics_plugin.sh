@@ -7,8 +7,11 @@
 #   information (/proc/pressure/*), load average, and InfiniBand/RoCE ports
 #   (/sys/class/infiniband/*/ports/*/{counters,hw_counters}; which hw_counters files are retransmits,
 #   errors, congestion or traffic is per driver in utils/launch/rdma_providers.tsv).
+#   GPU error events of the kernel log ($METRICS_KMSG, default /dev/kmsg: NVIDIA Xid, amdgpu RAS and GPU
+#   reset), counted once each (its state: $METRICS_STATE_DIR/kmsg).
 # Run by metrics_exporter.py at every poll (contract: docs/plugins.md; metrics: docs/metrics.md).
-# Environment: METRICS_PROCFS_ROOT (default /proc), METRICS_SYSFS_ROOT (default /sys).
+# Environment: METRICS_PROCFS_ROOT (default /proc), METRICS_SYSFS_ROOT (default /sys), METRICS_KMSG
+# (default /dev/kmsg), METRICS_STATE_DIR (none: count the whole kernel log, as when run by hand).
 # All of /proc is read by one awk; the sysfs counters with bash builtins (no process per value).
 # A missing or unreadable file only drops its own series. Exit 0, or 1 if the awk pass failed or
 # the NIC table (rdma_providers.tsv, through utils/launch/netenv.sh) could not be read.
@@ -162,7 +165,7 @@ declare -A SAMPLES=()
 ORDER=()
 emit() { # emit METRIC LABELS VALUE
   if [[ ! -v SAMPLES[$1] ]]; then ORDER+=("$1"); SAMPLES[$1]=; fi
-  SAMPLES[$1]+="$1{$2} $3"$'\n'
+  if [[ -n $2 ]]; then SAMPLES[$1]+="$1{$2} $3"$'\n'; else SAMPLES[$1]+="$1 $3"$'\n'; fi
 }
 # hw_counters names per driver: utils/launch/rdma_providers.tsv, read by netenv.sh's netenv_counter_globs.
 have_globs=0
@@ -233,6 +236,101 @@ for port_dir in "$sys"/class/infiniband/*/ports/*; do
     emit hw_ib_port_rate_gbps "$labels" "${v%% *}"
   fi
 done
+
+# ---- the kernel log: GPU error events ----------------------------------------------------------
+# /dev/kmsg records are "prio,seq,usec,flags;message" (continuation lines start with a space; kernel
+# Documentation/ABI/testing/dev-kmsg). Counted: NVIDIA "NVRM: Xid (PCI:0000:3b:00): 79, pid=..., ..."
+# (code = the Xid number) and amdgpu "amdgpu 0000:c1:00.0: amdgpu: GPU reset begin!" (code gpu_reset) and
+# "... N [new ]uncorrectable hardware errors detected in UMC block" (code ras_uncorrectable; not the
+# "... detected in total in ..." line that repeats it). Incremental: the state file keeps the boot id, the
+# last sequence number read and the counts, so no record is counted twice; the first poll of a job only
+# takes the newest sequence number (what the log held before the exporter started is not counted). Run
+# without a state dir (by hand) it counts the whole log. A kernel log this user may not read
+# (kernel.dmesg_restrict) is tried once: the state remembers it, hw_gpu_kernel_log_readable says 0.
+kmsg=${METRICS_KMSG:-/dev/kmsg}
+kstate=
+if [[ -n ${METRICS_STATE_DIR-} && -d ${METRICS_STATE_DIR-} ]]; then kstate=$METRICS_STATE_DIR/kmsg; fi
+boot=
+{ IFS= read -r boot; } 2>/dev/null < "$proc/sys/kernel/random/boot_id" || boot=
+HELP[hw_gpu_kernel_log_readable]="1 when the kernel log ($kmsg) could be read for GPU error events, 0 when not."
+HELP[hw_gpu_kernel_errors_total]="GPU error events in the kernel log since the exporter started (NVRM Xid, amdgpu RAS and GPU reset)."
+if [[ -n $kstate && -f $kstate ]] && grep -qx unreadable "$kstate" 2>/dev/null; then
+  emit hw_gpu_kernel_log_readable "" 0
+elif ! { exec {kfd}<"$kmsg"; } 2>/dev/null; then
+  emit hw_gpu_kernel_log_readable "" 0
+  if [[ -n $kstate ]]; then echo unreadable > "$kstate"; fi
+else
+  emit hw_gpu_kernel_log_readable "" 1
+  # dd returns at the end of the buffer (EAGAIN with nonblock): each read(2) gives one whole record
+  records=$(dd bs=65536 iflag=nonblock status=none <&"$kfd" 2>/dev/null || true)
+  exec {kfd}<&-
+  counts=$(awk -v boot="$boot" -v statef="$kstate" '
+    BEGIN {
+      last = -1; fresh = 1
+      if (statef != "" && (getline line < statef) > 0) {
+        fresh = 0
+        do {
+          split(line, f, " ")
+          if (f[1] == "boot") sboot = f[2]
+          else if (f[1] == "seq") last = f[2] + 0
+          else if (f[1] == "count") n[f[2] " " f[3]] += f[4]
+        } while ((getline line < statef) > 0)
+        close(statef)
+        if (sboot != boot) last = -1  # a new boot numbers its records from 0 again
+      }
+      top = last
+    }
+    /^[0-9]+,[0-9]+,[0-9]+,[^;]*;/ {
+      split($0, h, ","); seq = h[2] + 0
+      if (seq > top) top = seq
+      if (seq <= last || (fresh && statef != "")) next
+      msg = substr($0, index($0, ";") + 1)
+      if (match(msg, /NVRM: Xid \(PCI:[0-9A-Fa-f:.]+\): [0-9]+/)) {
+        x = substr(msg, RSTART, RLENGTH); sub(/^NVRM: Xid \(PCI:/, "", x)
+        pci = substr(x, 1, index(x, ")") - 1); code = substr(x, index(x, ": ") + 2)
+        n[tolower(pci) " " code]++
+      } else if (match(msg, /^amdgpu [0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-7]: /)) {
+        pci = tolower(substr(msg, 8, RLENGTH - 9))
+        if (msg ~ /GPU reset begin!/) n[pci " gpu_reset"]++
+        else if (msg ~ /uncorrectable hardware errors detected in / && msg !~ /detected in total in/) n[pci " ras_uncorrectable"]++
+      }
+    }
+    END {
+      for (k in n) print k, n[k]
+      if (statef != "") {
+        printf "boot %s\nseq %d\n", boot, top > (statef ".new")
+        for (k in n) printf "count %s %d\n", k, n[k] > (statef ".new")
+        close(statef ".new")
+      }
+    }
+  ' <<< "$records") || status=1
+  if [[ -n $kstate && -f $kstate.new ]]; then mv -f "$kstate.new" "$kstate"; fi
+  if [[ -n $counts ]]; then
+    # the gpu label: the GPU index as gpu_metrics_plugin.sh numbers it (NVIDIA: PCI order of the nvidia
+    # driver's functions, as nvidia-smi does; AMD: amdgpu cards in /sys/class/drm/cardN order)
+    declare -A GPU_OF=()
+    i=0
+    for d in "$sys"/bus/pci/drivers/nvidia/[0-9a-f]*:*; do
+      [[ -e $d ]] || continue
+      a=${d##*/}; GPU_OF[${a%.*}]=$i; i=$((i + 1))  # Xid names the function without ".0"
+    done
+    i=0
+    for d in "$sys"/class/drm/card*; do
+      v=
+      { IFS= read -r v; } 2>/dev/null < "$d/device/vendor" || true
+      if [[ ! ${d##*/} =~ ^card[0-9]+$ || $v != 0x1002 ]]; then continue; fi
+      a=$(cd -P "$d/device" 2>/dev/null && pwd) || continue
+      GPU_OF[${a##*/}]=$i; i=$((i + 1))
+    done
+    while read -r pci code v; do
+      if [[ -v GPU_OF[$pci] ]]; then
+        emit hw_gpu_kernel_errors_total "gpu=\"${GPU_OF[$pci]}\",code=\"$code\"" "$v"
+      else
+        emit hw_gpu_kernel_errors_total "code=\"$code\"" "$v"
+      fi
+    done <<< "$counts"
+  fi
+fi
 
 for m in "${ORDER[@]}"; do
   type=counter
