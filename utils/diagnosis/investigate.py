@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from diagnosis import cli, jobdir, locate, triage
+from diagnosis import baseline, cli, locate, triage
 from diagnosis.cli import InputError
 from diagnosis.min_nodes import min_nodes_notes
 
@@ -93,10 +93,10 @@ def run_triage(job: locate.Job, ws: Path, scheduler: bool) -> dict | None:
     return triage.triage(str(job.log), ws, triage.Options(scheduler=scheduler))
 
 
-def run_diagnose(job: locate.Job, ws: Path, vs: Path | None = None) -> dict:
+def run_diagnose(job: locate.Job, ws: Path, vs: Path | None = None, auto: dict | None = None) -> dict:
     from diagnosis import diagnose  # numpy and requests: only when the metrics are read
 
-    r = diagnose.diagnose(diagnose.locate(str(job.dir), ws), diagnose.locate(str(vs), ws) if vs else None)
+    r = diagnose.diagnose(diagnose.locate(str(job.dir), ws), diagnose.locate(str(vs), ws) if vs else None, auto=auto)
     r.pop("_report", None)
     return r
 
@@ -247,7 +247,7 @@ def next_steps(job: locate.Job, tri: dict | None, diag: dict | None, verdict: di
             )
         if (diag.get("vs") or {}).get("other_tsdb"):
             other = shlex.quote(str(Path(diag["vs"]["other_tsdb"]).parent))
-            add(f"{tool('diagnose')} {jd} --vs {other} --json   # the comparison with the earlier run")
+            add(f"{tool('diagnose')} {jd} --vs {other} --json   # the comparison with the baseline run")
         elif diag["verdict"] == "none" and not diag.get("insufficient_evidence"):
             add(
                 "no good run of the same model beside this job to compare with; with one (OTHER_JOB): "
@@ -300,31 +300,6 @@ def model_of(name: str) -> str:
     return rest
 
 
-def earlier_run(job: locate.Job, ws: Path) -> Path | None:
-    """A good run to compare with: the newest other job of the same model beside this one with a
-    TSDB whose log triage reads as completed with no failure (None when there is none)."""
-    model, here = model_of(job.name), (job.dir.parent if job.dir else ws)
-    try:
-        cands = sorted(
-            (d for n, d in jobdir.listing(here) if n.endswith(f"-JAX-{model}") and d.is_dir() and d != job.dir),
-            key=lambda d: d.stat().st_mtime,
-            reverse=True,
-        )
-    except OSError:
-        return None
-    for d in cands:
-        log = jobdir.log_of(d)
-        if not jobdir.tsdb_dir(d).is_dir() or log is None:
-            continue
-        try:
-            r = triage.triage(str(log), ws, triage.Options(scheduler=False))
-        except InputError:
-            continue
-        if r["status"] == "completed" and r["failure_class"] is None:
-            return d
-    return None
-
-
 def investigate(arg: str, workspace: Path | None = None, metrics: str = "auto", scheduler: bool = True) -> dict:
     """The evidence bundle for JOB (see docs/investigate.md); InputError for bad input. A TSDB that
     cannot be served is a not_checked item (and `metrics_error`), not an exception."""
@@ -356,10 +331,11 @@ def investigate(arg: str, workspace: Path | None = None, metrics: str = "auto", 
 
         try:
             diag = timed("diagnose", want, lambda: run_diagnose(job, ws))
-            other = earlier_run(job, ws) if diag["verdict"] == "none" and not diag["insufficient_evidence"] else None
-            if other is not None:  # skills/tsdb-diagnosis step 5: a cause on every host shows only against a good run
-                why = f"no incident alone: compared with {other.name}, a completed run of the same model"
-                diag = timed("diagnose --vs", why, lambda: run_diagnose(job, ws, other))
+            picked = baseline.pick(job.dir) if diag["verdict"] == "none" and not diag["insufficient_evidence"] else None
+            if picked is not None:  # skills/tsdb-diagnosis step 5: a cause on every host shows only against a good run
+                other, auto = picked
+                why = f"no incident alone: compared with {other.name}, {auto['why']}"
+                diag = timed("diagnose --vs", why, lambda: run_diagnose(job, ws, other, auto))
         except (tsdb.TSDBError, InputError) as e:
             metrics_error = cli.one_line(e)
             skipped.append({"tool": "diagnose", "why": f"the TSDB could not be read: {metrics_error}"})
