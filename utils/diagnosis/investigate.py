@@ -25,8 +25,10 @@ asked and the TSDB could not be served.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,24 +55,98 @@ def tool(name: str) -> str:
     return shlex.quote(str(TOOLS[name]))
 
 
+def _phases(tri: dict) -> int:
+    return len((tri.get("tgs") or {}).get("phases") or [])
+
+
+@dataclasses.dataclass(frozen=True)
+class Handover:
+    """One row of the routing rule from triage's answer to the next skill: skills/job-log-triage step
+    4's table is generated from HANDOVER (utils/dev/failure_class_tables.py), and investigate reads the
+    metrics by its rows that have `when` (the first that holds gives the reason)."""
+
+    says: str  # the table's "Triage says" cell
+    skill: str  # the skill handed over to (a directory of skills/), "" for none
+    what: str  # what to get there
+    when: Callable[[dict], bool] | None = None  # on triage's answer: hand over to the metrics (with a TSDB)
+    reason: Callable[[dict], str] | None = None  # investigate's `ran[].why` for that hand-over
+
+
+TSDB_ROW = "and the job has a TSDB"
+HANDOVER: tuple[Handover, ...] = (
+    Handover(
+        f"`hung` (`status` or `failure_class` `hang`), {TSDB_ROW}",
+        "tsdb-diagnosis",
+        "what the GPUs and hosts did when steps stopped",
+        lambda t: t["status"] == "hung" or t["failure_class"] == "hang",
+        lambda t: "the job hung: what the GPUs and hosts did when steps stopped",
+    ),
+    Handover(
+        ", ".join(f"`{c}`" for c in METRICS_CLASSES if c != "hang") + f", {TSDB_ROW}",
+        "tsdb-diagnosis",
+        "the metrics around the failure (power of the accused, memory, retransmits)",
+        lambda t: t["failure_class"] in METRICS_CLASSES,
+        lambda t: f"{t['failure_class']}: the metrics around the failure (power of the accused, memory, retransmits)",
+    ),
+    Handover(
+        f"`tgs.phases` has more than one phase (throughput changed during the run), {TSDB_ROW}",
+        "tsdb-diagnosis",
+        "which hosts, which resource, when",
+        lambda t: _phases(t) > 1,
+        lambda t: "throughput changed during the run: which host and resource, when",
+    ),
+    Handover(
+        "`failure_class` null (also a `completed` job: the log shows no failure), or the user says it is slow "
+        f'("why is 8308 TGS so bad"), {TSDB_ROW}',
+        "tsdb-diagnosis",
+        "whether a host or resource held the job back; when nothing is found, compare with a clean run (its step 5, "
+        "`--vs auto`)",
+        lambda t: t["failure_class"] is None,
+        lambda t: "the log shows no failure: whether a host or resource held the job back",
+    ),
+    Handover("questions about tokens/s, MFU, step time breakdown, profiles", "performance-analysis", ""),
+    Handover(
+        "a host named as culprit (`node_failure`, `collective_error` peer, the same host in several jobs) that "
+        "should be confirmed or cleared",
+        "batch-sweep",
+        "(`nodes` or `bisect`)",
+    ),
+    Handover("`oom_device`: find the largest batch that fits", "batch-sweep", "(`batch`)"),
+    Handover("`config_error` (MaxText rejected a key or value)", "model-config-guide", ""),
+    Handover(
+        "`gpu_health` (the GPU check before training failed: the job never trained)",
+        "",
+        "quote each culprit's `gpu_health: ... FAILED:` line and give the user the `resubmit without the bad "
+        "nodes: ...` command from `next_steps` (the JOB SUMMARY's `resubmit:`) (do not run it)",
+    ),
+)
+
+
+def handover_table() -> list[str]:
+    """skills/job-log-triage step 4's table (markdown lines), from HANDOVER."""
+    out = ["| Triage says | Next skill |", "|---|---|"]
+    for h in HANDOVER:
+        to = f"[{h.skill}](../{h.skill}/SKILL.md)" if h.skill else "none"
+        sep = "" if not h.what else (" " if h.what.startswith("(") else ": ")
+        out.append(f"| {h.says} | {to}{sep}{h.what} |")
+    return out
+
+
+def handover(tri: dict) -> Handover | None:
+    """The row of HANDOVER that sends triage's answer to the metrics, or None."""
+    return next((h for h in HANDOVER if h.when is not None and h.when(tri)), None)
+
+
 def metrics_reason(tri: dict | None, mode: str) -> str | None:
-    """Why the metrics are worth reading after triage (the hand-over rule), or None."""
+    """Why the metrics are worth reading after triage (the hand-over rule, HANDOVER), or None."""
     if mode == "always":
         return "asked for (--metrics always)"
     if mode == "never":
         return None
     if tri is None:
         return "no log to triage: the metrics are the only evidence"
-    cls, phases = tri["failure_class"], len((tri.get("tgs") or {}).get("phases") or [])
-    if tri["status"] == "hung" or cls == "hang":
-        return "the job hung: what the GPUs and hosts did when steps stopped"
-    if cls in METRICS_CLASSES:
-        return f"{cls}: the metrics around the failure (power of the accused, memory, retransmits)"
-    if phases > 1:
-        return "throughput changed during the run: which host and resource, when"
-    if cls is None:
-        return "the log shows no failure: whether a host or resource held the job back"
-    return None
+    h = handover(tri)
+    return h.reason(tri) if h is not None and h.reason is not None else None
 
 
 def perf_reason(tri: dict | None) -> str | None:
