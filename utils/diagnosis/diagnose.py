@@ -443,12 +443,10 @@ def missing_families(d: Data) -> set[str]:
     return out | absent
 
 
-def diagnose(
-    target: Target, vs: Target | None = None, *, auto: dict | None = None, workspace: Path | None = None
-) -> dict:
+def diagnose(target: Target, vs: Target | None = None, *, auto: dict | None = None) -> dict:
     """Run every playbook on one job (optionally against another); the JSON report (plus _report).
-    auto: how --vs auto picked vs (pick_baseline); workspace: unused (the baseline to suggest when
-    nothing is found is looked for beside the job, as --vs auto does)."""
+    auto: how --vs auto picked vs (pick_baseline); when nothing is found, the baseline --vs auto would
+    pick is suggested."""
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows are expected (gaps, idle hosts)
         r = _diagnose(target, vs)
@@ -752,7 +750,7 @@ def main(argv: list[str] | None = None) -> int:
             other = locate(a.vs, ws, "--vs")
         if other is not None and other.tsdb.resolve() == target.tsdb.resolve():
             raise InputError(f"--vs {a.vs} is {target.name} itself: compare with another job (or --vs auto)")
-        report = diagnose(target, other, auto=auto, workspace=ws)
+        report = diagnose(target, other, auto=auto)
     except InputError as e:
         return cli.fail("diagnose.py", e)
     except tsdb.TSDBError as e:

@@ -117,7 +117,7 @@ def _diagnose(ctx: Context, job: str, vs: str | None) -> dict:
         other = diag.locate(vs, ws, "vs")
     if other is not None and other.tsdb.resolve() == target.tsdb.resolve():
         raise InputError(f"vs {vs} is {target.name} itself: compare with another job (or vs auto)")
-    report = diag.diagnose(target, other, auto=auto, workspace=ws)
+    report = diag.diagnose(target, other, auto=auto)
     report.pop("_report", None)
     return report
 
