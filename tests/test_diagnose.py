@@ -274,36 +274,77 @@ def copy_job(src: Path, name: str, edit: Callable[[str], str] = lambda t: t) -> 
     return dst
 
 
-def test_vs_auto_picks_the_latest_completed_run_of_the_model_on_the_same_hosts(tmp_path):
-    inc = corpus.build("thread_leak", tmp_path, 4)  # the leak job and its clean twin, an hour before it
+def test_vs_auto_picks_the_nearest_clean_run_of_the_model_on_the_same_hosts(tmp_path):
+    inc = corpus.build("thread_leak", tmp_path / "ws", 4)  # the leak job and its clean twin, an hour before it
     model = inc.notes["model"]
-    # decoys: the same run failed; the same model on other hosts, a minute later (still before the leak
-    # job); the leak job itself under another id (it did not end before the leak job started)
+    # decoys: the same run failed; the same model on other hosts, a minute later (nearer, but no shared
+    # host); the leak job itself under another id (its time overlaps the leak job's: never a baseline)
     copy_job(inc.vs, f"10-JAX-{model}", lambda t: t.replace("status: completed", "status: failed"))
     other = copy_job(inc.vs, f"11-JAX-{model}", lambda t: re.sub(r"\b(node|gpu|h100-|mi300x-)(\d+)", r"x\1\2", t))
     for meta in other.glob("prometheus/*/meta.json"):
         m = json.loads(meta.read_text())
         meta.write_text(json.dumps({**m, "maxTime": m["maxTime"] + 60_000}))
     copy_job(inc.job_dir, f"12-JAX-{model}")
-    res = cli(inc.job_dir, "--vs", "auto", "--json")
+    # a workspace the user set holds other jobs of the model (the README's first command makes outputs/):
+    # the baseline still comes from the job's own directory
+    elsewhere = tmp_path / "outputs"
+    nearer = shutil.copytree(inc.vs, elsewhere / f"13-JAX-{model}")  # the twin, ended a minute later
+    for meta in nearer.glob("prometheus/*/meta.json"):
+        m = json.loads(meta.read_text())
+        meta.write_text(json.dumps({**m, "maxTime": m["maxTime"] + 60_000}))
+    env = {"JOB_WORKSPACE": str(elsewhere)}
+    res = cli(inc.job_dir, "--vs", "auto", "--json", env=env)
     assert res.returncode == 0, res.stderr
     r = json.loads(res.stdout)
     assert r["vs"]["other"] == inc.vs.name and r["verdict"] == "cpu_contention", r["summary"]
     auto = r["vs"]["auto"]
-    assert auto["picked"] == inc.vs.name and auto["shared_hosts"] == len(inc.hosts) and auto["candidates"] == 2
-    assert "shares hosts" in auto["why"]
-    text = cli(inc.job_dir, "--vs", "auto").stdout
-    assert f"Compared with: {inc.vs.name} (--vs auto: the latest completed {model} job" in text, text
+    assert auto["picked"] == inc.vs.name and auto["shared_hosts"] == len(inc.hosts) and auto["when"] == "before"
+    assert auto["candidates"] == 2 and "shares hosts" in auto["why"], auto  # the twin and 11- (13- is not beside it)
+    text = cli(inc.job_dir, "--vs", "auto", env=env).stdout
+    assert f"Compared with: {inc.vs.name} (--vs auto: the nearest clean {model} run: it ended" in text, text
     # without --vs: nothing found, and the report says a baseline exists
-    alone = cli(inc.job_dir, "--json")
+    alone = cli(inc.job_dir, "--json", env=env)
     r = json.loads(alone.stdout)
     assert r["verdict"] == "none" and f"try --vs auto (it would compare with {inc.vs.name})" in r["summary"]
     assert any("--vs auto" in n and inc.vs.name in n for n in r["notes"]), r["notes"]
     assert json.loads(cli(inc.job_dir, "--vs", inc.vs, "--json").stdout)["vs"]["auto"] is None
-    # the twin has no earlier run: no suggestion, and --vs auto is one line
-    first = json.loads(cli(inc.vs, "--json").stdout)
+
+
+@pytest.mark.parametrize("twin", ["after", "elsewhere"])
+def test_vs_auto_takes_a_later_run_and_says_when_no_host_is_shared(tmp_path, twin):
+    """The clean run has a later id and ran after the leak job (after), or ran before it on other
+    hosts of another node type: half the memory, GPU power limit 700-750 W vs 1000 W (elsewhere).
+    Both are picked; across hosts the report says so in one line and the node-type differences never
+    decide: the run queue does."""
+    inc = corpus.build("thread_leak", tmp_path, 4, twin=twin)
+    res = cli(inc.job_dir, "--vs", "auto", "--json")
+    assert res.returncode == 0, res.stderr
+    r = json.loads(res.stdout)
+    auto = r["vs"]["auto"]
+    assert auto["picked"] == inc.vs.name and auto["when"] == ("after" if twin == "after" else "before"), auto
+    assert r["verdict"] == "cpu_contention", r["summary"]
+    assert "nan" not in json.dumps([f["summary"] for f in r["findings"]]) and "n/a" not in r["summary"], r["summary"]
+    for row in r["vs"]["ranked"]:  # a difference and its percentage have the same sign
+        assert (row["this_median"] - row["other_median"]) * row["relative"] >= 0, row
+    across = [n for n in r["notes"] if n.startswith("no shared hosts")]
+    deciding = {f["kind"] for f in r["findings"] if f["kind"] in diagnose.VERDICTS}
+    if twin == "after":
+        assert r["culprit_hosts"] == inc.hosts and not across, (r["culprit_hosts"], r["notes"])
+        return
+    assert r["vs"]["shared_hosts"] == 0 and len(across) == 1 and "on other hosts" in auto["why"], r["notes"]
+    assert deciding == {"cpu_contention"} and r["culprit_hosts"] == [], (deciding, r["summary"])
+    informational = {f["values"]["family"] for f in r["findings"] if f["kind"] == "vs_difference"}
+    assert {"hw_memory_total_bytes", "hw_gpu_power_limit_watts"} <= informational, informational
+    assert across[0] in cli(inc.job_dir, "--vs", "auto").stdout
+
+
+def test_vs_auto_without_a_clean_run_beside_it_is_one_line(tmp_path):
+    inc = corpus.build("healthy", tmp_path, 5)
+    first = json.loads(cli(inc.job_dir, "--json").stdout)
     assert "--vs auto" not in first["summary"] and not any("--vs auto" in n for n in first["notes"])
-    one_line_error(cli(inc.vs, "--vs", "auto"), "--vs auto: no completed job of the same model", inc.vs.name)
+    one_line_error(
+        cli(inc.job_dir, "--vs", "auto"), "--vs auto: no clean completed run of the same model", inc.job_dir.name
+    )
 
 
 def test_vs_with_the_job_itself_is_refused(network_job):

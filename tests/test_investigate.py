@@ -78,6 +78,56 @@ def test_incident_with_metrics(tmp_path, family, verdict, decided_by):
         assert {"failure", "network", "gpu_thermal", "memory"} <= checks, checks
 
 
+# --- one routing rule: the skill's hand-over table and investigate -----------------------------------
+def test_the_skill_hand_over_table_is_investigates_rule():
+    """skills/job-log-triage step 4 is generated from investigate.HANDOVER (utils/dev/failure_class_tables.py):
+    for every triage answer (each status, each class, one or two phases) the row investigate follows
+    is in the skill as written, it sends to tsdb-diagnosis, and investigate reads the metrics exactly then."""
+    from dev import failure_class_tables as tables
+    from diagnosis import triage
+
+    assert "skills/job-log-triage/SKILL.md" not in tables.stale_docs(), "run utils/dev/failure_class_tables.py"
+    skill = (REPO / "skills" / "job-log-triage" / "SKILL.md").read_text()
+    rows = {ln.strip() for ln in skill.splitlines() if ln.strip().startswith("|")}
+    table = investigate.handover_table()
+    assert set(table) <= rows, set(table) - rows
+    for status in ("completed", "failed", "running", "hung", "cancelled", "unknown"):
+        for cls in (None, *triage.CLASSES):
+            for phases in (1, 2):
+                tri = {"status": status, "failure_class": cls, "tgs": {"phases": [{}] * phases}}
+                row = investigate.handover(tri)
+                reason = investigate.metrics_reason(tri, "auto")
+                assert (reason is None) == (row is None), (tri, reason)
+                if row is not None:
+                    line = table[2 + investigate.HANDOVER.index(row)]
+                    assert "[tsdb-diagnosis]" in line and line in rows, line
+    # the case an agent used to stop at: a completed job, no failure class, one phase, with a TSDB
+    done = investigate.handover({"status": "completed", "failure_class": None, "tgs": {"phases": [{}]}})
+    assert done is not None and done.skill == "tsdb-diagnosis" and "--vs auto" in done.what
+    # classes the log explains go nowhere near the metrics
+    assert investigate.handover({"status": "failed", "failure_class": "oom_device", "tgs": {}}) is None
+
+
+@pytest.mark.parametrize("twin", ["after", "elsewhere"])
+def test_a_later_baseline_and_one_on_other_hosts(tmp_path, twin):
+    """The thread leak's clean run has a later id and ran after it (after), or ran before it on hosts of
+    another node type (elsewhere): triage reads the leak job as completed and healthy (the skill then
+    hands over to tsdb-diagnosis), and investigate finds the leak against that run, as diagnose --vs auto."""
+    inc = corpus.build("thread_leak", tmp_path, 4, twin=twin)
+    r = bundle(inc.job_dir, tmp_path)
+    tri = r["reports"]["triage"]
+    assert tri["status"] == "completed" and tri["failure_class"] is None, tri["summary"]
+    assert investigate.handover(tri).skill == "tsdb-diagnosis"
+    ran = {x["tool"]: x["why"] for x in r["ran"]}
+    assert (
+        inc.vs.name in ran["diagnose --vs"]
+        and ("after this one" if twin == "after" else "on other hosts") in ran["diagnose --vs"]
+    ), ran
+    assert r["verdict"] == "cpu_contention" and r["decided_by"] == "diagnose", r["summary"]
+    assert r["reports"]["diagnose"]["vs"]["auto"]["picked"] == inc.vs.name
+    assert r["culprit_hosts"] == (inc.hosts if twin == "after" else []), r["culprit_hosts"]
+
+
 def test_metrics_never_and_always(tmp_path):
     inc = corpus.build("rdma_retransmits", tmp_path, 1)
     r = bundle(inc.job_dir, tmp_path, "never")

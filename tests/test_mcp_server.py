@@ -140,7 +140,7 @@ def test_reports_cache_and_errors(ws):
 
             h = (await s.call_tool("diagnose", {"job": str(hang.job_dir)})).structured_content
             assert h["verdict"] == "hang", h["verdict"]
-            leak = ws["leak"]  # vs auto: the latest completed run of the model before it, as diagnose.py --vs auto
+            leak = ws["leak"]  # vs auto: the nearest clean run of the model, as diagnose.py --vs auto
             r = await s.call_tool("diagnose", {"job": "4445", "vs": "auto"})
             assert not r.is_error, r.content
             assert r.structured_content["verdict"] == leak.verdict, r.structured_content["summary"]

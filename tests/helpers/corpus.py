@@ -176,15 +176,18 @@ class _Sim:
         *,
         hosts: list[str] | None = None,
         twin: _Sim | None = None,
+        after_twin: bool = True,
+        node: dict | None = None,
         drop: tuple[str, ...] = (),
     ) -> None:
         self.family, self.seed, self.scale, self.drop = family, seed, scale, drop
         self.r = random.Random(f"{family}/{seed}")
         self.rng = np.random.default_rng(_seed_int(family, seed))
         r = self.r
-        if twin is not None:  # a rerun of the twin's job: same hosts, model and speed
-            self.hosts, self.vendor, self.model = twin.hosts, twin.vendor, twin.model
-            self.step_time, self.tokens, self.t0 = twin.step_time, twin.tokens, twin.t0 + int(scale.hours * 3600) + 3600
+        if twin is not None:  # a rerun of the twin's job (an hour after it, or before): same hosts, model and speed
+            self.hosts, self.vendor, self.model = hosts or twin.hosts, twin.vendor, twin.model
+            gap = int(scale.hours * 3600) + 3600
+            self.step_time, self.tokens, self.t0 = twin.step_time, twin.tokens, twin.t0 + (gap if after_twin else -gap)
             self.mfu = twin.mfu
         else:
             self.vendor = r.choice(["amd", "nvidia"])
@@ -198,6 +201,7 @@ class _Sim:
             peak = PEAK_TFLOPS[self.vendor] * 1e12
             self.tokens = float(round(self.mfu * peak * self.step_time / flops_per_token(self.model)))
         self.moe = self.model in MOE_MODELS
+        self.node = node or {}  # another node type: "memory" (x the host memory), "limit" (GPU power limit, W)
         self.spec = VENDORS[self.vendor]
         self.dur = int(scale.hours * 3600)
         self.ts = self.t0 + np.arange(0, self.dur, scale.interval)
@@ -453,7 +457,7 @@ class _Series:
         fx = sim.host_fx[host]
         for g in range(sim.scale.gpus):
             lab = {**base, "gpu": str(g), "vendor": sim.vendor}
-            limit = np.full(self.n, spec["limit"])
+            limit = np.full(self.n, sim.node.get("limit", spec["limit"]))
             clock_k = np.ones(self.n)
             extra_t = np.zeros(self.n)
             throttle = np.where(m["alive"], 0, 1).astype(float)
@@ -553,7 +557,7 @@ class _Series:
             ),
             (self.noise(host, "blk") > 1.5) * 1.0,
         )
-        total = 2.0 * 2**40
+        total = 2.0 * 2**40 * sim.node.get("memory", 1.0)
         avail = total * (0.78 - 0.18 * m["alive"]) * (1 + 0.002 * self.noise(host, "mem"))
         mem_some, mem_full = np.zeros(self.n), np.zeros(self.n)
         faults = np.full(self.n, 2.0)
@@ -842,10 +846,14 @@ def build(
     *,
     job_id: str | None = None,
     drop: tuple[str, ...] = (),
+    twin: str = "before",
 ) -> Incident:
     """Write one incident job (and, for thread_leak, its clean twin first) under workspace.
 
     drop: metric-name prefixes to leave out of the TSDB (e.g. ("hw_gpu_",) for a job without the GPU plugin).
+    twin (thread_leak): where the clean twin ran: "before" (an hour before the leak job, the id before
+    its), "after" (an hour after it, the id after its) or "elsewhere" (before it, on other hosts of
+    another node type: twice the memory, GPU power limit 1000 W).
     """
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r} (known: {', '.join(FAMILIES)})")
@@ -854,10 +862,15 @@ def build(
     jid = job_id or str(10000 + _seed_int(family, seed) % 80000)
     vs = None
     if family == "thread_leak":
-        clean = _Sim("healthy", seed + 7919, scale, drop=drop)
-        sim = _Sim(family, seed, scale, twin=clean, drop=drop)
-        vs, _ = _materialise(clean, jid, workspace)
-        jid = str(int(jid) + 1) if jid.isdigit() else jid + "b"
+        if twin not in ("before", "after", "elsewhere"):
+            raise ValueError(f"twin {twin!r}: give before, after or elsewhere")
+        node = {"memory": 2.0, "limit": 1000.0} if twin == "elsewhere" else None
+        clean = _Sim("healthy", seed + 7919, scale, node=node, drop=drop)
+        moved = [f"x{h}" for h in clean.hosts] if twin == "elsewhere" else None
+        sim = _Sim(family, seed, scale, twin=clean, after_twin=twin != "after", hosts=moved, drop=drop)
+        nxt = str(int(jid) + 1) if jid.isdigit() else jid + "b"
+        vs, _ = _materialise(clean, nxt if twin == "after" else jid, workspace)
+        jid = jid if twin == "after" else nxt
     else:
         sim = _Sim(family, seed, scale, drop=drop)
     job_dir, log = _materialise(sim, jid, workspace)

@@ -15,10 +15,11 @@ evidence (the PromQL run, the hosts, the time window, the values seen):
   training_dynamics         loss / MoE load-balance loss / grad-norm spikes, systems clean
 and compares every host with its peers for every hw_ family. With --vs OTHER_JOB it ranks every
 family by how much it differs between the two jobs (per host, robust effect size); --vs auto
-picks OTHER_JOB itself: the latest completed job of the same model (sharing hosts with JOB when
-one does) that ended before JOB started. When nothing is found and such a job exists, the report
-suggests --vs auto. Every finding carries `verify`: one query, range and reducer that show its
-deciding signal, with the values diagnose got per host (docs/diagnose.md).
+picks OTHER_JOB itself: the nearest clean run of the same model by time, before or after JOB,
+in JOB's own directory (sharing hosts with JOB when one does; diagnosis/baseline.py). When nothing
+is found and such a job exists, the report suggests --vs auto. Every finding carries `verify`: one
+query, range and reducer that show its deciding signal, with the values diagnose got per host
+(docs/diagnose.md).
 
 JOB and OTHER_JOB: a job id or a job name (<id>-JAX-<model>[-<tag>]), looked up in --workspace
 (default $JOB_WORKSPACE or <repo>/outputs), a job dir, its log or a TSDB dir; an id that two jobs
@@ -31,7 +32,6 @@ could not serve the data.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import re
@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from diagnosis import cli, jobdir, tsdb
+from diagnosis import baseline, cli, tsdb
 from diagnosis import locate as lookup
 from diagnosis.checks import (
     NEEDS,
@@ -90,6 +90,13 @@ VS_CATEGORY: list[tuple[str, str, int]] = [  # first match wins; within a verdic
     (r"hw_gpu_power_limit_watts", "gpu_power", -1),
     (r"hw_gpu_ras_errors_total|hw_gpu_pcie_aer_errors_total", "gpu_hardware", +1),
 ]
+# Families that differ with the node type (memory size, GPU power limit): between jobs on other hosts
+# they say what the hosts are, not what went wrong, so they never decide there (informational rows).
+NODE_TYPE = r"hw_memory_(total|available)_bytes|hw_gpu_power_limit_watts"
+ACROSS_HOSTS = (
+    "no shared hosts: compared job-level medians across hosts; node-type differences (memory size, GPU power "
+    "limit) are listed but never decide"
+)
 
 
 def locate(arg: str, workspace: Path | None = None, what: str = "JOB") -> Target:
@@ -109,61 +116,11 @@ def locate(arg: str, workspace: Path | None = None, what: str = "JOB") -> Target
     return Target(job_dir.name if job_dir else db.name, db, job_dir, log)
 
 
-@dataclasses.dataclass
-class JobFacts:
-    """What --vs auto needs to know of a job: from its log's JOB header, summary.txt and TSDB blocks."""
-
-    dir: Path
-    model: str | None
-    hosts: list[str]
-    status: str | None
-    first: float | None  # the TSDB's time range (unix s), from its blocks' meta.json
-    last: float | None
-
-
-def job_facts(job_dir: Path, db: Path | None = None) -> JobFacts:
-    head = jobdir.header(jobdir.log_of(job_dir))
-    nodes = re.search(r"\(([^)]*)\)", head.get("nodes", ""))
-    span = jobdir.tsdb_span(db or jobdir.tsdb_dir(job_dir))
-    return JobFacts(
-        job_dir,
-        jobdir.model(head),
-        nodes.group(1).split() if nodes else [],
-        jobdir.summary(job_dir).get("status"),
-        span[0] if span else None,
-        span[1] if span else None,
-    )
-
-
-def pick_baseline(target: Target, workspace: Path | None) -> tuple[Target, dict] | None:
-    """--vs auto: the latest completed job of the same model that ended before the target started,
-    preferring one that shares hosts with it; (its Target, what was picked and why) or None."""
-    if target.job_dir is None:
-        return None
-    me = job_facts(target.job_dir, target.tsdb)
-    ws = workspace if workspace is not None and workspace.is_dir() else target.job_dir.parent
-    if me.model is None or me.first is None:
-        return None
-    cands = []
-    try:
-        entries = [p for _, p in jobdir.listing(ws) if p.is_dir() and p != target.job_dir]
-    except OSError:
-        return None
-    for p in entries:
-        if not tsdb.is_tsdb(jobdir.tsdb_dir(p)):
-            continue
-        f = job_facts(p)
-        if f.model == me.model and f.status == "completed" and f.last is not None and f.last <= me.first:
-            cands.append((len(set(f.hosts) & set(me.hosts)), f))
-    if not cands:
-        return None
-    shared = any(n for n, _ in cands)
-    n, best = max(((n, f) for n, f in cands if n or not shared), key=lambda x: x[1].last)
-    why = f"the latest completed {me.model} job that ended before this one started" + (
-        f" and shares hosts with it ({n} of {len(me.hosts)})" if shared else " (none shares hosts with it)"
-    )
-    info = {"picked": best.dir.name, "ended": best.last, "shared_hosts": n, "candidates": len(cands), "why": why}
-    return locate(str(best.dir), ws), info
+def pick_baseline(target: Target) -> tuple[Target, dict] | None:
+    """--vs auto: the baseline diagnosis/baseline.py picks for the target (its Target, what was picked
+    and why) or None."""
+    picked = baseline.pick(target.job_dir, target.tsdb)
+    return (locate(str(picked[0])), picked[1]) if picked else None
 
 
 def _vs_rows(a: Data, b: Data) -> list[tuple[str, dict, dict, dict]]:
@@ -195,7 +152,7 @@ def _vs_rows(a: Data, b: Data) -> list[tuple[str, dict, dict, dict]]:
             noise = max(sd if math.isfinite(sd) else 0.0, 0.01 * max(abs(x), abs(y)), 1e-9)
             eff[h], rel[h] = (x - y) / noise, (x - y) / max(abs(y), 1e-9)
         if eff:
-            rows.append((key, eff, rel, {h: (ma[key].get(h, math.nan), mb[key].get(h, math.nan)) for h in eff}))
+            rows.append((key, eff, rel, {h: (x, y) for h, x, y, _, _ in pairs if h in eff}))
     for name in ("tokens", "step_time"):
         if name in a.tb and name in b.tb:
             ya, yb = a.tb[name][a.mask()], b.tb[name][b.mask()]
@@ -219,18 +176,19 @@ def compare(a: Data, b: Data, rep: Report) -> None:
     for size, relsize, (key, eff, rel, vals) in ranked:
         if size < 3 or relsize < 0.005:
             continue
+        this, other = nanmed([v[0] for v in vals.values()]), nanmed([v[1] for v in vals.values()])
         row = {
             "family": key,
             "effect": nanmed(list(eff.values())),
-            "relative": nanmed(list(rel.values())),
+            # the difference of the medians shown, so that the sign and the percentage agree with them
+            "relative": (this - other) / max(abs(other), 1e-12),
             "hosts": len(eff),
-            "this_median": nanmed([v[0] for v in vals.values()]),
-            "other_median": nanmed([v[1] for v in vals.values()]),
+            "this_median": this,
+            "other_median": other,
         }
         table.append(row)
         text = (
-            f"{key} {fmt(row['this_median'])} vs {fmt(row['other_median'])} "
-            f"({row['this_median'] - row['other_median']:+.3g}, {row['relative'] * 100:+.1f} %, "
+            f"{key} {fmt(this)} vs {fmt(other)} ({this - other:+.3g}, {row['relative'] * 100:+.1f} %, "
             f"effect {row['effect']:+.1f} noise units"
             + (f" over {len(eff)} host(s))" if "*" not in eff else ", job level)")
         )
@@ -244,7 +202,8 @@ def compare(a: Data, b: Data, rep: Report) -> None:
             )
             or ""
         ) + f"   # {key}"
-        cat = _vs_category(key, eff, rel)
+        node_type = not shared and re.fullmatch(NODE_TYPE, key.split("{")[0])
+        cat = None if node_type else _vs_category(key, eff, rel)
         if cat:
             verdicts.setdefault(cat[0], []).append((cat[2], -abs(row["effect"]), text, cat[1], query, row))
         elif len(table) <= 12:
@@ -275,6 +234,8 @@ def compare(a: Data, b: Data, rep: Report) -> None:
                 plot=_vs_plot(a, b, items[0][5]["family"], hosts),
             )
         )
+    if not shared:
+        rep.notes.append(ACROSS_HOSTS)
     rep.vs = {
         "other": b.target.name,
         "other_tsdb": str(b.target.tsdb),
@@ -482,19 +443,17 @@ def missing_families(d: Data) -> set[str]:
     return out | absent
 
 
-def diagnose(
-    target: Target, vs: Target | None = None, *, auto: dict | None = None, workspace: Path | None = None
-) -> dict:
+def diagnose(target: Target, vs: Target | None = None, *, auto: dict | None = None) -> dict:
     """Run every playbook on one job (optionally against another); the JSON report (plus _report).
-    auto: how --vs auto picked vs (pick_baseline); workspace: where to look for a baseline to suggest
-    when nothing is found (default: beside the job)."""
+    auto: how --vs auto picked vs (pick_baseline); when nothing is found, the baseline --vs auto would
+    pick is suggested."""
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows are expected (gaps, idle hosts)
         r = _diagnose(target, vs)
     if r["vs"] is not None:
         r["vs"]["auto"] = _jsonable(auto)
     elif vs is None and r["verdict"] == "none" and not r["insufficient_evidence"]:
-        picked = pick_baseline(target, workspace)
+        picked = pick_baseline(target)
         if picked:
             r["notes"].append(
                 f"a baseline exists: {picked[1]['picked']} ({picked[1]['why']}); compare with it: "
@@ -736,8 +695,8 @@ def check_out_dir(out: Path, option: str = "--plot", what: str = "the PNG charts
 OPTIONS = (
     cli.Option(
         "vs",
-        "compare with this job (as JOB), or auto: the latest completed job of the same model that ended "
-        "before JOB started (sharing hosts with it when one does)",
+        "compare with this job (as JOB), or auto: the nearest clean run of the same model by time, before or "
+        "after JOB, beside it (sharing hosts with it when one does)",
         metavar="OTHER_JOB",
     ),
     cli.JSON,
@@ -782,18 +741,16 @@ def main(argv: list[str] | None = None) -> int:
         target = locate(a.job, ws)
         other, auto = None, None
         if a.vs == "auto":
-            picked = pick_baseline(target, ws)
+            picked = pick_baseline(target)
             if picked is None:
-                raise InputError(
-                    f"--vs auto: no completed job of the same model that ended before {target.name} started "
-                    f"(in {ws}); give --vs OTHER_JOB"
-                )
+                where = target.job_dir.parent if target.job_dir else None
+                raise InputError(f"--vs auto: {baseline.none_found(target.name, where)}; give --vs OTHER_JOB")
             other, auto = picked
         elif a.vs is not None:
             other = locate(a.vs, ws, "--vs")
         if other is not None and other.tsdb.resolve() == target.tsdb.resolve():
             raise InputError(f"--vs {a.vs} is {target.name} itself: compare with another job (or --vs auto)")
-        report = diagnose(target, other, auto=auto, workspace=ws)
+        report = diagnose(target, other, auto=auto)
     except InputError as e:
         return cli.fail("diagnose.py", e)
     except tsdb.TSDBError as e:

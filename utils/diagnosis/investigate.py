@@ -25,12 +25,14 @@ asked and the TSDB could not be served.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from diagnosis import cli, jobdir, locate, triage
+from diagnosis import baseline, cli, locate, triage
 from diagnosis.cli import InputError
 from diagnosis.min_nodes import min_nodes_notes
 
@@ -53,24 +55,98 @@ def tool(name: str) -> str:
     return shlex.quote(str(TOOLS[name]))
 
 
+def _phases(tri: dict) -> int:
+    return len((tri.get("tgs") or {}).get("phases") or [])
+
+
+@dataclasses.dataclass(frozen=True)
+class Handover:
+    """One row of the routing rule from triage's answer to the next skill: skills/job-log-triage step
+    4's table is generated from HANDOVER (utils/dev/failure_class_tables.py), and investigate reads the
+    metrics by its rows that have `when` (the first that holds gives the reason)."""
+
+    says: str  # the table's "Triage says" cell
+    skill: str  # the skill handed over to (a directory of skills/), "" for none
+    what: str  # what to get there
+    when: Callable[[dict], bool] | None = None  # on triage's answer: hand over to the metrics (with a TSDB)
+    reason: Callable[[dict], str] | None = None  # investigate's `ran[].why` for that hand-over
+
+
+TSDB_ROW = "and the job has a TSDB"
+HANDOVER: tuple[Handover, ...] = (
+    Handover(
+        f"`hung` (`status` or `failure_class` `hang`), {TSDB_ROW}",
+        "tsdb-diagnosis",
+        "what the GPUs and hosts did when steps stopped",
+        lambda t: t["status"] == "hung" or t["failure_class"] == "hang",
+        lambda t: "the job hung: what the GPUs and hosts did when steps stopped",
+    ),
+    Handover(
+        ", ".join(f"`{c}`" for c in METRICS_CLASSES if c != "hang") + f", {TSDB_ROW}",
+        "tsdb-diagnosis",
+        "the metrics around the failure (power of the accused, memory, retransmits)",
+        lambda t: t["failure_class"] in METRICS_CLASSES,
+        lambda t: f"{t['failure_class']}: the metrics around the failure (power of the accused, memory, retransmits)",
+    ),
+    Handover(
+        f"`tgs.phases` has more than one phase (throughput changed during the run), {TSDB_ROW}",
+        "tsdb-diagnosis",
+        "which hosts, which resource, when",
+        lambda t: _phases(t) > 1,
+        lambda t: "throughput changed during the run: which host and resource, when",
+    ),
+    Handover(
+        "`failure_class` null (also a `completed` job: the log shows no failure), or the user says it is slow "
+        f'("why is 8308 TGS so bad"), {TSDB_ROW}',
+        "tsdb-diagnosis",
+        "whether a host or resource held the job back; when nothing is found, compare with a clean run (its step 5, "
+        "`--vs auto`)",
+        lambda t: t["failure_class"] is None,
+        lambda t: "the log shows no failure: whether a host or resource held the job back",
+    ),
+    Handover("questions about tokens/s, MFU, step time breakdown, profiles", "performance-analysis", ""),
+    Handover(
+        "a host named as culprit (`node_failure`, `collective_error` peer, the same host in several jobs) that "
+        "should be confirmed or cleared",
+        "batch-sweep",
+        "(`nodes` or `bisect`)",
+    ),
+    Handover("`oom_device`: find the largest batch that fits", "batch-sweep", "(`batch`)"),
+    Handover("`config_error` (MaxText rejected a key or value)", "model-config-guide", ""),
+    Handover(
+        "`gpu_health` (the GPU check before training failed: the job never trained)",
+        "",
+        "quote each culprit's `gpu_health: ... FAILED:` line and give the user the `resubmit without the bad "
+        "nodes: ...` command from `next_steps` (the JOB SUMMARY's `resubmit:`) (do not run it)",
+    ),
+)
+
+
+def handover_table() -> list[str]:
+    """skills/job-log-triage step 4's table (markdown lines), from HANDOVER."""
+    out = ["| Triage says | Next skill |", "|---|---|"]
+    for h in HANDOVER:
+        to = f"[{h.skill}](../{h.skill}/SKILL.md)" if h.skill else "none"
+        sep = "" if not h.what else (" " if h.what.startswith("(") else ": ")
+        out.append(f"| {h.says} | {to}{sep}{h.what} |")
+    return out
+
+
+def handover(tri: dict) -> Handover | None:
+    """The row of HANDOVER that sends triage's answer to the metrics, or None."""
+    return next((h for h in HANDOVER if h.when is not None and h.when(tri)), None)
+
+
 def metrics_reason(tri: dict | None, mode: str) -> str | None:
-    """Why the metrics are worth reading after triage (the hand-over rule), or None."""
+    """Why the metrics are worth reading after triage (the hand-over rule, HANDOVER), or None."""
     if mode == "always":
         return "asked for (--metrics always)"
     if mode == "never":
         return None
     if tri is None:
         return "no log to triage: the metrics are the only evidence"
-    cls, phases = tri["failure_class"], len((tri.get("tgs") or {}).get("phases") or [])
-    if tri["status"] == "hung" or cls == "hang":
-        return "the job hung: what the GPUs and hosts did when steps stopped"
-    if cls in METRICS_CLASSES:
-        return f"{cls}: the metrics around the failure (power of the accused, memory, retransmits)"
-    if phases > 1:
-        return "throughput changed during the run: which host and resource, when"
-    if cls is None:
-        return "the log shows no failure: whether a host or resource held the job back"
-    return None
+    h = handover(tri)
+    return h.reason(tri) if h is not None and h.reason is not None else None
 
 
 def perf_reason(tri: dict | None) -> str | None:
@@ -93,10 +169,10 @@ def run_triage(job: locate.Job, ws: Path, scheduler: bool) -> dict | None:
     return triage.triage(str(job.log), ws, triage.Options(scheduler=scheduler))
 
 
-def run_diagnose(job: locate.Job, ws: Path, vs: Path | None = None) -> dict:
+def run_diagnose(job: locate.Job, ws: Path, vs: Path | None = None, auto: dict | None = None) -> dict:
     from diagnosis import diagnose  # numpy and requests: only when the metrics are read
 
-    r = diagnose.diagnose(diagnose.locate(str(job.dir), ws), diagnose.locate(str(vs), ws) if vs else None)
+    r = diagnose.diagnose(diagnose.locate(str(job.dir), ws), diagnose.locate(str(vs), ws) if vs else None, auto=auto)
     r.pop("_report", None)
     return r
 
@@ -247,7 +323,7 @@ def next_steps(job: locate.Job, tri: dict | None, diag: dict | None, verdict: di
             )
         if (diag.get("vs") or {}).get("other_tsdb"):
             other = shlex.quote(str(Path(diag["vs"]["other_tsdb"]).parent))
-            add(f"{tool('diagnose')} {jd} --vs {other} --json   # the comparison with the earlier run")
+            add(f"{tool('diagnose')} {jd} --vs {other} --json   # the comparison with the baseline run")
         elif diag["verdict"] == "none" and not diag.get("insufficient_evidence"):
             add(
                 "no good run of the same model beside this job to compare with; with one (OTHER_JOB): "
@@ -300,31 +376,6 @@ def model_of(name: str) -> str:
     return rest
 
 
-def earlier_run(job: locate.Job, ws: Path) -> Path | None:
-    """A good run to compare with: the newest other job of the same model beside this one with a
-    TSDB whose log triage reads as completed with no failure (None when there is none)."""
-    model, here = model_of(job.name), (job.dir.parent if job.dir else ws)
-    try:
-        cands = sorted(
-            (d for n, d in jobdir.listing(here) if n.endswith(f"-JAX-{model}") and d.is_dir() and d != job.dir),
-            key=lambda d: d.stat().st_mtime,
-            reverse=True,
-        )
-    except OSError:
-        return None
-    for d in cands:
-        log = jobdir.log_of(d)
-        if not jobdir.tsdb_dir(d).is_dir() or log is None:
-            continue
-        try:
-            r = triage.triage(str(log), ws, triage.Options(scheduler=False))
-        except InputError:
-            continue
-        if r["status"] == "completed" and r["failure_class"] is None:
-            return d
-    return None
-
-
 def investigate(arg: str, workspace: Path | None = None, metrics: str = "auto", scheduler: bool = True) -> dict:
     """The evidence bundle for JOB (see docs/investigate.md); InputError for bad input. A TSDB that
     cannot be served is a not_checked item (and `metrics_error`), not an exception."""
@@ -356,10 +407,11 @@ def investigate(arg: str, workspace: Path | None = None, metrics: str = "auto", 
 
         try:
             diag = timed("diagnose", want, lambda: run_diagnose(job, ws))
-            other = earlier_run(job, ws) if diag["verdict"] == "none" and not diag["insufficient_evidence"] else None
-            if other is not None:  # skills/tsdb-diagnosis step 5: a cause on every host shows only against a good run
-                why = f"no incident alone: compared with {other.name}, a completed run of the same model"
-                diag = timed("diagnose --vs", why, lambda: run_diagnose(job, ws, other))
+            picked = baseline.pick(job.dir) if diag["verdict"] == "none" and not diag["insufficient_evidence"] else None
+            if picked is not None:  # skills/tsdb-diagnosis step 5: a cause on every host shows only against a good run
+                other, auto = picked
+                why = f"no incident alone: compared with {other.name}, {auto['why']}"
+                diag = timed("diagnose --vs", why, lambda: run_diagnose(job, ws, other, auto))
         except (tsdb.TSDBError, InputError) as e:
             metrics_error = cli.one_line(e)
             skipped.append({"tool": "diagnose", "why": f"the TSDB could not be read: {metrics_error}"})

@@ -18,9 +18,9 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 
 from bridge import paths
+from diagnosis import baseline, jobdir, locate, tsdb
 from diagnosis import diagnose as diag
 from diagnosis import investigate as inv
-from diagnosis import jobdir, locate, tsdb
 from diagnosis import perf as perf_tool
 from diagnosis import triage as tri
 from diagnosis.cli import InputError, one_line
@@ -105,12 +105,10 @@ def _diagnose(ctx: Context, job: str, vs: str | None) -> dict:
     target = diag.locate(job, ws)
     other, auto = None, None
     if vs == "auto":
-        picked = diag.pick_baseline(target, ws)
+        picked = diag.pick_baseline(target)
         if picked is None:
-            raise InputError(
-                f"vs auto: no completed job of the same model that ended before {target.name} started (in {ws}); "
-                "give vs=OTHER_JOB"
-            )
+            where = target.job_dir.parent if target.job_dir else None
+            raise InputError(f"vs auto: {baseline.none_found(target.name, where)}; give vs=OTHER_JOB")
         other, auto = picked
         for p in (other.job_dir, other.tsdb):  # a teammate's link among the candidates is not followed
             if p is not None:
@@ -119,7 +117,7 @@ def _diagnose(ctx: Context, job: str, vs: str | None) -> dict:
         other = diag.locate(vs, ws, "vs")
     if other is not None and other.tsdb.resolve() == target.tsdb.resolve():
         raise InputError(f"vs {vs} is {target.name} itself: compare with another job (or vs auto)")
-    report = diag.diagnose(target, other, auto=auto, workspace=ws)
+    report = diag.diagnose(target, other, auto=auto)
     report.pop("_report", None)
     return report
 
@@ -135,8 +133,8 @@ def baselines(ws: Path) -> tuple:
 def diagnose(ctx: Context, job: str, vs: str | None = None) -> CallToolResult:
     found = ctx.find("diagnose.py", job)
     key: tuple = (fingerprint(found), vs)
-    if vs == "auto":  # the baseline may be any job of the workspace: the key holds all of them
-        key += (baselines(ctx.workspace),)
+    if vs == "auto":  # the baseline may be any job beside this one: the key holds all of them
+        key += (baselines(found.dir.parent if found.dir else ctx.workspace),)
     elif vs:
         key += (fingerprint(ctx.find("diagnose.py", vs, what="vs")),)
     return result(ctx.run("diagnose.py", "diagnose", key, lambda: _diagnose(ctx, str(found.path), vs)))
