@@ -81,6 +81,10 @@ def test_family_verdict_and_culprits(tmp_path, family, seed):
     why = f"{family} seed {seed}: {r['summary']}\n" + "\n".join(f"  {f['kind']}: {f['summary']}" for f in r["findings"])
     assert r["verdict"] == inc.verdict, why
     assert sorted(r["culprit_hosts"]) == sorted(inc.culprits), why
+    if inc.affected:  # a fleet-wide cause: no culprit, every host it touched listed apart
+        assert r["scope"] == "fleet" and sorted(r["affected_hosts"]) == sorted(inc.affected), why
+    elif inc.culprits:
+        assert r["scope"] == "hosts" and sorted(r["affected_hosts"]) == sorted(inc.culprits), why
     assert not r["insufficient_evidence"] and r["missing"] == []
     if inc.verdict == "none":
         assert not [f for f in r["findings"] if f["kind"] in diagnose.VERDICTS], why
@@ -188,7 +192,8 @@ def test_thread_leak_is_invisible_without_vs(tmp_path):
     alone = diag(inc.job_dir)
     assert alone["verdict"] == "none", alone["summary"]
     r = diag(inc.job_dir, inc.vs)
-    assert r["verdict"] == "cpu_contention" and r["culprit_hosts"] == inc.hosts, r["summary"]
+    assert r["verdict"] == "cpu_contention" and r["scope"] == "fleet", r["summary"]
+    assert r["culprit_hosts"] == [] and r["affected_hosts"] == inc.hosts, r["summary"]  # 12 hosts, none to exclude
     ranked = {row["family"]: row for row in r["vs"]["ranked"]}
     procs = ranked["hw_procs_running"]
     assert 15 <= procs["this_median"] - procs["other_median"] <= 19, procs
@@ -510,3 +515,18 @@ def test_counter_rates_bridge_missed_scrapes():
     r = got["hw_tcp_retransmits_total"]["n2"]
     assert np.isnan(r[0]) and np.isnan(r[6])  # nothing before the first sample; a reset is no rate
     assert r[1:6].tolist() == [5.0, 5.0, 5.0, 5.0, 5.0]
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_io_pressure_scope(tmp_path, seed):
+    """A shared file system that stalls every host's checkpoint (seed 1) is fleet-wide: no culprit to
+    exclude, every host in affected_hosts; one host's slow disk (seed 3) names that host."""
+    inc = corpus.build("io_pressure", tmp_path, seed)
+    r = diag(inc.job_dir)
+    assert r["verdict"] == "io_pressure", r["summary"]
+    if inc.notes["shared"]:
+        assert r["scope"] == "fleet" and r["culprit_hosts"] == [] and r["affected_hosts"] == inc.hosts, r["summary"]
+        assert r["findings"][0]["scope"] == "fleet" and r["findings"][0]["culprit_hosts"] == []
+        assert "fleet-wide" in diagnose.render(r)
+    else:
+        assert r["scope"] == "hosts" and r["culprit_hosts"] == r["affected_hosts"] == inc.culprits, r["summary"]

@@ -60,6 +60,8 @@ def test_incident_with_metrics(tmp_path, family, verdict, decided_by):
     assert r["schema"] == "investigate/1" and r["job_name"] == inc.job_dir.name, why
     assert r["verdict"] == verdict and r["decided_by"] == decided_by, why
     assert sorted(r["culprit_hosts"]) == sorted(inc.culprits), why
+    if inc.affected:  # fleet-wide (thread_leak, a shared file system): no culprit, the hosts apart
+        assert r["scope"] == "fleet" and sorted(r["affected_hosts"]) == sorted(inc.affected), why
     ran = [x["tool"] for x in r["ran"]]
     assert ran[0] == "triage" and "diagnose" in ran, why
     assert r["metrics_verdict"] == inc.verdict, why  # what diagnose said, also where triage decided

@@ -231,6 +231,7 @@ def test_a_short_dip_is_no_slowdown(tmp_path):
         ({"failure_class": "oom_host", "culprit_hosts": ["n2"], "confidence": "low"}, ["n2"]),  # SIGKILL
         ({"failure_class": "nan_loss", "culprit_hosts": ["n1"]}, []),
         ({"failure_class": "node_failure", "culprit_hosts": ["n1", "n2"]}, []),  # every node
+        ({"failure_class": "node_failure", "scope": "fleet", "culprit_hosts": ["n2"]}, []),  # shared cause
     ],
 )
 def test_recover_plan(report, exclude):

@@ -15,11 +15,21 @@ Families (FAMILIES maps each to the verdict diagnose.py must give):
   hang                      collective deadlock: steps stop, every GPU at 100 % utilization but standby power
   rdma_retransmits          ~1 host in 6 (4 of 24) retransmits (RoCE retrans / ACK timeouts / TCP) from a
                             change point on; throughput drops there (two phases)
+  rdma_send_side            1-2 hosts lose what they send from a change point on: their requester-side
+                            counters rise (retransmits, ACK timeouts, NAKs received), their 2-4 peers'
+                            responder-side ones more (out-of-sequence drops, duplicates); the NIC by seed
+                            (seed % 3: mlx5, ionic, bnxt_re); the peers are in notes["peers"]
+  rdma_recv_side            1-2 hosts lose what they receive: their responder-side counters rise, their 2-4
+                            senders' requester-side ones; the NIC by seed as above
+  healthy_ionic             nothing wrong on AMD Pensando (ionic) NICs whose fabric sprays packets over many
+                            paths: every host counts out-of-sequence arrivals all run long, one host (behind
+                            a busier switch) ten times more; no sender retransmits
   network_burst             one host retransmits (TCP) for 15-25 minutes, then recovers; the run's slowest
                             phase is elsewhere (a later, lasting slowdown no metric explains)
   heartbeat_false_positive  JAX declares tasks dead, yet they kept logging and drawing full power (the
                             accused hosts are in notes["accused"]; they are healthy, so no culprit)
-  thread_leak               run queue +17 on every host, throughput -1 % (found with --vs against `vs`)
+  thread_leak               run queue +17 on every host, throughput -1 % (found with --vs against `vs`);
+                            fleet-wide: no culprit, every host affected (Incident.affected)
   moe_lb_spike              MoE load-balance loss, loss and grad-norm spikes, every system metric clean; from
                             the first spike on the steps are 12-35 % slower (the seed case's decline)
   grad_spike_brief          one brief grad-norm spike (a few steps) that costs no throughput: no incident
@@ -27,7 +37,8 @@ Families (FAMILIES maps each to the verdict diagnose.py must give):
   gpu_power_cap             one host's GPU power limit lowered: power pinned at the cap, clocks down
   gpu_ecc                   one GPU counts ECC/RAS errors and PCIe AER errors
   cpu_hog                   a stray process on one host: run queue and CPU pressure up, job slower
-  io_pressure               checkpoint saves stall on IO (all hosts, or one host's slow disk)
+  io_pressure               checkpoint saves stall on IO (all hosts: shared storage, fleet-wide, no culprit;
+                            or one host's slow disk)
   host_oom                  host memory leak on one host, then the kernel OOM killer ends the job
 
     tests/helpers/corpus.py OUT [--family F ...] [--seed N] [--scale small|full]
@@ -60,6 +71,9 @@ FAMILIES: dict[str, str] = {
     "healthy": "none",
     "hang": "hang",
     "rdma_retransmits": "network",
+    "rdma_send_side": "network",
+    "rdma_recv_side": "network",
+    "healthy_ionic": "none",
     "network_burst": "network",
     "heartbeat_false_positive": "heartbeat_false_positive",
     "thread_leak": "cpu_contention",
@@ -147,7 +161,8 @@ class Incident:
     log: Path
     hosts: list[str]
     verdict: str
-    culprits: list[str]
+    culprits: list[str]  # the hosts at fault (diagnose's culprit_hosts); none for a fleet-wide cause
+    affected: list[str] = dataclasses.field(default_factory=list)  # a fleet-wide cause's hosts (every one)
     vs: Path | None = None  # clean twin to diagnose against (--vs)
     window: tuple[float, float] | None = None  # when the incident is active (unix s)
     notes: dict = dataclasses.field(default_factory=dict)
@@ -185,12 +200,15 @@ class _Sim:
         self.rng = np.random.default_rng(_seed_int(family, seed))
         r = self.r
         if twin is not None:  # a rerun of the twin's job (an hour after it, or before): same hosts, model and speed
-            self.hosts, self.vendor, self.model = hosts or twin.hosts, twin.vendor, twin.model
+            self.hosts, self.vendor, self.model, self.nic = hosts or twin.hosts, twin.vendor, twin.model, twin.nic
             gap = int(scale.hours * 3600) + 3600
             self.step_time, self.tokens, self.t0 = twin.step_time, twin.tokens, twin.t0 + (gap if after_twin else -gap)
             self.mfu = twin.mfu
         else:
             self.vendor = r.choice(["amd", "nvidia"])
+            self.nic = SIDE_NIC.get(family, lambda seed: None)(seed)  # these families pick their NIC
+            if self.nic:
+                self.vendor = "nvidia" if self.nic == "mlx5" else "amd"
             self.hosts = hosts or host_names(r, scale.hosts, self.vendor)
             self.model = r.choice(MOE_MODELS if family == "moe_lb_spike" else DENSE_MODELS + MOE_MODELS)
             self.step_time = r.uniform(3.0, 6.0)
@@ -213,6 +231,7 @@ class _Sim:
         self.ckpt_dur = (20.0, 45.0)
         self.slow: list[tuple[float, float, float]] = []  # (from, to, factor) on step time
         self.culprits: list[str] = []
+        self.affected: list[str] = []  # a fleet-wide cause's hosts (no culprit)
         self.accused: list[str] = []  # hosts a heartbeat claim names
         self.window: tuple[float, float] | None = None
         self.notes: dict = {}
@@ -252,6 +271,27 @@ class _Sim:
                 self.host_fx[h]["retrans"] = (t, kind, r.uniform(30, 400), devs)
             self.window = (t, self.t_stop)
             self.notes["counter"] = kind
+        elif f in ("rdma_send_side", "rdma_recv_side"):
+            k = r.choice([1, 1, 2])
+            self.culprits = self.pick(k)
+            t = self.frac(0.3, 0.6)
+            self.slow.append((t, np.inf, r.uniform(1.15, 1.45)))
+            rest = [h for h in self.hosts if h not in self.culprits]
+            peers = {p for _ in self.culprits for p in r.sample(rest, r.randint(2, 4))}
+            while len(peers) <= k:  # the errors gather on the culprits' end: more peers than culprits
+                peers.add(r.choice(rest))
+            lost = r.uniform(5, 60)  # what the culprits' links lose, /s
+            send = f == "rdma_send_side"
+            for h in self.culprits:  # the receivers drop every packet after a lost one: more counts there
+                self.host_fx[h]["side"] = (t, "requester", lost) if send else (t, "responder", lost * r.uniform(1.5, 4))
+            for h in sorted(peers, key=self.hosts.index):
+                self.host_fx[h]["side"] = (
+                    (t, "responder", lost * r.uniform(1.5, 4)) if send else (t, "requester", r.uniform(3, 30))
+                )
+            self.window = (t, self.t_stop)
+            self.notes["peers"] = sorted(peers, key=self.hosts.index)
+        elif f == "healthy_ionic":
+            self.notes["reordering_host"] = self.pick(1)[0]
         elif f == "network_burst":
             self.culprits = self.pick(1)
             t, dur = self.frac(0.15, 0.35), r.uniform(15, 25) * 60
@@ -268,7 +308,7 @@ class _Sim:
         elif f == "thread_leak":
             self.procs_add = 17
             self.slow.append((-np.inf, np.inf, 1.01))
-            self.culprits = list(self.hosts)
+            self.affected = list(self.hosts)
             self.window = (self.t_train, self.t_stop)
         elif f == "moe_lb_spike":
             self.notes["spikes"] = r.randint(1, 3)
@@ -310,10 +350,10 @@ class _Sim:
             hosts = list(self.hosts) if shared else self.pick(1)
             self.ckpt_dur = (180.0, 480.0)
             self.io = dict(some=(60.0, 98.0), full=(40.0, 90.0), hosts=hosts, blocked=(8, 40))
-            self.culprits = hosts
+            self.culprits, self.affected = ([], hosts) if shared else (hosts, [])
             self.window = (self.t_train, self.t_stop)
             self.notes["shared"] = shared
-        elif f != "healthy":
+        elif f not in ("healthy", "healthy_ionic"):
             raise ValueError(f"unknown family {f!r} (known: {', '.join(FAMILIES)})")
         self.ts = self.ts[self.ts <= self.t_last]
 
@@ -412,8 +452,39 @@ RDMA_NICS: dict[str, dict[str, str]] = {
 }
 
 
+# The counters each side of a reliable connection counts, per NIC, with the share of a fault's count each
+# gets (the requester: the sending end; the responder: the receiving end; utils/launch/rdma_providers.tsv
+# `sides`). Names from the drivers (torvalds/linux): mlx5 drivers/infiniband/hw/mlx5/counters.c
+# (retrans_q_cnts, out_of_seq_q_cnts, roce_accl_cnts), bnxt_re drivers/infiniband/hw/bnxt_re/hw_counters.c
+# (bnxt_re_stat_descs), ionic drivers/infiniband/hw/ionic/ionic_hw_stats.c (the names come from the
+# firmware: the Pollara 400's, tests/fixtures/sysfs/README.md).
+SIDE_COUNTERS: dict[str, dict[str, dict[str, float]]] = {
+    "mlx5": {
+        "requester": {"roce_adp_retrans": 0.6, "local_ack_timeout_err": 0.1, "packet_seq_err": 0.3},
+        "responder": {"out_of_sequence": 0.9, "duplicate_request": 0.1},
+    },
+    "bnxt_re": {
+        "requester": {"to_retransmits": 0.5, "seq_err_naks_rcvd": 0.35, "missing_resp": 0.15},
+        "responder": {"oos_drop_count": 0.9, "dup_req": 0.1},
+    },
+    "ionic": {
+        "requester": {"tx_rdma_retx_pkts": 0.6, "tx_rdma_ack_timeout": 0.1, "req_rx_pkt_seq_err": 0.3},
+        "responder": {"resp_rx_outouf_seq": 0.9, "resp_rx_dup_request": 0.1},
+    },
+}
+NICS = ("mlx5", "ionic", "bnxt_re")
+# families whose NIC the seed picks (seed % 3), so a few seeds cover every vendor
+SIDE_NIC = {
+    "rdma_send_side": lambda seed: NICS[seed % 3],
+    "rdma_recv_side": lambda seed: NICS[seed % 3],
+    "healthy_ionic": lambda seed: "ionic",
+}
+
+
 def _rdma_nic(sim: _Sim) -> tuple[str, dict[str, str]]:
     """(driver, counter names) of the job's NICs, from the first host's name (draws no random number)."""
+    if sim.nic:
+        return sim.nic, RDMA_NICS[sim.nic]
     if sim.vendor != "amd":
         return "mlx5", RDMA_NICS["mlx5"]
     nic = ("ionic", "bnxt_re")[hashlib.sha256(sim.hosts[0].encode()).digest()[0] % 2]
@@ -632,7 +703,7 @@ class _Series:
             yield "hw_ib_port_receive_bytes_total", lab, self.samples(_counter(rng, traffic, iv, 1e14), -1)
             yield "hw_ib_port_transmit_wait_total", lab, self.samples(_counter(rng, 3e5 * m["compute"], iv, 1e9), -1)
             for counter in ("local_ack_timeout_err", "roce_adp_retrans", "roce_adp_retrans_to"):
-                rate = np.full(self.n, 0.002)
+                rate = np.full(self.n, 0.002) + self.side_rate(host, nic, names[counter])
                 if fx and fx[1] != "tcp" and d in fx[3]:
                     t, kind, r, _ = fx
                     if counter == kind:
@@ -644,10 +715,34 @@ class _Series:
                     {**lab, "counter": names[counter]},
                     self.samples(_counter(rng, rate, iv), -1),
                 )
+            sided = [c for side in SIDE_COUNTERS[nic].values() for c in side if c not in names.values()]
+            for counter in sided:  # the other counters of either side, from their own random streams
+                rate = np.full(self.n, 0.002) + self.side_rate(host, nic, counter)
+                own = np.random.default_rng(_seed_int(f"{host}/{d}/{counter}", sim.seed))
+                yield (
+                    "hw_ib_port_transport_errors_total",
+                    {**lab, "counter": counter},
+                    self.samples(_counter(own, rate, iv), -1),
+                )
             for counter in ("symbol_error", "link_downed"):
                 yield "hw_ib_port_errors_total", {**lab, "counter": counter}, self.samples(np.zeros(self.n), -1)
             yield "hw_ib_port_state", lab, self.samples(np.full(self.n, 4.0), 0)
             yield "hw_ib_port_rate_gbps", lab, self.samples(np.full(self.n, 400.0), 0)
+
+    def side_rate(self, host: str, nic: str, counter: str) -> np.ndarray | float:
+        """The per-device rate a side fault (rdma_send_side, rdma_recv_side) or the fabric's reordering
+        (healthy_ionic) adds to COUNTER on HOST."""
+        sim = self.sim
+        if sim.family == "healthy_ionic" and counter == "resp_rx_outouf_seq":
+            busy = host == sim.notes["reordering_host"]
+            rate = host_trait(host, "reorder", 8, 30) if busy else host_trait(host, "reorder", 0.05, 0.5)
+            return rate / sim.scale.nics * self.m["alive"]
+        fx = sim.host_fx[host].get("side")
+        if not fx:
+            return 0.0
+        t, side, total = fx
+        share = SIDE_COUNTERS[nic][side].get(counter, 0.0)
+        return total * share / sim.scale.nics * _after(sim.ts, t)
 
     # --- TensorBoard (rank 0) -------------------------------------------------------------
     def tb(self) -> Iterator[tuple[str, dict, Iterator]]:
@@ -882,11 +977,13 @@ def build(
         list(sim.hosts),
         FAMILIES[family],
         list(sim.culprits),
+        list(sim.affected),
         vs,
         sim.window,
         {
             **sim.notes,
             "vendor": sim.vendor,
+            "nic": _rdma_nic(sim)[0],
             "model": sim.model,
             "steps": int(len(sim.steps)),
             "planned_steps": planned_steps(sim),

@@ -29,7 +29,7 @@ from diagnosis.evidence import (
     utc,
     window_of,
 )
-from diagnosis.rdma import is_rdma_retransmit
+from diagnosis.rdma import SIDES, is_rdma_retransmit, side_of
 
 try:
     from diagnosis import joblog  # the one parser of the job log format (utils/diagnosis/joblog.py)
@@ -240,19 +240,69 @@ def _phase_windows(d: Data) -> tuple[dict, dict] | None:
     return (fast, slow) if slow["level"] <= 0.95 * fast["level"] else None
 
 
-def _network_signals(d: Data) -> dict[str, tuple[dict[str, np.ndarray], float]]:
-    """Per-host counter rates that mean retransmission or link trouble, with a rate floor (/s)."""
-    out = {}
+# What each network signal's side says about the faulty end (the finding's "side" and "why").
+SIDE_WHY = {
+    "requester": (
+        "the requester side (the sending end: retransmits, ACK timeouts, NAKs received) rose on these hosts "
+        "while their peers see at most the responder-side symptoms: what these hosts send is lost (their "
+        "NIC, cable or switch port on the way out)"
+    ),
+    "responder": (
+        "the responder side (the receiving end: out-of-sequence drops, duplicate requests) rose on these hosts "
+        "while their peers, the senders, retransmit: what these hosts receive is lost (their NIC, cable or "
+        "switch port on the way in)"
+    ),
+    "sender": (
+        "TCP counts retransmits and timeouts at the sender: what these hosts send (or the ACKs coming back) "
+        "is lost on their path"
+    ),
+    "link": "the port's own link errors: the host's NIC, cable or switch port",
+}
+SIDE_SHORT = {
+    "requester": "requester side, the sending end: what these hosts send is lost",
+    "responder": "responder side, the receiving end: what these hosts receive is lost",
+    "sender": "TCP counts retransmits at the sender: what these hosts send is lost",
+    "link": "the port's own link errors",
+}
+
+
+@dataclasses.dataclass
+class _Signal:
+    key: str  # the series selector (a d.rates key, or the side's counters as counter=~"...")
+    per: dict[str, np.ndarray]
+    floor: float  # rate floor, /s
+    side: str  # requester / responder (RDMA), sender (TCP), link (port errors)
+    counters: dict[str, dict[str, np.ndarray]] = dataclasses.field(default_factory=dict)  # RDMA: counter -> per
+
+
+def _network_signals(d: Data) -> list[_Signal]:
+    """Per-host counter rates that mean retransmission or link trouble, with a rate floor (/s). The RDMA
+    retransmit counters are summed per side (utils/launch/rdma_providers.tsv `sides`), so the end that
+    counts them, not the counter with the biggest numbers, decides."""
+    out: list[_Signal] = []
+    sides: dict[str, dict[str, dict[str, np.ndarray]]] = {s: {} for s in SIDES}
     for key, per in d.rates.items():
         name = key.split("{")[0]
         counter = re.search(r'counter="([^"]+)"', key)
         if name in ("hw_tcp_retransmits_total", "hw_tcp_timeouts_total"):
-            out[key] = (per, 5.0)
+            out.append(_Signal(key, per, 5.0, "sender"))
         elif name == "hw_ib_port_transport_errors_total" and counter and is_rdma_retransmit(counter.group(1)):
-            out[key] = (per, 0.5)
+            sides[side_of(counter.group(1)) or "requester"][counter.group(1)] = per
         elif name == "hw_ib_port_errors_total":
-            out[key] = (per, 0.05)
+            out.append(_Signal(key, per, 0.05, "link"))
+    for side, counters in sides.items():
+        if counters:
+            hosts = {h for per in counters.values() for h in per}
+            per = {h: _nansum([c[h] for c in counters.values() if h in c]) for h in hosts}
+            names = "|".join(sorted(counters))
+            out.append(_Signal(f'hw_ib_port_transport_errors_total{{counter=~"{names}"}}', per, 0.5, side, counters))
     return out
+
+
+def _nansum(xs: list[np.ndarray]) -> np.ndarray:
+    """Sum at each grid point of the finite values (NaN where none is)."""
+    a = np.vstack(xs)
+    return np.where(np.isfinite(a).any(axis=0), np.nansum(a, axis=0), np.nan)
 
 
 def _network_bursts(d: Data, per: dict[str, np.ndarray], floor: float, m: np.ndarray) -> dict[str, np.ndarray]:
@@ -273,88 +323,157 @@ def _network_bursts(d: Data, per: dict[str, np.ndarray], floor: float, m: np.nda
     return out if len(out) <= max(1, len(per) // 2) else {}
 
 
+@dataclasses.dataclass
+class _StandOut:
+    """The hosts one signal singles out, their rates in the window and before it, and how."""
+
+    sig: _Signal
+    bad: list[str]
+    r_slow: dict[str, float]
+    r_fast: dict[str, float]
+    peer: float  # the median of the hosts not singled out
+    score: float
+    win: tuple[float, float] | None
+    how: str
+    mask: np.ndarray  # the window's grid points
+
+    @property
+    def weight(self) -> float:
+        return sum(self.r_slow[h] for h in self.bad) / self.sig.floor
+
+
+def _stand_out(d: Data, sig: _Signal, pw: tuple[dict, dict] | None) -> _StandOut | None:
+    """The hosts whose rate of SIG stands out: in the slow phase (against the fast one and the peers),
+    else far above their peers over the whole run, else in a burst; None when no host (or more than half)."""
+    per, floor = sig.per, sig.floor
+    bad: list[str] = []
+    if pw:
+        fast, slow = pw
+        mf, ms = d.mask((fast["start"], fast["end"])), d.mask((slow["start"], slow["end"]))
+        r_fast = {h: float(np.nanmean(v[mf])) if mf.any() else math.nan for h, v in per.items()}
+        r_slow = {h: float(np.nanmean(v[ms])) if ms.any() else math.nan for h, v in per.items()}
+        z = robust_z(r_slow, floor / 4)
+        peer = nanmed(list(r_slow.values()))
+        # each host against the median of the OTHER hosts (with 2 hosts the culprit is half the median)
+        others = {h: nanmed([r for o, r in r_slow.items() if o != h]) for h in r_slow}
+        bad = [
+            h
+            for h in d.hosts
+            if h in r_slow
+            and r_slow[h] >= max(floor, 4 * np.nan_to_num(others[h]))
+            and r_slow[h] >= 4 * np.nan_to_num(r_fast.get(h, 0)) + floor / 2
+            and (z[h] >= 4 or len(per) < 3)
+        ]
+        score, win, m = 0.82, (slow["start"], slow["end"]), ms
+        how = (
+            f"rose in the slow phase ({utc(slow['start'])} .. {utc(slow['end'])}: "
+            f"{fmt(slow['level'])} vs {fmt(fast['level'])} {slow.get('unit', '')})"
+        )
+    if not bad:  # no phases, or the fault was not in the slowest phase (a short one elsewhere)
+        m = d.mask()
+        r_slow = {h: float(np.nanmean(v[m])) if m.any() else math.nan for h, v in per.items()}
+        r_fast = {}
+        z = robust_z(r_slow, floor / 4)
+        peer = nanmed(list(r_slow.values()))
+        bad = [h for h in d.hosts if h in r_slow and r_slow[h] >= max(4 * floor, 10 * peer) and z[h] >= 6]
+        score, win, how = 0.65, d.train, "are far above their peers over the whole run"
+        burst = {} if bad else _network_bursts(d, per, floor, m)
+        if burst:
+            m = np.logical_or.reduce(list(burst.values()))
+            bad = [h for h in d.hosts if h in burst]
+            r_slow = {h: float(np.nanmean(v[m])) for h, v in per.items()}
+            w = window_of(d.grid, m, d.step)
+            score, win = 0.75, w or d.train
+            how = f"burst above every peer ({utc(win[0])} .. {utc(win[1])})"
+    if not bad or len(bad) > max(1, len(per) // 2):
+        return None
+    rest = nanmed([r for h, r in r_slow.items() if h not in bad])
+    return _StandOut(sig, bad, r_slow, r_fast, rest if math.isfinite(rest) else peer, score, win, how, m)
+
+
+def _rdma_end(d: Data, req: _StandOut | None, resp: _StandOut | None, sigs: dict[str, _Signal]) -> _StandOut | None:
+    """Which end of the lossy RDMA connections is at fault. A send-side fault raises the requester side
+    on the culprits and the responder side on their peers (often more: every packet after a lost one
+    is dropped out of sequence there); a receive-side fault the other way round. The end where the
+    errors gather (fewer hosts) is the culprit; a tie goes to the requester side (the sender counts
+    what it lost). A responder side alone, without any sender retransmitting, is reordering, not loss."""
+    if req and resp:
+        if set(req.bad) & set(resp.bad) or len(req.bad) <= len(resp.bad):
+            return req
+        return resp
+    if req:
+        return req
+    if resp and "requester" in sigs:
+        req = sigs["requester"].per
+        before = (lambda v: _before(d, v)) if resp.r_fast else (lambda v: 0.0)
+        rose = sum(_mean(req[h], resp.mask) - before(req[h]) for h in req if h not in resp.bad)
+        return resp if rose >= sigs["requester"].floor else None
+    return None
+
+
+def _mean(v: np.ndarray, m: np.ndarray) -> float:
+    """Mean of the finite values of v under m (0 when none is)."""
+    x = v[m & np.isfinite(v)]
+    return float(x.mean()) if x.size else 0.0
+
+
+def _before(d: Data, v: np.ndarray) -> float:
+    """The rate in the job's fastest throughput phase (what the host's counters do when all is well)."""
+    pw = _phase_windows(d)
+    m = d.mask((pw[0]["start"], pw[0]["end"])) if pw else np.zeros(0, bool)
+    return _mean(v, m) if m.any() else 0.0
+
+
 def check_network(d: Data, rep: Report) -> None:
     signals = _network_signals(d)
     if not signals:
         return rep.skipped.append({"check": "network", "needs": list(NEEDS["network"])})
     pw = _phase_windows(d)
-    best: Finding | None = None
-    for key, (per, floor) in signals.items():
-        bad: list[str] = []
-        if pw:
-            fast, slow = pw
-            mf, ms = d.mask((fast["start"], fast["end"])), d.mask((slow["start"], slow["end"]))
-            r_fast = {h: float(np.nanmean(v[mf])) if mf.any() else math.nan for h, v in per.items()}
-            r_slow = {h: float(np.nanmean(v[ms])) if ms.any() else math.nan for h, v in per.items()}
-            z = robust_z(r_slow, floor / 4)
-            peer = nanmed(list(r_slow.values()))
-            # each host against the median of the OTHER hosts (with 2 hosts the culprit is half the median)
-            others = {h: nanmed([r for o, r in r_slow.items() if o != h]) for h in r_slow}
-            bad = [
-                h
-                for h in d.hosts
-                if h in r_slow
-                and r_slow[h] >= max(floor, 4 * np.nan_to_num(others[h]))
-                and r_slow[h] >= 4 * r_fast.get(h, 0) + floor / 2
-                and (z[h] >= 4 or len(per) < 3)
-            ]
-            score, win, how = (
-                0.82,
-                (slow["start"], slow["end"]),
-                (
-                    f"rose in the slow phase ({utc(slow['start'])} .. {utc(slow['end'])}: "
-                    f"{fmt(slow['level'])} vs {fmt(fast['level'])} {slow.get('unit', '')})"
-                ),
-            )
-        if not bad:  # no phases, or the fault was not in the slowest phase (a short one elsewhere)
-            m = d.mask()
-            r_slow = {h: float(np.nanmean(v[m])) if m.any() else math.nan for h, v in per.items()}
-            r_fast = {}
-            z = robust_z(r_slow, floor / 4)
-            peer = nanmed(list(r_slow.values()))
-            bad = [h for h in d.hosts if h in r_slow and r_slow[h] >= max(4 * floor, 10 * peer) and z[h] >= 6]
-            score, win, how = 0.65, d.train, "are far above their peers over the whole run"
-            burst = {} if bad else _network_bursts(d, per, floor, m)
-            if burst:
-                hit = np.logical_or.reduce(list(burst.values()))
-                bad = [h for h in d.hosts if h in burst]
-                r_slow = {h: float(np.nanmean(v[hit])) for h, v in per.items()}
-                peer = nanmed([r for h, r in r_slow.items() if h not in bad])
-                w = window_of(d.grid, hit, d.step)
-                score, win = 0.75, w or d.train
-                how = f"burst above every peer ({utc(win[0])} .. {utc(win[1])})"
-        if not bad or len(bad) > max(1, len(per) // 2):
-            continue
-        rest = nanmed([r for h, r in r_slow.items() if h not in bad])
-        peer = rest if math.isfinite(rest) else peer  # the peers: the hosts not accused
-        rate = sum(r_slow[h] for h in bad)
-        if best is None or rate / floor > best.values["_weight"]:
-            q = f"sum by (host) (rate({key}[{int(max(d.step, 4 * d.interval))}s]))"
-            best = Finding(
-                "network",
-                f"{key} {how} on {', '.join(bad)}: "
-                + ", ".join(f"{h} {fmt(r_slow[h])}/s" for h in bad)
-                + f" (peer median {fmt(peer)}/s)",
-                bad,
-                win,
-                [d.queries["counters"] + f"   # {key}: rate by host", q],
-                {
-                    "signal": key,
-                    "rate_per_s": {h: r_slow[h] for h in bad},
-                    "peer_median_per_s": peer,
-                    "rate_before_per_s": {h: r_fast.get(h, math.nan) for h in bad},
-                    "_weight": rate / floor,
-                    "phases": d.phases,
-                },
-                score,
-                plot=series_plot(f"rate({key}) per host", "/s", per, d, bad),
-            )
-    if best:
-        best.values.pop("_weight")
-        rep.findings.append(best)
-    else:
+    found = {s.key: _stand_out(d, s, pw) for s in signals}
+    rdma = {s.side: s for s in signals if s.side in SIDES}
+    side = {s.side: found[s.key] for s in signals if s.side in SIDES}
+    end = _rdma_end(d, side.get("requester"), side.get("responder"), rdma)
+    cands = [x for s in signals if s.side not in SIDES and (x := found[s.key])] + ([end] if end else [])
+    best = max(cands, key=lambda x: x.weight, default=None)
+    if best is None:
         detail = "no host's retransmit or link-error rate stands out" + (" (not even in the slow phase)" if pw else "")
-        rep.clean("network", detail, NEEDS["network"])
+        return rep.clean("network", detail, NEEDS["network"])
+    sig, bad, r = best.sig, best.bad, best.r_slow
+    what = sig.key
+    values = {
+        "signal": sig.key,
+        "side": sig.side,
+        "why": SIDE_WHY[sig.side],
+        "rate_per_s": {h: r[h] for h in bad},
+        "peer_median_per_s": best.peer,
+        "rate_before_per_s": {h: best.r_fast.get(h, math.nan) for h in bad},
+        "phases": d.phases,
+    }
+    if sig.counters:  # RDMA: the counters that rose on the culprits, and the other side on their peers
+        mine = {c: sum(_mean(per[h], best.mask) for h in bad if h in per) for c, per in sig.counters.items()}
+        top = [c for c, x in sorted(mine.items(), key=lambda kv: -kv[1]) if x > 0][:3]
+        what = f"RDMA {sig.side}-side counters ({', '.join(top)})"
+        values["counters_per_s"] = {c: mine[c] for c in top}
+        other = rdma.get("responder" if sig.side == "requester" else "requester")
+        if other:
+            peers = {h: _mean(v, best.mask) for h, v in other.per.items() if h not in bad}
+            values["peers_other_side"] = other.side
+            values["peers_other_side_per_s"] = dict(sorted(peers.items(), key=lambda kv: -kv[1])[:8])
+    q = f"sum by (host) (rate({sig.key}[{int(max(d.step, 4 * d.interval))}s]))"
+    rep.findings.append(
+        Finding(
+            "network",
+            f"{what} {best.how} on {', '.join(bad)}: "
+            + ", ".join(f"{h} {fmt(r[h])}/s" for h in bad)
+            + f" (peer median {fmt(best.peer)}/s); {SIDE_SHORT[sig.side]}",
+            bad,
+            best.win,
+            [d.queries["counters"] + f"   # {sig.key}: rate by host", q],
+            values,
+            best.score,
+            plot=series_plot(f"rate({what}) per host", "/s", sig.per, d, bad),
+        )
+    )
 
 
 def check_gpu_thermal(d: Data, rep: Report) -> None:

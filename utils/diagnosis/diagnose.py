@@ -67,6 +67,7 @@ from diagnosis.evidence import (
     fmt,
     nanmed,
     robust_sd,
+    set_scope,
     utc,
 )
 from diagnosis.load import (
@@ -414,13 +415,14 @@ def _verify(f: Finding, spec: dict, rows: list[dict], start: int, end: int, step
         if xs:
             got[r["metric"].get("host", "")] = red(xs)
     accused = spec.pop("accused", [])
-    expect: dict = {"culprits": {h: got.get(h) for h in f.hosts}}
+    culprits = f.culprits()  # a fleet finding has none: the level of every host shows it
+    expect: dict = {"culprits": {h: got.get(h) for h in culprits}}
     if accused:
         expect["accused"] = {h: got.get(h) for h in accused}
     if set(got) == {""}:
         expect["job"] = got[""]
-    elif (f.hosts or accused) and set(got) - set(f.hosts) - set(accused):
-        peers = [x for h, x in got.items() if h not in f.hosts and h not in accused]
+    elif (culprits or accused) and set(got) - set(culprits) - set(accused):
+        peers = [x for h, x in got.items() if h not in culprits and h not in accused]
         expect["peers_median"] = float(np.median(peers))
     else:  # no culprit, or every host is one: the level of every host (compare with the baseline)
         expect["hosts_median"] = float(np.median(list(got.values()))) if got else None
@@ -479,6 +481,8 @@ def _diagnose(target: Target, vs: Target | None) -> dict:
                 else:
                     compare(d, load(vs, other), rep)
                     n += other.queries
+        for f in rep.findings:  # hosts or fleet, before verify and the verdict read the culprits
+            set_scope(f, d.hosts)
         add_verify(d, rep, prom)
         n += prom.queries
     rep.missing |= missing_families(d)
@@ -493,7 +497,9 @@ def _empty(target: Target, t0: float) -> dict:
         "tsdb": str(target.tsdb),
         "log": str(target.log) if target.log else None,
         "verdict": "none",
+        "scope": None,
         "culprit_hosts": [],
+        "affected_hosts": [],
         "insufficient_evidence": True,
         "summary": "insufficient evidence: the TSDB holds no samples",
         "findings": [],
@@ -518,7 +524,8 @@ def _assemble(rep: Report, n_queries: int, seconds: float) -> dict:
     fired = {f.kind for f in deciding}
     rep.ruled_out = [c for c in rep.ruled_out if c["check"] not in fired]
     verdict = deciding[0].kind if deciding else "none"
-    culprits = deciding[0].hosts if deciding else []
+    culprits = deciding[0].culprits() if deciding else []
+    affected = list(deciding[0].hosts) if deciding else []
     has_hw = any(n.startswith("hw_") for n in d.names)
     has_tb = any(n.startswith("tb_") for n in d.names)
     insufficient = not has_hw and not has_tb
@@ -540,7 +547,9 @@ def _assemble(rep: Report, n_queries: int, seconds: float) -> dict:
         "tsdb": str(d.target.tsdb),
         "log": str(d.target.log) if d.target.log else None,
         "verdict": verdict,
+        "scope": deciding[0].scope if deciding else None,
         "culprit_hosts": culprits,
+        "affected_hosts": affected,
         "insufficient_evidence": insufficient,
         "summary": summary,
         "range": {"start": d.start, "end": d.end, "step": d.step, "interval": round(d.interval, 3)},
@@ -575,6 +584,8 @@ def render(r: dict) -> str:
     head = f"Verdict: {r['verdict']}"
     if r["culprit_hosts"]:
         head += f"   hosts: {' '.join(r['culprit_hosts'])}"
+    elif r.get("scope") == "fleet" and r.get("affected_hosts"):
+        head += f"   fleet-wide: every host ({len(r['affected_hosts'])}), no culprit host"
     lines += [head, f"  {r['summary']}"]
     if r["insufficient_evidence"]:
         lines.append("  INSUFFICIENT EVIDENCE: no hardware or training metrics to judge from")

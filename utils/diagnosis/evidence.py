@@ -18,6 +18,19 @@ import numpy as np
 SCHEMA = "diagnose/1"  # the JSON report's "schema" (docs/diagnose.md); bumped when a field changes meaning
 
 
+# A finding's scope: `hosts`, a subset of the job's hosts is at fault (culprit_hosts names them: the
+# ones to exclude, resubmit without, heal); `fleet`, the whole job or shared infrastructure (storage,
+# the job's own processes): no culprit, its hosts are the affected ones. Only `hosts` feeds --exclude.
+SCOPES = ("hosts", "fleet")
+
+
+def set_scope(f: Finding, job_hosts: list[str]) -> None:
+    """`fleet` for a finding that names no host or every host of a job with two or more (a cause they
+    all share), else `hosts`."""
+    every = len(job_hosts) > 1 and set(job_hosts) <= set(f.hosts)
+    f.scope = "fleet" if every or not f.hosts else "hosts"
+
+
 VERDICTS = (
     "network",
     "gpu_thermal",
@@ -46,6 +59,11 @@ class Finding:
     plot: dict | None = None  # {"title", "unit", "series": {host: (t, y)}, "highlight": [hosts]}
     extra: dict = dataclasses.field(default_factory=dict)  # more top-level fields (accused_hosts, ...)
     verify: dict | None = None  # how to check the deciding signal yourself (see add_verify)
+    scope: str = "hosts"  # SCOPES: hosts (a subset at fault: the culprits) or fleet (set by set_scope)
+
+    def culprits(self) -> list[str]:
+        """The hosts at fault: the finding's hosts when its scope is `hosts`, none for a `fleet` one."""
+        return list(self.hosts) if self.scope == "hosts" else []
 
     def as_json(self) -> dict:
         w = {"start": round(self.window[0], 3), "end": round(self.window[1], 3)} if self.window else None
@@ -53,6 +71,8 @@ class Finding:
             "kind": self.kind,
             "summary": self.summary,
             "hosts": self.hosts,
+            "scope": self.scope,
+            "culprit_hosts": self.culprits(),
             **self.extra,
             "window": w,
             "queries": self.queries,

@@ -259,7 +259,9 @@ def decide(tri: dict | None, diag: dict | None, perf_ev: list[dict]) -> dict:
     if tri is not None and tri["failure_class"]:
         out = {
             "verdict": tri["failure_class"],
+            "scope": tri.get("scope"),
             "culprit_hosts": tri["culprit_hosts"],
+            "affected_hosts": tri.get("affected_hosts", tri["culprit_hosts"]),
             "confidence": tri["confidence"],
             "decided_by": "triage",
             "summary": tri["summary"],
@@ -276,7 +278,9 @@ def decide(tri: dict | None, diag: dict | None, perf_ev: list[dict]) -> dict:
         top = next((f for f in diag["findings"] if f["kind"] == m_verdict), {})
         return {
             "verdict": m_verdict,
+            "scope": diag.get("scope"),
             "culprit_hosts": diag["culprit_hosts"],
+            "affected_hosts": diag.get("affected_hosts", diag["culprit_hosts"]),
             "confidence": "high" if top.get("score", 0) >= 0.8 else "medium",
             "decided_by": "diagnose",
             "summary": diag["summary"],
@@ -285,7 +289,9 @@ def decide(tri: dict | None, diag: dict | None, perf_ev: list[dict]) -> dict:
     if slow:
         return {
             "verdict": "slow_host",
+            "scope": "hosts",
             "culprit_hosts": slow,
+            "affected_hosts": slow,
             "confidence": "low",
             "decided_by": "perf",
             "summary": f"{', '.join(slow)} step slower than the job's median (perf: hosts[].vs_median)",
@@ -297,7 +303,15 @@ def decide(tri: dict | None, diag: dict | None, perf_ev: list[dict]) -> dict:
         why = f"the job failed in a way outside triage's classes: {tri['summary']}"
     else:
         why = f"{status}: no incident found" + (" in the log or the metrics" if diag else " in the log")
-    return {"verdict": "none", "culprit_hosts": [], "confidence": None, "decided_by": None, "summary": why}
+    return {
+        "verdict": "none",
+        "scope": None,
+        "culprit_hosts": [],
+        "affected_hosts": [],
+        "confidence": None,
+        "decided_by": None,
+        "summary": why,
+    }
 
 
 def next_steps(job: locate.Job, tri: dict | None, diag: dict | None, verdict: dict, ws: Path) -> list[str]:

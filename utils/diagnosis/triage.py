@@ -648,6 +648,12 @@ class Triage:
             summary = f"running: step {prog['last_step']}" if prog["last_step"] is not None else "running: no step yet"
         if s.runs > 1:
             self.notes.append(f"the log holds {s.runs} runs (requeued); this report is about the last one")
+        # scope (evidence.SCOPES): a class that blames every node of a multi-node job blames none of them
+        # (the job itself or what they share): affected_hosts lists them, culprit_hosts is empty
+        affected = list(culprits)
+        fleet = len(self.hosts) > 1 and set(self.hosts) <= set(culprits)
+        scope = None if cls is None else "fleet" if fleet or not culprits else "hosts"
+        culprits = [] if fleet else culprits
         hosts = [
             {
                 "host": h.name,
@@ -669,7 +675,9 @@ class Triage:
             "scheduler_state": self.sched,
             "status": status,
             "failure_class": cls,
+            "scope": scope,
             "culprit_hosts": culprits,
+            "affected_hosts": affected,
             "accused_hosts": self.accused_hosts,
             "suspect_hosts": self.suspect_hosts,
             "confidence": conf,

@@ -41,6 +41,8 @@ def plan(report: dict, nodes: list[str]) -> tuple[list[str], str]:
         cls = "killed"
     if cls not in NODE_CLASSES and cls != "killed":
         return [], f"not recovering: {cls or report.get('status') or 'unclassified'} is not a node fault"
+    if report.get("scope") == "fleet":  # the job or what every node shares: excluding nodes cannot help
+        return [], f"not recovering: {cls} is fleet-wide (no culprit node)"
     if not culprits:
         return [], f"not recovering: {cls} without a culprit node"
     if len(culprits) >= len(nodes):
