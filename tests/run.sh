@@ -6,7 +6,7 @@
 #      installs the missing ones with apt-get as root, else names them on one line and stops;
 #   2. the pinned Python environment (utils/setup_env.sh; ~2-3 min the first time);
 #   3. pytest over tests/ (the tests start the local Slurm cluster themselves).
-#   --fast  the developer loop, under a minute on 2 cores: only the tests marked neither `cluster`
+#   --fast  the developer loop (~2.5 min on 2 cores; the goal is 1 min): only the tests marked neither `cluster`
 #           (the local Slurm cluster) nor `slow` (MaxText training or config loads, a Ray cluster,
 #           the repeats of the incident matrix), that is -m "not cluster and not slow", on one worker
 #           more than cores (pytest-xdist, each test file on one worker; add -n 0 for one process, e.g. --pdb).
