@@ -63,9 +63,9 @@ def overlaps(a: dict | None, b: tuple[float, float] | None) -> bool:
 
 # --- every family, several seeds ------------------------------------------------------------
 # Each case builds a corpus and serves its TSDB (~1.5 s). The fast loop runs seed 1 of one family
-# of each kind (GPU, host, training, heartbeat) that no other fast test below diagnoses; the full
-# suite runs every family and seed.
-FAST_FAMILIES = {"gpu_thermal", "host_oom", "moe_lb_spike", "heartbeat_false_positive"}
+# of each kind (GPU, kernel-log GPU errors, host, training, heartbeat) that no other fast test below
+# diagnoses; the full suite runs every family and seed.
+FAST_FAMILIES = {"gpu_thermal", "gpu_xid", "host_oom", "moe_lb_spike", "heartbeat_false_positive"}
 assert FAST_FAMILIES <= set(corpus.FAMILIES), FAST_FAMILIES - set(corpus.FAMILIES)
 MATRIX = [
     pytest.param(f, s, id=f"{f}-{s}", marks=() if s == 1 and f in FAST_FAMILIES else pytest.mark.slow)
@@ -115,7 +115,7 @@ def close(a: float | None, b: float | None) -> bool:
     return (a is None and b is None) or (a is not None and b is not None and a == pytest.approx(b, rel=1e-4, abs=1e-9))
 
 
-VERIFY_FAST = {"healthy", "heartbeat_false_positive"}
+VERIFY_FAST = {"healthy", "heartbeat_false_positive", "gpu_xid"}  # gpu_xid: the kernel-log query
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,10 @@ Families (FAMILIES maps each to the verdict diagnose.py must give):
   gpu_thermal               one host's GPUs run hot and clock down (NVIDIA: thermal throttle reasons)
   gpu_power_cap             one host's GPU power limit lowered: power pinned at the cap, clocks down
   gpu_ecc                   one GPU counts ECC/RAS errors and PCIe AER errors
+  gpu_xid                   only the kernel log tells: one GPU of one host logs 1-3 GPU error events
+                            (hw_gpu_kernel_errors_total: NVIDIA Xid 79 "fallen off the bus", no gpu label, or
+                            Xid 48 double-bit ECC; amdgpu gpu_reset on AMD), and the job runs 15-40 % slower
+                            from the first on; no RAS/ECC or AER count moves
   cpu_hog                   a stray process on one host: run queue and CPU pressure up, job slower
   io_pressure               checkpoint saves stall on IO (all hosts: shared storage, fleet-wide, no culprit;
                             or one host's slow disk)
@@ -81,6 +85,7 @@ FAMILIES: dict[str, str] = {
     "gpu_thermal": "gpu_thermal",
     "gpu_power_cap": "gpu_power",
     "gpu_ecc": "gpu_hardware",
+    "gpu_xid": "gpu_hardware",
     "cpu_hog": "cpu_contention",
     "io_pressure": "io_pressure",
     "host_oom": "memory",
@@ -318,7 +323,7 @@ class _Sim:
             self.slow.append((self.t_spike, np.inf, self.notes["slower"]))
         elif f == "grad_spike_brief":
             self.t_spike = self.frac(0.2, 0.8)
-        elif f in ("gpu_thermal", "gpu_power_cap", "gpu_ecc", "cpu_hog", "host_oom"):
+        elif f in ("gpu_thermal", "gpu_power_cap", "gpu_ecc", "gpu_xid", "cpu_hog", "host_oom"):
             self.culprits = self.pick(1)
             h = self.culprits[0]
             t = self.t0 if (f != "host_oom" and r.random() < 0.25) else self.frac(0.2, 0.6)
@@ -335,6 +340,15 @@ class _Sim:
             elif f == "gpu_ecc":
                 g = r.randrange(self.scale.gpus)
                 self.host_fx[h]["ecc"] = (t, g, r.uniform(0.2, 2.0), r.randint(1, 4), r.uniform(0.05, 0.5))
+            elif f == "gpu_xid":
+                t = self.frac(0.2, 0.6)  # the exporter's first poll only notes where the log ends: never at t0
+                self.window = (t, self.t_stop)
+                code = r.choice(["79", "48"]) if self.vendor == "nvidia" else "gpu_reset"
+                gpu = None if code == "79" else r.randrange(self.scale.gpus)  # off the bus: bound to no driver
+                times = sorted([t] + [r.uniform(t, self.t_stop) for _ in range(r.randint(0, 2))])
+                self.host_fx[h]["xid"] = (code, gpu, times)
+                self.slow.append((t, np.inf, r.uniform(1.15, 1.4)))
+                self.notes["code"] = code
             elif f == "cpu_hog":
                 self.host_fx[h]["hog"] = (t, r.randint(25, 60), r.uniform(20, 50))
                 self.slow.append((t, np.inf, r.uniform(1.05, 1.25)))
@@ -686,6 +700,13 @@ class _Series:
         yield "hw_tcp_in_segments_total", base, self.samples(_counter(rng, np.full(self.n, 3.2e3), iv, 1e8), -1)
         yield "hw_tcp_timeouts_total", base, self.samples(_counter(rng, tcp_rate * 0.1, iv, 200), -1)
         yield "hw_oom_kills_total", base, self.samples(oom, -1)
+        yield "hw_gpu_kernel_log_readable", base, self.samples(np.ones(self.n), 0)
+        if "xid" in fx:  # counted from the exporter's start; the series appears with the first event
+            code, gpu, times = fx["xid"]
+            lab = {**base, "code": code} if gpu is None else {**base, "gpu": str(gpu), "code": code}
+            count = np.searchsorted(times, ts, side="right").astype(float)
+            on = count > 0
+            yield "hw_gpu_kernel_errors_total", lab, zip(ts[on].tolist(), count[on].tolist(), strict=True)
         yield "hw_major_page_faults_total", base, self.samples(_counter(rng, faults, iv, 1e4), -1)
         net = np.full(self.n, 2e6)
         yield "hw_net_receive_bytes_total", {**base, "device": "eth0"}, self.samples(_counter(rng, net, iv, 1e12), -1)

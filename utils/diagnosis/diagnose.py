@@ -352,8 +352,13 @@ def _vspec(d: Data, f: Finding) -> dict | None:
         return _spec(q, w, "median", "higher", "GPUs", "GPUs with power-cap throttle bits per host")
     if k == "gpu_hardware":
         errs = [e for h in f.hosts for e in v["errors"].get(h, [])]
-        errs.sort(key=lambda e: not re.search(r"\{(ue|fatal|nonfatal)\}", e))
+        errs.sort(key=lambda e: not re.search(r"\{(ue|fatal|nonfatal)\}|^hw_gpu_kernel_errors", e))
         m = re.match(r"(hw_gpu_\w+_total)\{(\w+)\}", errs[0]) if errs else None
+        if m and m.group(1) == "hw_gpu_kernel_errors_total":  # counted from the exporter's start: its largest value
+            q = f'sum by (host) ({m.group(1)}{{code="{m.group(2)}"}})'
+            if "hw_gpu_kernel_log_readable" in d.names:  # the hosts that could see events and had none: 0
+                q += " or 0 * max by (host) (hw_gpu_kernel_log_readable)"
+            return _spec(q, whole, "max", "higher", "events", f"kernel GPU error events (code {m.group(2)}) per host")
         if m:
             label = "kind" if m.group(1).startswith("hw_gpu_ras") else "severity"
             q = f'sum by (host) ({m.group(1)}{{{label}="{m.group(2)}"}})'
