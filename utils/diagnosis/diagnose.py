@@ -89,7 +89,7 @@ VS_CATEGORY: list[tuple[str, str, int]] = [  # first match wins; within a verdic
     (r"hw_tcp_(retransmits|timeouts)_total|hw_ib_port_(transport_)?errors_total", "network", +1),
     (r"hw_gpu_temperature_celsius", "gpu_thermal", +1),
     (r"hw_gpu_power_limit_watts", "gpu_power", -1),
-    (r"hw_gpu_ras_errors_total|hw_gpu_pcie_aer_errors_total", "gpu_hardware", +1),
+    (r"hw_gpu_ras_errors_total|hw_gpu_pcie_aer_errors_total|hw_gpu_kernel_errors_total", "gpu_hardware", +1),
 ]
 # Families that differ with the node type (memory size, GPU power limit): between jobs on other hosts
 # they say what the hosts are, not what went wrong, so they never decide there (informational rows).
