@@ -143,6 +143,15 @@ def common_params(a: argparse.Namespace, passthrough: list[str]) -> dict:
     return {"model": model, "tag": tag, "sbatch": sbatch, "overrides": overrides}
 
 
+def add_ignore_min_nodes(p: argparse.ArgumentParser, jobs: str) -> None:
+    """--ignore-min-nodes for a kind that plans JOBS ("jobs", "2-node jobs", ...): min_nodes_notes reads it."""
+    p.add_argument(
+        "--ignore-min-nodes",
+        action="store_true",
+        help=f"plan {jobs} below the minimum node count of the config's header (refused by default)",
+    )
+
+
 def add_kind(
     sub: argparse._SubParsersAction, name: str, what: str, parent: argparse.ArgumentParser
 ) -> argparse.ArgumentParser:

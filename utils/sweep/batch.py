@@ -12,6 +12,7 @@ from diagnosis.cli import InputError
 from diagnosis.min_nodes import min_nodes_notes
 from sweep.args import (
     NODE_FLAGS,
+    add_ignore_min_nodes,
     add_kind,
     check_overrides,
     check_sbatch_flags,
@@ -149,8 +150,4 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
         "--key", default="per_device_batch_size", help="MaxText key to sweep (default per_device_batch_size)"
     )
 
-    p.add_argument(
-        "--ignore-min-nodes",
-        action="store_true",
-        help="plan jobs below the minimum node count of the config's header (refused by default)",
-    )
+    add_ignore_min_nodes(p, "jobs")

@@ -13,6 +13,7 @@ from diagnosis.min_nodes import min_nodes_notes
 from sweep.args import (
     NODE_FLAGS,
     PIN_FLAGS,
+    add_ignore_min_nodes,
     add_kind,
     check_overrides,
     check_sbatch_flags,
@@ -190,8 +191,4 @@ def add_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
         help="a pair slower than the reference by this many percent is bad (default 10)",
     )
 
-    p.add_argument(
-        "--ignore-min-nodes",
-        action="store_true",
-        help="plan 2-node jobs below the minimum node count of the config's header (refused by default)",
-    )
+    add_ignore_min_nodes(p, "2-node jobs")
