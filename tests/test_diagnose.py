@@ -362,8 +362,19 @@ def test_vs_with_the_job_itself_is_refused(network_job):
 
 
 # --- missing families -------------------------------------------------------------------------
-def test_missing_gpu_and_rdma_plugins(tmp_path):
-    inc = corpus.build("healthy", tmp_path, 5, drop=("hw_gpu_", "hw_ib_"))
+# the GPU plugin's names (docs/metrics.md); the host plugin's hw_gpu_kernel_* (read from the kernel log) stay
+GPU_PLUGIN = tuple(
+    f"hw_gpu_{n}" for n in "clock info memory_utilization pcie power ras temperature throttle utilization vram".split()
+)
+
+
+@pytest.mark.parametrize(
+    "drop", [("hw_gpu_", "hw_ib_"), (*GPU_PLUGIN, "hw_ib_")], ids=["no-hw_gpu", "host-plugin-only"]
+)
+def test_missing_gpu_and_rdma_plugins(tmp_path, drop):
+    """No GPU or RDMA plugin: both collapse to a pattern, also when the host plugin's kernel-log
+    counters (hw_gpu_kernel_*, on every node) are there."""
+    inc = corpus.build("healthy", tmp_path, 5, drop=drop)
     r = diag(inc.job_dir)
     assert r["verdict"] == "none" and not r["insufficient_evidence"]
     assert {"hw_gpu_*", "hw_ib_*"} <= set(r["missing"]), r["missing"]

@@ -132,8 +132,10 @@ def test_heavy_io_on_the_workspace_is_io_pressure_on_that_node(netns_cluster, di
 
 def test_memory_limit_oom_kills_the_trainer_of_one_node(netns_cluster, workspace, venv):
     """n2's trainer in a 256 MiB memory cgroup with a hog: the kernel OOM-kills it, the job fails;
-    triage blames n2 (oom_host); diagnose finds the OOM kill (the kernel's oom_kill counter is the
-    machine's, so every local node shows it: n2 must be among the culprits)."""
+    triage blames n2 (oom_host); diagnose finds the OOM kill. The kernel's oom_kill counter
+    (/proc/vmstat) is the machine's, and the local nodes share one kernel, so every node shows it and
+    the finding is fleet-wide (no culprit) here: n2 must be among its hosts. On a real cluster each
+    node has its own kernel and only n2's counter rises (tests/test_diagnose.py's oom corpus)."""
     job_id, log = start(netns_cluster, workspace, 5000)
     drill(netns_cluster, "oom", "--node", "n2")
     try:
@@ -141,6 +143,6 @@ def test_memory_limit_oom_kills_the_trainer_of_one_node(netns_cluster, workspace
     finally:
         drill(netns_cluster, "clear")
     assert t["status"] == "failed" and t["failure_class"] == "oom_host" and t["culprit_hosts"] == ["n2"], t["summary"]
-    assert d["verdict"] == "memory" and "n2" in d["culprit_hosts"], findings(d)
     mem = next(f for f in d["findings"] if f["kind"] == "memory")
+    assert d["verdict"] == "memory" and "n2" in mem["hosts"], findings(d)
     assert mem["values"]["hosts"]["n2"]["oom_kills"] >= 1, mem["values"]

@@ -435,13 +435,17 @@ def _verify(f: Finding, spec: dict, rows: list[dict], start: int, end: int, step
             "expect": expect, **spec}  # fmt: skip
 
 
+HOST_PLUGIN_GPU = "hw_gpu_kernel_"  # hw_gpu_* names the host plugin writes (from the kernel log), not the GPU one
+
+
 def missing_families(d: Data) -> set[str]:
     """Families the checks use that the TSDB lacks (whole plugins collapse to a pattern)."""
     need = {n for names in NEEDS.values() for n in names} - OPTIONAL
     absent = need - d.names
     out = set()
     for prefix, group in (("tb_", "tb_*"), ("hw_gpu_", "hw_gpu_*"), ("hw_ib_", "hw_ib_*")):
-        if not any(n.startswith(prefix) for n in d.names):
+        # the host plugin's kernel-log counters (hw_gpu_kernel_*) do not make the GPU plugin present
+        if not any(n.startswith(prefix) and not n.startswith(HOST_PLUGIN_GPU) for n in d.names):
             absent = {n for n in absent if not n.startswith(prefix)}
             out.add(group)
     if not any(n.startswith("hw_") for n in d.names):
