@@ -139,6 +139,9 @@ def test_host_plugin_on_fixture():
     assert val(got, "hw_net_receive_drops_total", device="eno12399np0") == 1245
     assert not any(dict(lbl).get("device") == "lo" for _, lbl in got)
     assert val(got, "hw_tcp_retransmits_total") == 48211
+    # Ip OutRequests and OutTransmits (the fixture's kernel has OutTransmits, Linux 6.3+)
+    assert val(got, "hw_ip_out_requests_total") == 951120442
+    assert val(got, "hw_ip_out_transmits_total") == 951120421
     assert val(got, "hw_tcp_estab_resets_total") == 2087
     assert val(got, "hw_tcp_out_resets_total") == 9133
     assert val(got, "hw_tcp_timeouts_total") == 6621

@@ -4,9 +4,13 @@
 # Inject a fault on one node of the local cluster (utils/local_cluster.sh up N --netns), to rehearse
 # an incident and see what utils/triage.py and utils/diagnose.py say about it. NODE defaults to n2;
 # the cluster is ${LOCAL_CLUSTER_DIR:-<repo>/.local_cluster}. Needs root (like --netns).
-#   net --loss PCT   drop PCT % (0.1 .. 100) of the packets NODE sends (a bad NIC or cable): an
+#   net --loss PCT [--inside]
+#                    drop PCT % (0.1 .. 100) of the packets NODE sends (a bad NIC or cable): an
 #                    nftables rule on NODE's port of the cluster's bridge (numgen random); TCP
-#                    retransmits on NODE, its peers' counters stay near zero
+#                    retransmits on NODE, its peers' counters stay near zero. --inside: drop them in
+#                    NODE's own network namespace instead (an output rule on its eth0, like a driver
+#                    that drops on transmit): NODE's kernel sees the drops, both ends of each
+#                    connection retransmit on timeouts
 #   net --delay MS   delay NODE's packets with tc netem (refused when the kernel has no sch_netem)
 #   io [--seconds S] heavy IO on the workspace (JOB_WORKSPACE or --dir DIR) from NODE's cgroup:
 #                    8 writers with direct IO for S seconds (default 60), throttled together to
@@ -45,7 +49,7 @@ case "$fault" in
   *) bad_args "unknown FAULT '$fault': expected net, io, oom, freeze, thaw, kill, clear or --help" ;;
 esac
 
-node=n2 job="" loss="" delay="" seconds=60 wdir=${JOB_WORKSPACE:-}
+node=n2 job="" loss="" delay="" seconds=60 wdir=${JOB_WORKSPACE:-} inside=0
 need_value() { if (($# < 2)) || [[ -z "$2" ]]; then bad_args "$1 needs a value"; fi; }
 while (($#)); do
   case "$1" in
@@ -54,6 +58,7 @@ while (($#)); do
     --loss) need_value "$@"; loss=$2; shift ;;
     --delay) need_value "$@"; delay=$2; shift ;;
     --seconds) need_value "$@"; seconds=$2; shift ;;
+    --inside) inside=1 ;;
     --dir) need_value "$@"; wdir=$2; shift ;;
     -h | --help) usage; exit 0 ;;
     *) bad_args "unknown argument '$1' for $fault (see --help)" ;;
@@ -70,8 +75,10 @@ if [[ "$fault" == net ]]; then
       bad_args "--loss must be a percentage from 0.1 to 100 (one decimal at most), got '$loss'"
   fi
   [[ -z "$delay" || "$delay" =~ ^[1-9][0-9]{0,4}$ ]] || bad_args "--delay must be milliseconds (1 .. 99999), got '$delay'"
+  ((!inside)) || [[ -n "$loss" ]] || bad_args "--inside goes with --loss (a delay is made on the bridge port only)"
 else
   [[ -z "$loss$delay" ]] || bad_args "--loss and --delay are options of net only"
+  ((!inside)) || bad_args "--inside is an option of net --loss only"
 fi
 [[ "$fault" == io || ( "$seconds" == 60 && "$wdir" == "${JOB_WORKSPACE:-}" ) ]] ||
   bad_args "--seconds and --dir are options of io only"
@@ -126,13 +133,26 @@ disk_of() {
   echo "$dev"
 }
 
+# in_node CGROUP CMD...: CMD in the network namespace of the node whose cgroup is CGROUP (that of
+# its slurmd, the first process there; the namespaces lose their names once slurmd runs in them).
+in_node() {
+  local pid
+  pid=$(head -n 1 "$1/cgroup.procs" 2>/dev/null) || true
+  [[ "$pid" =~ ^[0-9]+$ ]] || return 1
+  shift
+  nsenter "--net=/proc/$pid/ns/net" "$@"
+}
+
 clear_all() {
-  local f pid d
+  local f pid d c
   if [[ -n "$tag" ]] && command -v nft >/dev/null && nft list table bridge "$table" >/dev/null 2>&1; then
     nft delete table bridge "$table"
   fi
-  [[ ! -s "$nodes" ]] || while read -r _ veth _ _; do
+  [[ ! -s "$nodes" ]] || while read -r _ veth _ c; do
     tc qdisc del dev "$veth" root 2>/dev/null || true
+    if [[ -n "$tag" ]] && in_node "$c" nft list table inet "$table" >/dev/null 2>&1; then
+      in_node "$c" nft delete table inet "$table" || true
+    fi
   done <"$nodes"
   for f in "$state"/io-*.pid; do
     [[ -e "$f" ]] || continue
@@ -166,6 +186,15 @@ case "$fault" in
     command -v nft >/dev/null || die "net --loss needs nft (nftables): utils/setup_system.sh tests"
     per_mille=$(awk -v p="$loss" 'BEGIN { printf "%d", p * 10 + 0.5 }')
     drop="numgen random mod 1000 < $per_mille counter drop"
+    if ((inside)); then
+      in_node "$cg" nft -f - <<EOF || die "nft could not add the loss rule inside $node's network namespace"
+table inet $table {
+  chain output { type filter hook output priority 0; oifname "eth0" $drop; }
+}
+EOF
+      echo "drill: $node: dropping $loss % of the packets it sends, inside its namespace (nft table inet $table, output on eth0); undo: $0 clear"
+      exit 0
+    fi
     nft -f - <<EOF || die "nft could not add the loss rule on $veth"
 table bridge $table {
   chain forward { type filter hook forward priority 0; iifname "$veth" $drop; }

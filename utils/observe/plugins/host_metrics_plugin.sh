@@ -41,6 +41,8 @@ if (( ${#files[@]} )); then
     function def(key, metric, type, scale, help) { n_def++; d_key[n_def] = key; d_metric[n_def] = metric
       d_type[n_def] = type; d_scale[n_def] = scale; d_help[n_def] = help }
     BEGIN {
+      def("snmp:Ip:OutRequests", "hw_ip_out_requests_total", "counter", 1, "IPv4 packets the local protocols handed to IP to send (Ip OutRequests).")
+      def("snmp:Ip:OutTransmits", "hw_ip_out_transmits_total", "counter", 1, "IPv4 packets IP passed on to the network devices, forwarded ones included (Ip OutTransmits, Linux 6.3+).")
       def("snmp:Tcp:RetransSegs", "hw_tcp_retransmits_total", "counter", 1, "TCP segments retransmitted (Tcp RetransSegs).")
       def("snmp:Tcp:InSegs", "hw_tcp_in_segments_total", "counter", 1, "TCP segments received (Tcp InSegs).")
       def("snmp:Tcp:OutSegs", "hw_tcp_out_segments_total", "counter", 1, "TCP segments sent (Tcp OutSegs).")
