@@ -257,6 +257,23 @@ def test_training_spike_cost_decides_incident_or_not(tmp_path):
     assert ruled["training_dynamics"].startswith("a brief spike that settled and cost no throughput"), ruled
 
 
+def test_a_short_midrun_slowdown_is_a_phase_and_blames_no_host(tmp_path):
+    """The corpus' 10-20 minute dip (steps 25-35 % longer) in a 3-hour run, with no metric moving beside it:
+    the TSDB's tokens/s shows the same three phases as triage (the rule of utils/diagnosis/phases.py), the
+    middle one on the dip within two grid steps, and diagnose invents no culprit."""
+    inc = corpus.build("midrun_slowdown", tmp_path, 1)
+    r = diag(inc.job_dir)
+    ph = r["phases"]
+    assert len(ph) == 3, ph
+    step = corpus.SMALL.interval  # the grid step of a 3-hour job (at least the scrape interval)
+    assert abs(ph[1]["start"] - inc.window[0]) <= 2 * step and abs(ph[1]["end"] - inc.window[1]) <= 2 * step, (
+        ph,
+        inc.window,
+    )
+    assert 1.2 < ph[0]["level"] / ph[1]["level"] < 1.4 and ph[2]["level"] == pytest.approx(ph[0]["level"], rel=0.02)
+    assert r["verdict"] == "none" and r["culprit_hosts"] == [], r["summary"]
+
+
 def test_text_output_says_when_it_shows_only_some_queries(tmp_path):
     inc = corpus.build("moe_lb_spike", tmp_path, 1)
     r = diag(inc.job_dir)

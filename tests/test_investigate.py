@@ -110,6 +110,19 @@ def test_the_skill_hand_over_table_is_investigates_rule():
     assert investigate.handover({"status": "failed", "failure_class": "oom_device", "tgs": {}}) is None
 
 
+def test_a_short_midrun_slowdown_hands_over_by_its_phases(tmp_path):
+    """The corpus' 10-20 minute mid-run dip: triage's three phases are the hand-over (the skill's
+    "`tgs.phases` has more than one phase" row, not the completed-job row), the metrics and the step
+    times are read for it, and with no metric moving beside the dip nobody is blamed."""
+    inc = corpus.build("midrun_slowdown", tmp_path, 1)
+    r = bundle(inc.job_dir, tmp_path)
+    why = {x["tool"]: x["why"] for x in r["ran"]}
+    row = next(h for h in investigate.HANDOVER if h.says.startswith("`tgs.phases` has more than one phase"))
+    assert row.reason is not None and why["diagnose"] == row.reason({}), why
+    assert why["perf"].startswith("throughput changed during the run"), why
+    assert r["verdict"] == "none" and r["culprit_hosts"] == [] and r["metrics_verdict"] == "none", r["summary"]
+
+
 @pytest.mark.parametrize("twin", ["after", "elsewhere"])
 def test_a_later_baseline_and_one_on_other_hosts(tmp_path, twin):
     """The thread leak's clean run has a later id and ran after it (after), or ran before it on hosts of

@@ -6,6 +6,7 @@ config error, a SIGKILLed trainer, and triage while the job runs)."""
 import json
 import math
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -275,6 +276,45 @@ def test_phase_detection_is_robust_to_noise_and_spikes():
     rates = rates[:250] + [r * 0.5 for r in rates[250:]]
     got = triage.throughput_phases(steps, rates, 20, 0.10)
     assert [p["start_step"] for p in got] == [0, 250]
+
+
+def test_a_short_dip_in_the_middle_is_its_own_phase():
+    """A 2-hour run at 4.5 s/step (1600 steps), steps 29 % longer for 14 minutes (187 steps) in the
+        middle: no single cut passes the median test (the dip is a minority on either side), the best pair
+        of cuts does. A flat series with 5 % noise, a dip shallower than 10 % and one of fewer than half of
+    --phase-min-steps steps (the median of every 20-step stretch is fast) stay whole."""
+    rng = random.Random(7)
+    steps = list(range(1600))
+    noise = [1 + rng.gauss(0, 0.012) for _ in steps]
+    dip = [1000.0 / (1.29 if 700 <= i < 887 else 1.0) * noise[i] for i in steps]
+    got = triage.throughput_phases(steps, dip, 20, 0.10)
+    assert [(p["start_step"], p["end_step"]) for p in got] == [(0, 699), (700, 886), (887, 1599)], got
+    assert got[1]["mean"] == pytest.approx(1000 / 1.29, rel=0.01) and got[0]["mean"] == pytest.approx(1000, rel=0.01)
+    flat = [1000.0 * (1 + rng.gauss(0, 0.05)) for _ in steps]
+    assert len(triage.throughput_phases(steps, flat, 20, 0.10)) == 1
+    shallow = [1000.0 / (1.08 if 700 <= i < 887 else 1.0) * noise[i] for i in steps]
+    assert len(triage.throughput_phases(steps, shallow, 20, 0.10)) == 1  # 7 % < --phase-threshold
+    short = [1000.0 / (1.29 if 700 <= i < 709 else 1.0) * noise[i] for i in steps]
+    assert len(triage.throughput_phases(steps, short, 20, 0.10)) == 1  # 9 steps: under half --phase-min-steps
+
+
+@pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow)])
+def test_midrun_slowdown_is_three_phases(tmp_path, seed):
+    """The corpus' 10-20 minute mid-run slowdown (steps 25-35 % longer, then as fast as before): triage
+    reports three phases, the middle one from the dip's first to its last step within two logged
+    steps (the corpus logs every ~6th step), and hands over to the metrics."""
+    from helpers import corpus
+
+    inc = corpus.build("midrun_slowdown", tmp_path / "ws", seed)
+    r = triage.triage(str(inc.log), tmp_path / "ws", triage.Options(scheduler=False))
+    ph = r["tgs"]["phases"]
+    assert r["status"] == "completed" and r["failure_class"] is None, r["summary"]
+    assert len(ph) == 3, ph
+    first, last = inc.notes["dip_steps"]
+    tol = 2 * inc.notes["steps"] / corpus.SMALL.log_lines
+    assert abs(ph[1]["start_step"] - first) <= tol and abs(ph[1]["end_step"] - last) <= tol, (ph, first, last)
+    assert 1.2 < ph[0]["mean"] / ph[1]["mean"] < 1.4 and ph[2]["mean"] == pytest.approx(ph[0]["mean"], rel=0.02), ph
+    assert any("diagnose.py" in n for n in r["next_steps"]), r["next_steps"]
 
 
 def test_rampup_lines_and_optional_fields(tmp_path):

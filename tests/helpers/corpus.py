@@ -44,6 +44,9 @@ Families (FAMILIES maps each to the verdict diagnose.py must give):
   io_pressure               checkpoint saves stall on IO (all hosts: shared storage, fleet-wide, no culprit;
                             or one host's slow disk)
   host_oom                  host memory leak on one host, then the kernel OOM killer ends the job
+  midrun_slowdown           steps 25-35 % longer for 10-20 minutes in the middle of the run, then as fast as
+                            before, and no metric moves with it (no culprit, verdict none): triage must see
+                            three phases (the dip's first and last steps are in notes["dip_steps"])
 
     tests/helpers/corpus.py OUT [--family F ...] [--seed N] [--scale small|full]
 """
@@ -90,6 +93,7 @@ FAMILIES: dict[str, str] = {
     "io_pressure": "io_pressure",
     "host_oom": "memory",
     "grad_spike_brief": "none",
+    "midrun_slowdown": "none",
 }
 BASE_EPOCH = 1795322400  # 2026-11-22T04:00:00Z, as tests/helpers/logcorpus.py
 
@@ -323,6 +327,11 @@ class _Sim:
             self.slow.append((self.t_spike, np.inf, self.notes["slower"]))
         elif f == "grad_spike_brief":
             self.t_spike = self.frac(0.2, 0.8)
+        elif f == "midrun_slowdown":
+            t = self.frac(0.3, 0.6)
+            self.dip = (t, t + self.r.uniform(10, 20) * 60)
+            self.slow.append((*self.dip, r.uniform(1.25, 1.35)))
+            self.window = self.dip
         elif f in ("gpu_thermal", "gpu_power_cap", "gpu_ecc", "gpu_xid", "cpu_hog", "host_oom"):
             self.culprits = self.pick(1)
             h = self.culprits[0]
@@ -412,6 +421,9 @@ class _Sim:
         elif self.family == "grad_spike_brief":  # grad norm only, x4-10 for 3-15 steps
             first = min(int(np.searchsorted(self.step_end, self.t_spike)), n - 20)
             self.spikes.append((first, r.randint(3, 15), 1.0, 0.0, r.uniform(4, 10)))
+        if self.family == "midrun_slowdown":  # a step is slow when it starts inside the dip
+            a, b = (int(np.searchsorted(self.step_end, t)) + 1 for t in self.dip)
+            self.notes["dip_steps"] = (a, b - 1)
         if self.spikes:
             first = min(s[0] for s in self.spikes)
             self.notes["spike_step"] = first

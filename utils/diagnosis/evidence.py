@@ -208,26 +208,6 @@ def rolling_median(y: np.ndarray, k: int) -> np.ndarray:
     return np.median(np.lib.stride_tricks.sliding_window_view(ext, k), axis=1)
 
 
-def change_points(y: np.ndarray, min_len: int, rel: float, depth: int = 3) -> list[int]:
-    """Binary segmentation on the mean: split indexes where both sides differ by >= rel."""
-    n = y.size
-    if depth == 0 or n < 2 * min_len:
-        return []
-    c1, c2 = np.cumsum(y), np.cumsum(y * y)
-    k = np.arange(min_len, n - min_len + 1)
-    left = c2[k - 1] - c1[k - 1] ** 2 / k
-    right = (c2[-1] - c2[k - 1]) - (c1[-1] - c1[k - 1]) ** 2 / (n - k)
-    best = int(k[np.argmin(left + right)])
-    a, b = float(np.mean(y[:best])), float(np.mean(y[best:]))
-    if abs(a - b) / max(abs(a), abs(b), 1e-12) < rel:
-        return []
-    return (
-        change_points(y[:best], min_len, rel, depth - 1)
-        + [best]
-        + [best + i for i in change_points(y[best:], min_len, rel, depth - 1)]
-    )
-
-
 def fmt(v: float, unit: str = "") -> str:
     if not math.isfinite(v):
         return "n/a"

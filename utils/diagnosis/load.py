@@ -15,12 +15,13 @@ from diagnosis.evidence import (
     Data,
     PerHost,
     Target,
-    change_points,
     nanmed,
     rolling_median,
 )
+from diagnosis.phases import segments
 
 POINTS = 480  # target points per range query (step = range / POINTS, at least the scrape interval)
+MIN_PHASE_S = 600  # a throughput phase lasts at least this long (and 6 grid points; docs/diagnose.md step 4)
 
 
 MAX_SAMPLES = 20_000  # samples per series in the range above which the step doubles (a long job at 5 s)
@@ -237,9 +238,8 @@ def phases(d: Data) -> list[dict]:
     if v.size < 4:
         return [{"start": float(t[0]), "end": float(t[-1]), "level": nanmed(v)}] if v.size else []
     sm = rolling_median(v, 7)
-    cuts = [0] + change_points(sm, max(6, v.size // 12), 0.05) + [v.size]
     out = []
-    for a, b in zip(cuts, cuts[1:], strict=False):
+    for a, b in segments(sm.tolist(), max(6, min(v.size // 12, math.ceil(MIN_PHASE_S / d.step))), 0.05):
         level = float(np.median(v[a:b]))
         if out and abs(level - out[-1]["level"]) / max(level, out[-1]["level"]) < 0.04:
             out[-1]["end"] = float(t[b - 1])

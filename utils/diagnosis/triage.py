@@ -21,6 +21,7 @@ from pathlib import Path
 
 from diagnosis import cli, jobdir, joblog, locate, scheduler
 from diagnosis import failure_classes as fc
+from diagnosis.phases import segments as level_segments
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = "triage/1"  # the JSON report's "schema" (docs/triage.md); bumped when a field changes meaning
@@ -44,57 +45,6 @@ def median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def binary_segmentation(x: list[float], min_len: int, rel: float) -> list[tuple[int, int]]:
-    """Split x into segments [a, b) where its level changes.
-
-    Repeatedly cuts a segment where the cut most reduces the sum of squared deviations from the
-    segment means, keeping both sides at least min_len long; a cut is kept only when the medians
-    of the two sides differ by at least rel (relative) and by at least three standard errors
-    (so a noisy series is not cut into phases). Neighbours that do not differ are merged."""
-    n = len(x)
-    pre, pre2 = [0.0], [0.0]
-    for v in x:
-        pre.append(pre[-1] + v)
-        pre2.append(pre2[-1] + v * v)
-
-    def sse(a: int, b: int) -> float:
-        s = pre[b] - pre[a]
-        return (pre2[b] - pre2[a]) - s * s / (b - a)
-
-    def spread(v: list[float], m: float) -> float:
-        """Standard error of a median, from the median absolute deviation (robust to spikes)."""
-        return 1.4826 * 1.2533 * statistics.median(abs(t - m) for t in v) / math.sqrt(len(v))
-
-    def differs(a: list[float], b: list[float]) -> bool:
-        ma, mb = statistics.median(a), statistics.median(b)
-        big = abs(ma - mb) / max(abs(ma), abs(mb), 1e-12) >= rel
-        return big and abs(ma - mb) >= 3 * (spread(a, ma) + spread(b, mb))
-
-    done, todo = [], [(0, n)]
-    while todo:
-        a, b = todo.pop()
-        best = None
-        if b - a >= 2 * min_len:
-            total = sse(a, b)
-            for k in range(a + min_len, b - min_len + 1):
-                gain = total - sse(a, k) - sse(k, b)
-                if best is None or gain > best[0]:
-                    best = (gain, k)
-        if best and differs(x[a : best[1]], x[best[1] : b]):
-            todo += [(best[1], b), (a, best[1])]
-        else:
-            done.append((a, b))
-    done.sort()
-    merged = [done[0]] if done else []
-    for a, b in done[1:]:
-        pa, _ = merged[-1]
-        if differs(x[pa:a], x[a:b]):
-            merged.append((a, b))
-        else:
-            merged[-1] = (pa, b)
-    return merged
-
-
 def throughput_phases(steps: list[int], rates: list[float], min_steps: int, rel: float) -> list[dict]:
     """[{start_step, end_step, mean}] of the per-step rate; long series are first reduced to at most
     4000 bucket medians (so one slow step never makes a phase and the search stays fast)."""
@@ -103,7 +53,7 @@ def throughput_phases(steps: list[int], rates: list[float], min_steps: int, rel:
         return []
     k = max(1, math.ceil(n / 4000))
     pts = [statistics.median(rates[i : i + k]) for i in range(0, n, k)]
-    segs = binary_segmentation(pts, max(2, math.ceil(min_steps / k)), rel)
+    segs = level_segments(pts, max(2, math.ceil(min_steps / k)), rel)
     out = []
     for a, b in segs:
         lo, hi = a * k, min(b * k, n)
