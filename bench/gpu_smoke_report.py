@@ -2,7 +2,7 @@
 """Usage: gpu_smoke_report.py STEPS (LABEL EXIT LOG PERF_JSON)...
 
 The table of bench/gpu_smoke.sh: one row per run. LOG is the run's job log (its JOB SUMMARY read by
-utils/diagnosis/joblog.py), PERF_JSON utils/perf.py's --json report of it (docs/perf.md); a run
+utils/joblog.py), PERF_JSON utils/perf.py's --json report of it (docs/perf.md); a run
 refused before it started has LOG "-" and, in place of PERF_JSON, the line that refused it.
 STEPS is the number of steps each run was asked for: a log is complete when its JOB SUMMARY says
 `status: completed` and its `steps:` line runs from 0 to STEPS - 1.
@@ -20,7 +20,7 @@ from pathlib import Path
 if __name__ == "__main__":  # run directly: under the project's environment, found as the utils/ commands find it
     runpy.run_path(str(Path(__file__).resolve().parents[1] / "utils" / "entry.py"))["enter_venv"]()
 
-from diagnosis import joblog  # the one reader of the job log and its JOB SUMMARY (utils/ on PYTHONPATH)
+import joblog  # the one reader of the job log and its JOB SUMMARY (utils/ on PYTHONPATH)
 
 HEAD = (
     *("run", "exit", "steps (JOB SUMMARY)", "log complete", "step s", "tokens/s/dev"),

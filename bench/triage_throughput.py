@@ -4,7 +4,7 @@
 End-to-end speed of utils/triage.py --json on a large synthetic job log (tests/helpers/logcorpus.py:
 HOSTS nodes, at least LINES lines, every node printing every step, as MaxText does). Prints the
 log size, the best wall time of RUNS runs of the CLI (new Python process each time, file in the
-page cache) as MB/s, and where the time goes: interpreter start-up, the scan (utils/diagnosis/joblog.py)
+page cache) as MB/s, and where the time goes: interpreter start-up, the scan (utils/joblog.py)
 and the analysis/JSON (utils/triage.py). Goal: >= 200 MB/s.
 """
 

@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO, launcher_env, run
 from test_launch_input import assert_rejected, fake_sbatch  # noqa: F401 - fake_sbatch is a fixture
 
-from diagnosis import joblog
+import joblog
 from diagnosis import triage as triage_tool
 from helpers.jobs import log_has, submit, summary, triage, wait_job_end
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, VENV, launcher_env, run
 
+import joblog
 import sweep.batch
 import sweep.bisect
 import sweep.loop
@@ -23,7 +24,6 @@ import sweep.nodes
 import sweep.policy
 import sweep.record
 import sweep.regress
-from diagnosis import joblog
 from helpers.jobs import job_state, trainer_pid, wait_for
 
 TOOL = str(REPO / "utils" / "sweep.py")

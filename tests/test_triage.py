@@ -1,4 +1,4 @@
-"""utils/triage.py and utils/diagnosis/joblog.py: every failure class on synthetic logs in the launcher's
+"""utils/triage.py and utils/joblog.py: every failure class on synthetic logs in the launcher's
 real format (tests/helpers/logcorpus.py), with and without host/absl prefixes; hang vs a healthy running
 job; throughput phases; heartbeat false positives; the CLI; and real local jobs (completed, a
 config error, a SIGKILLed trainer, and triage while the job runs)."""
@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO, launcher_env, run
 
+import joblog
 from dev import failure_class_tables as tables
-from diagnosis import failure_classes, joblog, triage
+from diagnosis import failure_classes, triage
 from helpers import logcorpus
 from helpers.jobs import bad_job_arg, log_has, wait_for
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Usage: utils/dev/joblog_dump.py LOG
 
-Prints what the one job-log parser (utils/diagnosis/joblog.py) found in LOG, as JSON: for
+Prints what the one job-log parser (utils/joblog.py) found in LOG, as JSON: for
 debugging the parser. It runs under the project's environment (utils/setup_env.sh), which it
 finds as the utils/ commands do.
 """
@@ -19,7 +19,7 @@ if __name__ == "__main__":  # run directly: under the project's environment, fou
     runpy.run_path(str(Path(__file__).resolve().parents[1] / "entry.py"))["enter_venv"]()
 
 try:
-    from diagnosis import joblog
+    import joblog
 except ImportError:
     sys.exit(
         "joblog_dump.py: needs the project's environment: make it with utils/setup_env.sh (or set MAXTEXT_SLURM_VENV)"

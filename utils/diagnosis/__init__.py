@@ -1,7 +1,6 @@
 """The offline diagnosis tools: they read what a job left behind (its log, job directory and TSDB)
 and never run inside a job.
 
-    joblog           the one parser of the launcher's log format (headers, stages, steps, errors)
     tsdb             a saved TSDB served by utils/prometheus.sh, queried over HTTP
     failure_classes  the failure-class registry triage decides from
     triage           job log -> status, failure class, culprit hosts, next steps
@@ -17,5 +16,6 @@ and never run inside a job.
 
 Users run the thin commands (utils/triage.py, utils/diagnose.py, utils/perf.py, utils/investigate.py);
 tests and benchmarks import the modules. The sweep (utils/sweep/) and the job monitor (utils/monitor/)
-build on this package; it imports neither (utils/dev/import_graph.py checks).
+build on this package; it imports neither (utils/dev/import_graph.py checks). The log format's one
+parser is utils/joblog.py, beside it: the launcher, the monitor and the sweep read logs too.
 """

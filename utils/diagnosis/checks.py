@@ -32,7 +32,7 @@ from diagnosis.evidence import (
 from diagnosis.rdma import SIDES, is_rdma_retransmit, side_of
 
 try:
-    from diagnosis import joblog  # the one parser of the job log format (utils/diagnosis/joblog.py)
+    import joblog  # the one parser of the job log format (utils/joblog.py)
 except ImportError:  # pragma: no cover - joblog is part of the repo; without it log facts are missing
     joblog = None
 
@@ -133,7 +133,7 @@ def check_hang(d: Data, rep: Report) -> None:
 def check_heartbeat(d: Data, rep: Report, prom: tsdb.Served) -> None:
     log = d.target.log
     if log is None or joblog is None:
-        rep.missing.add("job log" if log is None else "utils/diagnosis/joblog.py")
+        rep.missing.add("job log" if log is None else "utils/joblog.py")
         return rep.skipped.append({"check": "heartbeat_false_positive", "needs": ["job log"]})
     if jobdir.summary(d.target.job_dir).get("status") == "completed":  # a heartbeat claim ends the job
         return rep.clean("heartbeat_false_positive", f"the job completed ({jobdir.SUMMARY})", [jobdir.SUMMARY])

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from diagnosis import joblog
+import joblog
 
 if TYPE_CHECKING:  # the detectors read the job through triage's analysis object
     from diagnosis.triage import Host, Triage
@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # the detectors read the job through triage's analysis object
 REPO = Path(__file__).resolve().parents[2]
 
 
-# The log's texts (signatures, what an exception line means) are read by utils/diagnosis/joblog.py;
+# The log's texts (signatures, what an exception line means) are read by utils/joblog.py;
 # the detectors below decide from the kinds it gives.
 def first_exception(h: Host, kind: str) -> joblog.Event | None:
     """The host's first exception line of this kind (joblog.exception_kind)."""

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from diagnosis import joblog
+import joblog
 
 EARLIER = re.compile(r"\.earlier-\d{8}T\d{6}Z(-\w+)?$")  # launch_lib.sh move_aside: PATH.earlier-<UTC>[-XXXX]
 JOB_RULE = "=" * 20 + " JOB " + "=" * 20  # the JOB header's first line (utils/launch/job_header.sh)

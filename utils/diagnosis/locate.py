@@ -28,7 +28,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from diagnosis import jobdir, joblog
+import joblog
+from diagnosis import jobdir
 from diagnosis.cli import InputError
 from diagnosis.jobdir import EARLIER, dir_of, listing, log_of
 

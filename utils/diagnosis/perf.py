@@ -26,7 +26,8 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from diagnosis import cli, joblog, locate, tsdb
+import joblog
+from diagnosis import cli, locate, tsdb
 from diagnosis.cli import InputError
 from launch import config_header
 

@@ -28,7 +28,7 @@ import numpy as np
 from diagnosis import evidence as ev
 
 try:
-    from diagnosis import joblog
+    import joblog
 except ImportError:  # pragma: no cover - part of the repo; without it the step lines are not read
     joblog = None
 

@@ -19,7 +19,8 @@ import statistics
 import time
 from pathlib import Path
 
-from diagnosis import cli, jobdir, joblog, locate, scheduler
+import joblog
+from diagnosis import cli, jobdir, locate, scheduler
 from diagnosis import failure_classes as fc
 from diagnosis.phases import segments as level_segments
 

@@ -46,7 +46,7 @@ done
 # else any other error-looking line that is not source code quoted in a traceback (a launcher's
 # one-line refusal included: "_train.sh: refusing the directory ...").
 # A guess for the person reading the log, not a diagnosis, and the only reading of the log outside
-# utils/diagnosis/joblog.py: it stays here, in bash, because the summary must be printed at the end of
+# utils/joblog.py: it stays here, in bash, because the summary must be printed at the end of
 # every job, also when Python is what failed (a broken environment; in container mode the batch host
 # need not have the project's .venv at all), and joblog.py needs the .venv's Python (>= 3.11). The
 # signatures that decide a failure class live only in joblog.py; triage.py cites first_error as the
@@ -71,14 +71,14 @@ if [[ -f "${JOB_LOG:-}" && "$status" =~ ^(failed|stage_timeout)$ ]]; then
   fi
 fi
 
-# The steps this run logged, read by the one parser of step lines (utils/diagnosis/joblog.py, standard
+# The steps this run logged, read by the one parser of step lines (utils/joblog.py, standard
 # library only) with the job's Python environment (MST_VENV), else the host's python3 (3.11 or newer):
 # "FIRST..LAST (N lines on HOST)" or "none" (a completed job without one is no healthy job: triage's
 # no_steps). No such Python, or a log too big to read in 15 s (~1 GB; a cancelled job has KillWait,
 # 30 s by default, for its summary): "unknown (why)", never a guess in bash.
 steps=none
 if [[ "$stage" == train && -f "${JOB_LOG:-}" ]]; then
-  joblog="$(dirname "${BASH_SOURCE[0]}")/../diagnosis/joblog.py" steps="" py=""
+  joblog="$(dirname "${BASH_SOURCE[0]}")/../joblog.py" steps="" py=""
   for cand in "${MST_VENV:+$MST_VENV/bin/python}" python3; do
     [[ -n "$cand" ]] && "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { py=$cand; break; }
   done

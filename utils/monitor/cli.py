@@ -13,8 +13,9 @@ import sys
 import time
 from pathlib import Path
 
+import joblog
 import trust
-from diagnosis import cli, jobdir, joblog, locate, scheduler
+from diagnosis import cli, jobdir, locate, scheduler
 from diagnosis.cli import InputError
 from monitor import notify, recover, store
 from monitor.watch import Event, Rules, Watch, span, utc

@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
-from diagnosis import jobdir, joblog, locate, triage
+import joblog
+from diagnosis import jobdir, locate, triage
 from monitor import store
 from trust import UntrustedPath
 

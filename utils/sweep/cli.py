@@ -1,7 +1,7 @@
 """Usage: sweep.py KIND [MODEL[:TAG]] [options] [-- SBATCH_FLAG ... [-- KEY=VALUE ...]]
 
 Drives an experiment sweep through submit.sh, waits for its jobs (polling `scontrol show job -o
-ID`), reads each result with utils/triage.py (which reads the log through utils/diagnosis/joblog.py) and
+ID`), reads each result with utils/triage.py (which reads the log through utils/joblog.py) and
 reports what the sweep found.
 
   batch MODEL --values 1,2,4,8   batch-size search, one job per value (tag bs<value>); stops going
