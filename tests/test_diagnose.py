@@ -563,7 +563,8 @@ def test_loss_every_host_felt_is_a_fleet_wide_network_incident(tmp_path, family,
     assert overlaps(top["window"], inc.window), (top["window"], inc.window)
     for h in inc.hosts:  # each host's own rise, in the summary too
         assert v["rate_per_s"][h] >= 3 * v["rate_before_per_s"][h] and v["rate_per_s"][h] >= 1, v
-        assert f"{h} {diagnose.fmt(v['rate_before_per_s'][h])} -> {diagnose.fmt(v['rate_per_s'][h])}/s" in top["summary"]
+        before, during = diagnose.fmt(v["rate_before_per_s"][h]), diagnose.fmt(v["rate_per_s"][h])
+        assert f"{h} {before} -> {during}/s" in top["summary"], top["summary"]
         seg = v["per_segment"][h]
         assert seg["retransmits_per_segment"] >= 10 * seg["retransmits_per_segment_before"] > 0, seg
         assert 0 < seg["timeouts_per_segment"] < seg["retransmits_per_segment"], seg
@@ -582,7 +583,7 @@ def _net_data(retrans: dict[str, np.ndarray], segs: dict[str, np.ndarray], token
     d.grid, d.hosts = 60.0 * np.arange(n), sorted(retrans)
     d.rates = {"hw_tcp_retransmits_total": retrans, "hw_tcp_out_segments_total": segs}
     d.tb = {"tokens": tokens}
-    d.queries = {"counters": "sum by (__name__, host) ({__name__=~\"hw_.+_total\"})"}
+    d.queries = {"counters": 'sum by (__name__, host) ({__name__=~"hw_.+_total"})'}
     d.train = (0.0, d.end)
     return d
 
