@@ -560,3 +560,70 @@ def test_io_pressure_scope(tmp_path, seed):
         assert "fleet-wide" in diagnose.render(r)
     else:
         assert r["scope"] == "hosts" and r["culprit_hosts"] == r["affected_hosts"] == inc.culprits, r["summary"]
+
+
+# --- a loss every host feels: each host against its own fast moments -----------------------------
+@pytest.mark.parametrize(("family", "seed", "extent"), [("tcp_link_loss", 1, "link"), ("tcp_fleet_loss", 2, "fleet")])
+def test_loss_every_host_felt_is_a_fleet_wide_network_incident(tmp_path, family, seed, extent):
+    """One node's outgoing link of a 2-node job drops packets (both ends resend alike: the live incident of
+    issue 22 item 8, read as `none` before), or a 4-node job's switch does (every host): no host stands
+    out from its peers, but each one's own retransmits rose when throughput collapsed. Network, fleet
+    scope, no culprit to exclude, every host named with its rate before and in the slowdown, and per
+    segment sent (the rates are RTO-bound: a few per second, though the loss is large)."""
+    inc = corpus.build(family, tmp_path, seed)
+    r = diag(inc.job_dir)
+    assert r["verdict"] == "network" and r["scope"] == "fleet", r["summary"]
+    assert r["culprit_hosts"] == [] and r["affected_hosts"] == inc.hosts == inc.affected, r["summary"]
+    top = r["findings"][0]
+    v = top["values"]
+    assert top["kind"] == "network" and v["extent"] == extent and v["signal"] == "hw_tcp_retransmits_total", v
+    assert overlaps(top["window"], inc.window), (top["window"], inc.window)
+    for h in inc.hosts:  # each host's own rise, in the summary too
+        assert v["rate_per_s"][h] >= 3 * v["rate_before_per_s"][h] and v["rate_per_s"][h] >= 1, v
+        before, during = diagnose.fmt(v["rate_before_per_s"][h]), diagnose.fmt(v["rate_per_s"][h])
+        assert f"{h} {before} -> {during}/s" in top["summary"], top["summary"]
+        seg = v["per_segment"][h]
+        assert seg["retransmits_per_segment"] >= 10 * seg["retransmits_per_segment_before"] > 0, seg
+        assert 0 < seg["timeouts_per_segment"] < seg["retransmits_per_segment"], seg
+    assert v["rto_bound"] is True and "per segment sent" in top["summary"], top["summary"]
+    assert v["throughput"]["slow"] <= 0.3 * v["throughput"]["fast"], v["throughput"]
+    assert ("both ends of the job's only link" if extent == "link" else "every host (4)") in top["summary"]
+    ver = top["verify"]
+    assert ver["expect"]["culprits"] == {} and ver["expect"]["hosts_median"] > ver["baseline"] > 0, ver
+    assert "fleet-wide: every host" in diagnose.render(r)
+
+
+def _net_data(retrans: dict[str, np.ndarray], segs: dict[str, np.ndarray], tokens: np.ndarray) -> load.Data:
+    n = tokens.size
+    d = load.Data(diagnose.Target("j", Path("/nonexistent"), None, None), 0.0, 60.0 * (n - 1), 60.0, 60.0, set())
+    d.names = {"hw_tcp_retransmits_total", "hw_tcp_out_segments_total", "tb_perf_per_device_tokens_per_sec"}
+    d.grid, d.hosts = 60.0 * np.arange(n), sorted(retrans)
+    d.rates = {"hw_tcp_retransmits_total": retrans, "hw_tcp_out_segments_total": segs}
+    d.tb = {"tokens": tokens}
+    d.queries = {"counters": 'sum by (__name__, host) ({__name__=~"hw_.+_total"})'}
+    d.train = (0.0, d.end)
+    return d
+
+
+def test_more_traffic_is_no_loss_per_segment_sent():
+    """The self-comparison reads TCP per segment sent: every host's retransmits up 5x in the slow stretch
+    is a network incident when the segments sent fell with the throughput, none when they rose as much
+    (more traffic, e.g. a checkpoint over the network, the same share of it resent)."""
+    from diagnosis import checks
+    from diagnosis.evidence import Report
+
+    tokens = np.full(60, 1000.0)
+    slow = (np.arange(60) >= 30) & (np.arange(60) < 40)
+    tokens[slow] = 100.0
+    retr = np.where(slow, 2.5, 0.5)
+    for segs, verdict in ((np.where(slow, 300.0, 3000.0), "network"), (np.where(slow, 15000.0, 3000.0), None)):
+        d = _net_data({"n1": retr, "n2": retr * 1.1}, {"n1": segs, "n2": segs}, tokens)
+        rep = Report(d)
+        checks.check_network(d, rep)
+        kinds = [f.kind for f in rep.findings]
+        assert kinds == ([verdict] if verdict else []), [f.summary for f in rep.findings]
+        if verdict:
+            assert rep.findings[0].hosts == ["n1", "n2"] and rep.findings[0].values["extent"] == "link"
+            assert rep.findings[0].window == (29 * 60.0, 39 * 60.0)
+        else:
+            assert "none rose on every host" in rep.ruled_out[0]["detail"], rep.ruled_out

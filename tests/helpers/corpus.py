@@ -26,6 +26,13 @@ Families (FAMILIES maps each to the verdict diagnose.py must give):
                             a busier switch) ten times more; no sender retransmits
   network_burst             one host retransmits (TCP) for 15-25 minutes, then recovers; the run's slowest
                             phase is elsewhere (a later, lasting slowdown no metric explains)
+  tcp_link_loss             a 2-node job (collectives over TCP) whose one node's outgoing link drops packets
+                            for 5-15 minutes: throughput collapses 5-20x, both hosts' TCP retransmits rise a
+                            little (from ~0.05-0.6/s by 1-3/s; timeouts a tenth of that: RTO-bound) and the
+                            segments they send fall with the traffic; neither end stands out (the live
+                            incident of issue 22 item 8): network, fleet scope (the link), no culprit
+  tcp_fleet_loss            the same on a 4-node job whose switch drops packets: every host retransmits
+                            (2-12/s, within 2x of each other): network, fleet scope, no culprit
   heartbeat_false_positive  JAX declares tasks dead, yet they kept logging and drawing full power (the
                             accused hosts are in notes["accused"]; they are healthy, so no culprit)
   thread_leak               run queue +17 on every host, throughput -1 % (found with --vs against `vs`);
@@ -82,6 +89,8 @@ FAMILIES: dict[str, str] = {
     "rdma_recv_side": "network",
     "healthy_ionic": "none",
     "network_burst": "network",
+    "tcp_link_loss": "network",
+    "tcp_fleet_loss": "network",
     "heartbeat_false_positive": "heartbeat_false_positive",
     "thread_leak": "cpu_contention",
     "moe_lb_spike": "training_dynamics",
@@ -95,6 +104,7 @@ FAMILIES: dict[str, str] = {
     "grad_spike_brief": "none",
     "midrun_slowdown": "none",
 }
+FAMILY_HOSTS = {"tcp_link_loss": 2, "tcp_fleet_loss": 4}  # families with their own number of hosts
 BASE_EPOCH = 1795322400  # 2026-11-22T04:00:00Z, as tests/helpers/logcorpus.py
 
 
@@ -218,7 +228,7 @@ class _Sim:
             self.nic = SIDE_NIC.get(family, lambda seed: None)(seed)  # these families pick their NIC
             if self.nic:
                 self.vendor = "nvidia" if self.nic == "mlx5" else "amd"
-            self.hosts = hosts or host_names(r, scale.hosts, self.vendor)
+            self.hosts = hosts or host_names(r, FAMILY_HOSTS.get(family, scale.hosts), self.vendor)
             self.model = r.choice(MOE_MODELS if family == "moe_lb_spike" else DENSE_MODELS + MOE_MODELS)
             self.step_time = r.uniform(3.0, 6.0)
             r.choice([8192, 16384, 32768])  # (was the tokens per step; kept so the seeds draw the same jobs)
@@ -308,6 +318,19 @@ class _Sim:
             self.slow.append((t, t + dur, r.uniform(1.02, 1.06)))
             self.slow.append((self.frac(0.6, 0.8), np.inf, r.uniform(1.15, 1.3)))
             self.window = (t, t + dur)
+        elif f in ("tcp_link_loss", "tcp_fleet_loss"):
+            t, dur = self.frac(0.3, 0.6), r.uniform(5, 15) * 60
+            slower = r.uniform(5, 20)
+            self.slow.append((t, t + dur, slower))
+            link = f == "tcp_link_loss"
+            lossy = self.pick(1)[0] if link else None  # its outgoing link drops: it resends, its peer too
+            level = r.uniform(2, 12)
+            for h in self.hosts:
+                rate = r.uniform(1.5, 3) if h == lossy else r.uniform(1, 2.5) if link else level * r.uniform(0.7, 1.4)
+                self.host_fx[h]["tcp_loss"] = (t, t + dur, rate, slower)
+            self.affected = list(self.hosts)
+            self.window = (t, t + dur)
+            self.notes["lossy"] = lossy
         elif f == "heartbeat_false_positive":
             self.accused = self.pick(r.choice([1, 1, 2]), skip_head=True)
             self.claim = self.frac(0.4, 0.85)
@@ -707,8 +730,14 @@ class _Series:
         if fx.get("tcp_burst"):
             t, end, rate = fx["tcp_burst"]
             tcp_rate = tcp_rate + rate * _after(ts, t) * ~_after(ts, end)
+        segs = np.full(self.n, 3e3)
+        if fx.get("tcp_loss"):  # the traffic collapses with the throughput; retransmits rise a little
+            t, end, rate, slower = fx["tcp_loss"]
+            on = _after(ts, t) & ~_after(ts, end)
+            tcp_rate = tcp_rate + rate * on
+            segs = np.where(on, 200 + 2800 / slower, segs)
         yield "hw_tcp_retransmits_total", base, self.samples(_counter(rng, tcp_rate, iv, 5e3), -1)
-        yield "hw_tcp_out_segments_total", base, self.samples(_counter(rng, np.full(self.n, 3e3), iv, 1e8), -1)
+        yield "hw_tcp_out_segments_total", base, self.samples(_counter(rng, segs, iv, 1e8), -1)
         yield "hw_tcp_in_segments_total", base, self.samples(_counter(rng, np.full(self.n, 3.2e3), iv, 1e8), -1)
         yield "hw_tcp_timeouts_total", base, self.samples(_counter(rng, tcp_rate * 0.1, iv, 200), -1)
         yield "hw_oom_kills_total", base, self.samples(oom, -1)

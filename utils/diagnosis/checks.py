@@ -424,6 +424,197 @@ def _before(d: Data, v: np.ndarray) -> float:
     return _mean(v, m) if m.any() else 0.0
 
 
+# The job's own slow and fast moments (compared by every rate-based check with each host's own rates):
+# throughput at or below SLOW x the job's fast level (the 90th percentile of the training window) is
+# slow, at or above FAST x it fast; the slowest throughput phase, where phases exist, is slow too.
+SLOW, FAST = 0.8, 0.9
+FLEET_RISE = 3.0  # a host rose with the slowdown: slow-window rate >= this x its fast-window rate (and + floor)
+RTO_BOUND = 0.05  # TCP timeouts >= this share of the retransmits: the connections wait on the retransmit timer
+
+
+@dataclasses.dataclass
+class SlowFast:
+    """The job's slow and fast grid points (training window), and its throughput in each."""
+
+    slow: np.ndarray
+    fast: np.ndarray
+    slow_level: float
+    fast_level: float
+    unit: str
+
+    def windows(self, grid: np.ndarray, step: float) -> list[tuple[float, float]]:
+        """The slow stretches, (start, end) each."""
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], self.slow.astype(int), [0]])))
+        return [(float(grid[a] - step), float(grid[b - 1])) for a, b in zip(edges[::2], edges[1::2], strict=True)]
+
+
+def slow_fast(d: Data) -> SlowFast | None:
+    """Split the training window into the job's slow and fast moments by its throughput (tokens/s/device,
+    else 1 / step time). A grid point without a step of its own takes the next step's value (a step's
+    rate covers the time before its end, so a collapse whose steps are sparse still counts). A slow
+    stretch at the very start (compilation, warm-up) is left out. None without 3 slow and 3 fast points."""
+    y, unit = d.tb.get("tokens"), "tokens/s/device"
+    if y is None or not np.isfinite(y).any():
+        y, unit = d.tb.get("step_time"), "steps/s"
+        if y is None or not np.isfinite(y).any():
+            return None
+        with np.errstate(divide="ignore"):
+            y = 1.0 / y
+    m = d.mask()
+    v = np.where(m, y, np.nan)
+    idx = np.flatnonzero(np.isfinite(v))
+    if idx.size < 6:
+        return None
+    filled = np.full_like(v, np.nan)  # back-fill: each point up to a step's end takes that step's rate
+    prev = idx[0]
+    filled[prev] = v[prev]
+    for i in idx[1:]:
+        filled[prev + 1 : i + 1] = v[i]
+        prev = i
+    ref = float(np.percentile(v[idx], 90))
+    if not ref > 0:
+        return None
+    ok = np.isfinite(filled)
+    slow = ok & (np.nan_to_num(filled) <= SLOW * ref)
+    pw = _phase_windows(d)
+    if pw:
+        slow |= ok & d.mask((pw[1]["start"], pw[1]["end"]))
+    fast = ok & ~slow & (np.nan_to_num(filled) >= FAST * ref)
+    lead = idx[0]
+    while lead < slow.size and slow[lead]:  # compilation / warm-up
+        slow[lead] = False
+        lead += 1
+    if slow.sum() < 3 or fast.sum() < 3:
+        return None
+    return SlowFast(slow, fast, nanmed(v[slow]), nanmed(v[fast]), unit)
+
+
+def _tcp_per_segment(d: Data, hosts: list[str], ms: np.ndarray, mf: np.ndarray) -> tuple[dict, bool]:
+    """TCP retransmits and timeouts per segment sent (hw_tcp_out_segments_total) on HOSTS in the window MS
+    and before it (MF, may be empty), and whether the window is RTO-bound (timeouts >= RTO_BOUND of the
+    retransmits: the connections wait on the timer, so per second the loss looks small)."""
+    segs = d.rates.get("hw_tcp_out_segments_total", {})
+    retr = d.rates.get("hw_tcp_retransmits_total", {})
+    tmo = d.rates.get("hw_tcp_timeouts_total", {})
+    out: dict = {}
+    for h in hosts:
+        if h not in segs:
+            continue
+        row = {}
+        for name, m in (("", ms), ("_before", mf)):
+            sent = _mean(segs[h], m) if m.any() else math.nan
+            for what, per in (("retransmits", retr), ("timeouts", tmo)):
+                if h in per and sent > 0:
+                    row[f"{what}_per_segment{name}"] = _mean(per[h], m) / sent
+        out[h] = row
+    r_sum = sum(_mean(retr[h], ms) for h in hosts if h in retr)
+    t_sum = sum(_mean(tmo[h], ms) for h in hosts if h in tmo)
+    return out, r_sum > 0 and t_sum >= RTO_BOUND * r_sum
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.3g} %"
+
+
+def _fleet_rise(d: Data, sig: _Signal, sf: SlowFast) -> dict | None:
+    """Every host's own rate of SIG in the job's slow moments against its fast ones: when each of the
+    job's (two or more) hosts rose (>= FLEET_RISE x its fast rate, by at least the signal's floor / 10 for
+    TCP, else its floor; for TCP also per segment sent, so more traffic alone is no rise), {host: (slow,
+    fast)}; else None."""
+    floor = sig.floor / 10 if sig.side == "sender" else sig.floor
+    segs = d.rates.get("hw_tcp_out_segments_total", {}) if sig.side == "sender" else {}
+    out = {}
+    for h in d.hosts:
+        v = sig.per.get(h)
+        if v is None:
+            return None
+        slow, fast = _mean(v, sf.slow), _mean(v, sf.fast)
+        if not (slow >= FLEET_RISE * fast and slow - fast >= floor):
+            return None
+        if h in segs:
+            s_slow, s_fast = _mean(segs[h], sf.slow), _mean(segs[h], sf.fast)
+            if s_slow > 0 and s_fast > 0 and slow / s_slow < FLEET_RISE * fast / s_fast:
+                return None
+        out[h] = (slow, fast)
+    return out if len(out) >= 2 else None
+
+
+FLEET_WHY = {
+    "link": (
+        "both hosts of the job rose together with the slowdown: the loss is on the job's only link, and a lossy "
+        "direction makes both ends resend (one end loses its data, the other the ACKs it waits for), so neither "
+        "end can be named from these counters (look at both NICs, cables and switch ports, e.g. with "
+        "`utils/bisect_nodes.sh`)"
+    ),
+    "fleet": (
+        "every host rose together with the slowdown: the loss is on what all of them share (a switch, the "
+        "fabric's configuration, congestion), not on one host"
+    ),
+}
+
+
+def _network_fleet(d: Data, rep: Report, signals: list[_Signal], sf: SlowFast) -> bool:
+    """The self-comparison: a network fault every host felt (or both ends of a 2-node job's link) raises
+    no host above its peers, but each host's own rate rose in the job's slow moments. Adds the finding
+    (scope fleet: every host named, no culprit) and says whether it did."""
+    rises = {s.key: (s, r) for s in signals if (r := _fleet_rise(d, s, sf))}
+    if not rises:
+        return False
+    sig, rise = max(rises.values(), key=lambda sr: sum(x[0] for x in sr[1].values()) / sr[0].floor)
+    hosts = [h for h in d.hosts if h in rise]
+    extent = "link" if len(d.hosts) == 2 else "fleet"
+    wins = sf.windows(d.grid, d.step)
+    # the finding's window: the slow stretch where the hosts' rates were highest (a slowdown may have several)
+    win = max(wins, key=lambda w: sum(_mean(sig.per[h], d.mask(w)) for h in hosts))
+    what = "TCP " + sig.key.removeprefix("hw_tcp_").removesuffix("_total") if sig.side == "sender" else sig.key
+    values = {
+        "signal": sig.key,
+        "side": sig.side,
+        "extent": extent,
+        "why": FLEET_WHY[extent],
+        "rate_per_s": {h: rise[h][0] for h in hosts},
+        "rate_before_per_s": {h: rise[h][1] for h in hosts},
+        "throughput": {"slow": sf.slow_level, "fast": sf.fast_level, "unit": sf.unit},
+        "slow_windows": [{"start": a, "end": b} for a, b in wins],
+        "phases": d.phases,
+    }
+    seg_text = ""
+    if sig.side == "sender":
+        per_seg, rto = _tcp_per_segment(d, hosts, sf.slow, sf.fast)
+        values["per_segment"], values["rto_bound"] = per_seg, rto
+        if per_seg and rto:
+            seg_text = (
+                "; RTO-bound (timeouts "
+                + ", ".join(f"{h} {fmt(_mean(d.rates['hw_tcp_timeouts_total'][h], sf.slow))}/s" for h in hosts)
+                + "), so per segment sent: "
+                + ", ".join(
+                    f"{h} {_pct(per_seg[h].get('retransmits_per_segment_before'))} -> "
+                    f"{_pct(per_seg[h].get('retransmits_per_segment'))}"
+                    for h in hosts
+                    if h in per_seg
+                )
+            )
+    where = "both ends of the job's only link" if extent == "link" else f"every host ({len(hosts)})"
+    q = f"sum by (host) (rate({sig.key}[{int(max(d.step, 4 * d.interval))}s]))"
+    rep.findings.append(
+        Finding(
+            "network",
+            f"{what} rose on {where} when throughput fell ({fmt(sf.fast_level)} -> {fmt(sf.slow_level)} {sf.unit}, "
+            f"most in {utc(win[0])} .. {utc(win[1])}): "
+            + ", ".join(f"{h} {fmt(rise[h][1])} -> {fmt(rise[h][0])}/s" for h in hosts)
+            + seg_text
+            + ("; no single host to blame: " + ("either end may be at fault" if extent == "link" else "shared cause")),
+            hosts,
+            win,
+            [d.queries["counters"] + f"   # {sig.key}: rate by host", q],
+            values,
+            0.7,
+            plot=series_plot(f"rate({sig.key}) per host", "/s", sig.per, d, []),
+        )
+    )
+    return True
+
+
 def check_network(d: Data, rep: Report) -> None:
     signals = _network_signals(d)
     if not signals:
@@ -435,8 +626,13 @@ def check_network(d: Data, rep: Report) -> None:
     end = _rdma_end(d, side.get("requester"), side.get("responder"), rdma)
     cands = [x for s in signals if s.side not in SIDES and (x := found[s.key])] + ([end] if end else [])
     best = max(cands, key=lambda x: x.weight, default=None)
+    sf = slow_fast(d) if best is None else None
+    if sf is not None and _network_fleet(d, rep, signals, sf):
+        return None
     if best is None:
         detail = "no host's retransmit or link-error rate stands out" + (" (not even in the slow phase)" if pw else "")
+        if sf is not None:
+            detail += "; none rose on every host in the job's slow moments against its fast ones"
         return rep.clean("network", detail, NEEDS["network"])
     sig, bad, r = best.sig, best.bad, best.r_slow
     what = sig.key
@@ -459,13 +655,25 @@ def check_network(d: Data, rep: Report) -> None:
             peers = {h: _mean(v, best.mask) for h, v in other.per.items() if h not in bad}
             values["peers_other_side"] = other.side
             values["peers_other_side_per_s"] = dict(sorted(peers.items(), key=lambda kv: -kv[1])[:8])
+    seg_text = ""
+    if sig.side == "sender":  # TCP: per segment sent too (the loss, whatever the traffic)
+        mf = np.zeros(d.grid.size, bool)
+        if best.r_fast and pw:
+            mf = d.mask((pw[0]["start"], pw[0]["end"]))
+        per_seg, rto = _tcp_per_segment(d, bad, best.mask, mf)
+        if per_seg:
+            values["per_segment"], values["rto_bound"] = per_seg, rto
+            if rto:
+                seg_text = "; RTO-bound, per segment sent: " + ", ".join(
+                    f"{h} {_pct(per_seg[h].get('retransmits_per_segment'))}" for h in bad if h in per_seg
+                )
     q = f"sum by (host) (rate({sig.key}[{int(max(d.step, 4 * d.interval))}s]))"
     rep.findings.append(
         Finding(
             "network",
             f"{what} {best.how} on {', '.join(bad)}: "
             + ", ".join(f"{h} {fmt(r[h])}/s" for h in bad)
-            + f" (peer median {fmt(best.peer)}/s); {SIDE_SHORT[sig.side]}",
+            + f" (peer median {fmt(best.peer)}/s){seg_text}; {SIDE_SHORT[sig.side]}",
             bad,
             best.win,
             [d.queries["counters"] + f"   # {sig.key}: rate by host", q],

@@ -341,7 +341,12 @@ def _vspec(d: Data, f: Finding) -> dict | None:
         )
     if k == "network" and "signal" in v:
         sig = v["signal"]
-        return _spec(f"sum by (host) (rate({sig}[{rate}]))", w, "mean", "higher", "/s", f"rate of {sig} per host")
+        q = f"sum by (host) (rate({sig}[{rate}]))"
+        if "extent" in v:  # every host rose with the slowdown: the level against the hosts' own before
+            base = nanmed(list(v["rate_before_per_s"].values()))
+            shows = f"rate of {sig} per host in the slow stretch (the baseline: the hosts' median when fast)"
+            return _spec(q, w, "mean", "higher", "/s", shows, baseline=base)
+        return _spec(q, w, "mean", "higher", "/s", f"rate of {sig} per host")
     if k == "gpu_thermal" and v.get("sensor"):
         return _spec(f"max by (host) ({v['sensor']})", w, "median", "higher", "C", "hottest GPU temperature per host")
     if k == "gpu_power":
