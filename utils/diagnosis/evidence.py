@@ -237,6 +237,13 @@ def robust_z(values: dict[str, float], floor: float) -> dict[str, float]:
     return {h: (v - med) / scale if math.isfinite(v) else 0.0 for h, v in values.items()}
 
 
+def window_medians(series: dict[str, np.ndarray], mask: np.ndarray, bad: list[str]) -> tuple[dict[str, float], float]:
+    """Each host's median under MASK, and the median of those of the hosts not in BAD (the peers): the
+    numbers a verify check gives for a finding's window (a median reducer, `peers_median`)."""
+    med = {h: nanmed(v[mask]) for h, v in series.items()}
+    return med, nanmed([x for h, x in med.items() if h not in bad])
+
+
 def window_of(grid: np.ndarray, hit: np.ndarray, step: float) -> tuple[float, float] | None:
     idx = np.flatnonzero(hit)
     return (float(grid[idx[0]] - step), float(grid[idx[-1]])) if idx.size else None
