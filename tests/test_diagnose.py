@@ -17,9 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import requests
 from conftest import REPO, VENV, run
 
-from diagnosis import diagnose, load, tsdb
+from diagnosis import diagnose, load, tsdb, verify
 from helpers import corpus
 from helpers.jobs import bad_job_arg
 from helpers.promfixture import running_prometheus, tsdb_digest, write_tsdb
@@ -94,8 +95,8 @@ def test_family_verdict_and_culprits(tmp_path, family, seed):
     assert top["kind"] == inc.verdict and top["queries"] and all(top["queries"]) and top["values"], top
     assert overlaps(top["window"], inc.window), (top["window"], inc.window)
     assert inc.verdict not in {c["check"] for c in r["ruled_out"]}
-    assert (
-        top["verify"] and top["verify"]["query"] and sorted(top["verify"]["expect"]["culprits"]) == sorted(inc.culprits)
+    assert top["verify"] and all(
+        c["query"] and sorted(c["expect"]["culprits"]) == sorted(inc.culprits) for c in top["verify"]
     ), top["verify"]
     if family == "heartbeat_false_positive":  # the accused were healthy: named, but no culprit
         assert top["accused_hosts"] == inc.notes["accused"] and top["hosts"] == [], top
@@ -115,51 +116,170 @@ def close(a: float | None, b: float | None) -> bool:
     return (a is None and b is None) or (a is not None and b is not None and a == pytest.approx(b, rel=1e-4, abs=1e-9))
 
 
-VERIFY_FAST = {"healthy", "heartbeat_false_positive", "gpu_xid"}  # gpu_xid: the kernel-log query
+VERIFY_FAST = {"healthy", "heartbeat_false_positive", "gpu_xid", "gpu_thermal"}  # gpu_xid: the kernel-log query
+# The signals that decide a verdict, each of which its finding must check (besides the one its summary leads with)
+DECIDING = {
+    "gpu_thermal": {"temperature", "clock"},
+    "hang": {"power", "utilization"},
+    "training_dynamics": {"tokens_before", "tokens_after"},
+}
+JQ_LIB = str(REPO / "skills" / "tsdb-diagnosis")
+
+
+def jq_check(prom: tsdb.Served, check: dict) -> dict:
+    """verify.jq's check($v) on Prometheus' own answer to the check's range query (as utils/prometheus.sh
+    query prints it)."""
+    rg = {"query": check["query"], "start": check["start"], "end": check["end"], "step": check["step"]}
+    raw = requests.post(f"{prom.url}/api/v1/query_range", data=rg, timeout=60).text
+    res = run(["jq", "-c", "-L", JQ_LIB, "--argjson", "v", json.dumps(check), 'include "verify"; check($v)'], input=raw)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def summary_numbers(f: dict, r: dict) -> list[tuple[str, float | None, float | None]]:
+    """(what, the number the finding's summary and values give, the number its verify check got) for the
+    numbers a finding quotes of its deciding signals."""
+    by = {(c["signal"], c["job"] == r["job_name"]): c["expect"] for c in f["verify"]}
+    v, out = f["values"], []
+    if f["kind"] == "gpu_thermal":
+        for h, x in v["hosts"].items():
+            out += [("temp", x["temp_c"], by["temperature", True]["culprits"][h]),
+                    ("peer temp", x["peer_temp_c"], by["temperature", True]["peers_median"]),
+                    ("clock", x["min_core_clock_mhz"], by["clock", True]["culprits"][h]),
+                    ("peer clock", x["peer_core_clock_mhz"], by["clock", True]["peers_median"])]  # fmt: skip
+    if f["kind"] == "gpu_power" and ("power_limit", True) in by:
+        for h, x in v["hosts"].items():
+            out += [("limit", x["power_limit_w"], by["power_limit", True]["culprits"][h]),
+                    ("peer limit", x["peer_power_limit_w"], by["power_limit", True]["peers_median"])]  # fmt: skip
+    if f["kind"] == "hang":
+        for signal, key in (("power", "power_median_w"), ("utilization", "util_min_median")):
+            e = by[signal, True]
+            peers = [x for h, x in v[key].items() if h not in f["culprit_hosts"]]
+            out.append((signal, float(np.median(peers)), e.get("peers_median", e.get("hosts_median"))))
+    if f["kind"] == "training_dynamics":
+        out += [(k, x["peak"], by[k, True]["job"]) for k, x in v.items() if isinstance(x, dict) and "peak" in x]
+        out += [("tokens before", v["throughput_cost"]["before"], by["tokens_before", True]["job"]),
+                ("tokens after", v["throughput_cost"]["after"], by["tokens_after", True]["job"])]  # fmt: skip
+    if "families" in v and r["vs"]["shared_hosts"] in (0, len(r["hosts"])):
+        for row in v["families"][:3]:
+            for mine, key in ((True, "this_median"), (False, "other_median")):
+                e = by[row["family"], mine]
+                if "culprits" not in e or not e["culprits"]:  # every host's level (or the job's)
+                    out.append((f"{row['family']} {key}", row[key], e.get("hosts_median", e.get("job"))))
+    return out
+
+
+@pytest.mark.parametrize(
+    "family", [pytest.param(f, marks=() if f in VERIFY_FAST else pytest.mark.slow) for f in corpus.FAMILIES]
+)
+def test_verify_reproduces_every_deciding_value(tmp_path, family):
+    """Every finding's verify checks (with --vs where the corpus compares two jobs), rerun by utils/verify.py's
+    runner and by verify.jq on Prometheus' own answers, give every value diagnose expects within 1e-4; they
+    cover every deciding signal (both jobs of a comparison), and the numbers the summary quotes are theirs."""
+    inc = corpus.build(family, tmp_path / "ws", 1)
+    r = diag(inc.job_dir, inc.vs)
+    checks = [(f, c) for f in r["findings"] for c in f["verify"]]
+    res = verify.rerun(r)
+    assert res["schema"] == "verify/1" and res["match"] is True, verify.render(res)
+    assert len(res["checks"]) == len(checks)
+    for row, (f, c) in zip(res["checks"], checks, strict=True):
+        assert row["expect"] == c["expect"] and row["signal"] == c["signal"], row
+        for k, want in c["expect"].items():
+            if isinstance(want, dict):
+                assert all(close(row["got"][k][h], x) for h, x in want.items()), (f["kind"], row)
+            else:
+                assert close(row["got"][k], want), (f["kind"], c["signal"], row)
+    tsdbs = {c["tsdb"] for _, c in checks}
+    for path in tsdbs:
+        with tsdb.Served(path) as prom:
+            for f, c in checks:
+                if c["tsdb"] == path:
+                    out = jq_check(prom, c)
+                    assert out["match"] is True and out["signal"] == c["signal"], (f["kind"], out, c)
+    for f in r["findings"]:
+        signals = {c["signal"] for c in f["verify"]}
+        assert DECIDING.get(f["kind"], set()) <= signals, (f["kind"], signals)
+        if f["kind"] == "training_dynamics":
+            assert {k for k, x in f["values"].items() if isinstance(x, dict) and "peak" in x} <= signals
+        if "families" in f["values"] or "other_median" in f["values"]:  # a comparison: both jobs checked
+            assert {c["job"] for c in f["verify"]} == {r["job_name"], r["vs"]["other"]}, f["verify"]
+        for what, said, checked in summary_numbers(f, r):
+            assert close(said, checked), (f["kind"], what, said, checked)
+    deciding = next((f for f in r["findings"] if f["kind"] == r["verdict"]), None)
+    if deciding is not None:
+        assert deciding["verify"], deciding
+        assert all(sorted(c["expect"]["culprits"]) == sorted(r["culprit_hosts"]) for c in deciding["verify"])
 
 
 @pytest.mark.parametrize(
     "family", [pytest.param(f, marks=() if f in VERIFY_FAST else pytest.mark.slow) for f in corpus.FAMILIES]
 )
 def test_skill_verify_step_on_every_family(tmp_path, family):
-    """The skill's check step (step 4), run as written on every family: it reruns the deciding finding's
-    verify query through utils/prometheus.sh, and the per-host values it gets are diagnose's; they show
-    the signal (culprits vs peers, the level vs its baseline). No finding: it says so and exits 0."""
+    """The skill's check step (step 4), both ways as written: utils/verify.py "$JOB" says every check matches,
+    and the by-hand block reruns each check of the deciding finding through utils/prometheus.sh and gets
+    diagnose's values; they show the signal (culprits vs peers, the level vs its baseline). No finding:
+    the block says so and exits 0."""
     inc = corpus.build(family, tmp_path / "ws", 1)
     r = diag(inc.job_dir)
-    res = run(
-        ["bash", "-euo", "pipefail", "-c", skill_block('include "verify"')],
-        env={"JOB": str(inc.job_dir), "JOB_WORKSPACE": str(tmp_path / "ws"), "TMPDIR": str(tmp_path)},
-        cwd=REPO,
-        timeout=180,
-    )
+    env = {"JOB": str(inc.job_dir), "JOB_WORKSPACE": str(tmp_path / "ws"), "TMPDIR": str(tmp_path)}
+    one = run(["bash", "-euo", "pipefail", "-c", skill_block("utils/verify.py")], env=env, cwd=REPO, timeout=180)
+    n = sum(len(f["verify"]) for f in r["findings"])
+    assert one.returncode == 0 and f"{n}/{n} checks match" in one.stdout, (one.stdout, one.stderr)
+    res = run(["bash", "-euo", "pipefail", "-c", skill_block('include "verify"')], env=env, cwd=REPO, timeout=300)
     assert res.returncode == 0 and "Traceback" not in res.stderr, (res.stdout, res.stderr)
     chosen = next((f for f in r["findings"] if f["kind"] == r["verdict"]), r["findings"][0] if r["findings"] else None)
-    if chosen is None:
-        assert res.stdout.strip() == "nothing to check: no finding with a verify query (verdict none)", res.stdout
+    if chosen is None or not chosen["verify"]:
+        assert res.stdout.strip() == f"nothing to check: no finding with a verify query (verdict {r['verdict']})"
         return
-    v = chosen["verify"]
-    out = json.loads(res.stdout.strip().splitlines()[-1])
-    assert out["match"] is True and out["expect"] == v["expect"], (out, v)
-    got, want = out["got"], v["expect"]
-    assert sorted(got) == sorted(want)
-    for group in ("culprits", "accused"):
-        assert sorted(got.get(group, {})) == sorted(want.get(group, {}))
-        assert all(close(got[group][h], want[group][h]) for h in want.get(group, {})), (got, want)
-    for k in ("peers_median", "hosts_median", "job"):
-        assert close(got.get(k), want.get(k)), (k, got, want)
-    if chosen["kind"] == r["verdict"] != "none":
-        assert sorted(want["culprits"]) == sorted(r["culprit_hosts"])
-    # the values show the deciding signal
-    ref = want.get("peers_median")
-    if want["culprits"] and ref is not None:
-        sign = {"higher": 1, "lower": -1}[v["direction"]]
-        assert all(sign * (x - ref) > 0 for x in want["culprits"].values()), v
-    elif "accused" in want:  # alive like their peers
-        assert v["direction"] == "same" and all(x >= 0.7 * ref for x in want["accused"].values()), v
-    elif v.get("baseline") is not None:
-        level = want.get("hosts_median", want.get("job"))
-        assert (level > v["baseline"]) == (v["direction"] == "higher"), v
+    outs = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    assert len(outs) == len(chosen["verify"]), res.stdout
+    for out, v in zip(outs, chosen["verify"], strict=True):
+        assert out["match"] is True and out["expect"] == v["expect"] and out["signal"] == v["signal"], (out, v)
+        got, want = out["got"], v["expect"]
+        assert sorted(got) == sorted(want)
+        for group in ("culprits", "accused"):
+            assert sorted(got.get(group, {})) == sorted(want.get(group, {}))
+            assert all(close(got[group][h], want[group][h]) for h in want.get(group, {})), (got, want)
+        for k in ("peers_median", "hosts_median", "job"):
+            assert close(got.get(k), want.get(k)), (k, got, want)
+        if chosen["kind"] == r["verdict"] != "none":
+            assert sorted(want["culprits"]) == sorted(r["culprit_hosts"])
+        # the values show the deciding signal
+        ref = want.get("peers_median")
+        if want["culprits"] and ref is not None:
+            sign = {"higher": 1, "lower": -1}[v["direction"]]
+            assert all(sign * (x - ref) > 0 for x in want["culprits"].values()), v
+        elif "accused" in want:  # alive like their peers
+            assert v["direction"] == "same" and all(x >= 0.7 * ref for x in want["accused"].values()), v
+        elif v.get("baseline") is not None:
+            level = want.get("hosts_median", want.get("job"))
+            assert (level > v["baseline"]) == (v["direction"] == "higher"), v
+
+
+def test_verify_says_mismatch_when_the_metrics_do_not_show_it(tmp_path):
+    """A report whose expected value is not what the TSDB holds (a doctored peers' median): the check is a
+    MISMATCH, the result says so, and utils/verify.py's own run of the job matches (exit 0)."""
+    inc = corpus.build("gpu_thermal", tmp_path / "ws", 2)
+    r = diag(inc.job_dir)
+    r["findings"][0]["verify"][1]["expect"]["peers_median"] *= 1.01
+    res = verify.rerun(r)
+    assert res["match"] is False and res["mismatches"] == 1, verify.render(res)
+    bad = next(c for c in res["checks"] if not c["match"])
+    assert bad["signal"] == "clock" and bad["kind"] == "gpu_thermal"
+    text = verify.render(res)
+    assert "MISMATCH gpu_thermal clock" in text and "do not report a finding" in text, text
+    ok = run([PY, str(REPO / "utils" / "verify.py"), inc.job_dir.name, "--workspace", tmp_path / "ws"], timeout=120)
+    assert ok.returncode == 0 and "match    gpu_thermal clock" in ok.stdout, (ok.stdout, ok.stderr)
+
+
+def test_verify_cli_help_and_bad_input(tmp_path):
+    tool = str(REPO / "utils" / "verify.py")
+    res = run([PY, tool, "--help"])
+    assert res.returncode == 0 and res.stdout.startswith("Usage: verify.py JOB") and "--vs" in res.stdout
+    for args, needle in (([str(tmp_path / "nope")], "does not exist"), ([], "required")):
+        bad = run([PY, tool, *args])
+        lines = bad.stderr.strip().splitlines()
+        assert bad.returncode == 2 and len(lines) == 1 and lines[0].startswith("verify.py: ") and needle in lines[0]
 
 
 STEP_LINE = re.compile(r"completed step: (\d+), seconds: ([\d.]+), TFLOP/s/device: ([\d.]+), Tokens/s/device: ([\d.]+)")
@@ -281,7 +401,8 @@ def test_text_output_says_when_it_shows_only_some_queries(tmp_path):
     assert n > 2, r["findings"][0]["queries"]
     text = diagnose.render(r)
     assert f"(showing 2 of its {n} queries: --json lists them all)" in text, text
-    assert f"check: max of {r['findings'][0]['verify']['query']}" in text
+    first = r["findings"][0]["verify"][0]
+    assert f"check {first['signal']}: max of {first['query']}" in text, text
 
 
 def copy_job(src: Path, name: str, edit: Callable[[str], str] = lambda t: t) -> Path:

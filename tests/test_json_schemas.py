@@ -1,8 +1,8 @@
 """Every tool's JSON names its schema, and every top-level key it prints is in its doc's table.
 
-Each tool (triage, diagnose, perf, sweep, investigate) runs as a user runs it on one job of the
+Each tool (triage, diagnose, verify, perf, sweep, investigate) runs as a user runs it on one job of the
 incident corpus (a RAY=1 job with a log, a TSDB and a recorded submit command); its JSON must carry
-"schema": "<tool>/1", and each top-level key must be a first-column name of the table in the doc's
+"schema": "<tool>/<version>" (SCHEMAS), and each top-level key must be a first-column name of the table in the doc's
 JSON section (docs/<tool>.md). A key added to a report without its row fails here.
 """
 
@@ -19,10 +19,14 @@ from helpers import corpus
 DOCS = {
     "triage": ("docs/triage.md", "## JSON report"),
     "diagnose": ("docs/diagnose.md", "## JSON report"),
+    "verify": ("docs/diagnose.md", "## Verify"),
     "perf": ("docs/perf.md", "## JSON report"),
     "sweep": ("docs/sweep.md", "## The record"),
     "investigate": ("docs/investigate.md", "## JSON report"),
 }
+
+# tool -> the schema its JSON names (the number changes when a field changes meaning)
+SCHEMAS = {tool: f"{tool}/1" for tool in DOCS} | {"diagnose": "diagnose/2"}
 
 
 def documented_keys(doc: str, heading: str) -> set[str]:
@@ -51,6 +55,7 @@ def report(tool: str, job: Path) -> dict:
     args = {
         "triage": [job, "--json", "--no-scheduler"],
         "diagnose": [job, "--json", "--plot", job.parent / "plots"],  # --plot: its `plots` key too
+        "verify": [job, "--json"],
         "perf": [job, "--json"],
         "sweep": ["regress", job.name.split("-JAX-")[1], "--baseline", job, "--dry-run", "--json"],
         "investigate": [job, "--json", "--no-scheduler"],
@@ -65,7 +70,7 @@ def report(tool: str, job: Path) -> dict:
 @pytest.mark.parametrize("tool", DOCS)
 def test_schema_and_every_key_documented(tool, job):
     r = report(tool, job)
-    assert r.get("schema") == f"{tool}/1", r.get("schema")
+    assert r.get("schema") == SCHEMAS[tool], r.get("schema")
     known = documented_keys(*DOCS[tool])
     assert not set(r) - known, f"{DOCS[tool][0]} does not document {sorted(set(r) - known)}"
     if tool in ("triage", "diagnose", "perf", "investigate"):  # one name for the job in every report
@@ -73,6 +78,6 @@ def test_schema_and_every_key_documented(tool, job):
     if tool == "investigate":  # the reports it carries are the tools' own, schema and all
         assert {k: v["schema"] for k, v in r["reports"].items() if v} == {
             "triage": "triage/1",
-            "diagnose": "diagnose/1",
+            "diagnose": SCHEMAS["diagnose"],
             "perf": "perf/1",
         }

@@ -21,12 +21,12 @@ import pytest
 from conftest import REPO
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
-from test_json_schemas import DOCS, documented_keys
+from test_json_schemas import DOCS, SCHEMAS, documented_keys
 
 from helpers import corpus
 
 SERVER = str(REPO / "utils" / "mcp_server.py")
-READ_ONLY = {"list_jobs", "triage", "diagnose", "perf", "investigate", "query_tsdb", "job_log_excerpt"}
+READ_ONLY = {"list_jobs", "triage", "diagnose", "verify", "perf", "investigate", "query_tsdb", "job_log_excerpt"}
 META = "maxtext-slurm/cache"
 
 
@@ -100,8 +100,11 @@ def test_tool_list_read_only_unless_a_private_config_enables_submit(ws):
 
 def schema_valid(tool: str, report: dict, job: corpus.Incident) -> None:
     """As tests/test_json_schemas.py checks the commands' --json: the schema, every key documented, the job."""
-    assert report.get("schema") == f"{tool}/1", report.get("schema")
+    assert report.get("schema") == SCHEMAS[tool], report.get("schema")
     assert not set(report) - documented_keys(*DOCS[tool]), sorted(set(report) - documented_keys(*DOCS[tool]))
+    if tool == "verify":
+        assert report["job_name"] == job.job_dir.name
+        return
     assert report["job_id"] == job.job_dir.name.split("-JAX-")[0] and report["job_name"] == job.job_dir.name
 
 
@@ -140,6 +143,17 @@ def test_reports_cache_and_errors(ws):
 
             h = (await s.call_tool("diagnose", {"job": str(hang.job_dir)})).structured_content
             assert h["verdict"] == "hang", h["verdict"]
+            # verify: the diagnosis' checks rerun, match per check; on a comparison, both jobs' TSDBs
+            r = await s.call_tool("verify", {"job": "4343"})
+            assert not r.is_error, r.content
+            v = r.structured_content
+            schema_valid("verify", v, hang)
+            assert v["match"] is True and v["verdict"] == "hang", v
+            assert {"power", "utilization"} <= {c["signal"] for c in v["checks"] if c["kind"] == "hang"}
+            assert all(c["match"] for c in v["checks"]) and json.loads(r.content[0].text) == v
+            r = await s.call_tool("verify", {"job": "4445", "vs": "auto"})
+            assert not r.is_error and r.structured_content["match"] is True, r.content
+            assert {c["job"] for c in r.structured_content["checks"]} == {ws["leak"].job_dir.name, ws["leak"].vs.name}
             leak = ws["leak"]  # vs auto: the nearest clean run of the model, as diagnose.py --vs auto
             r = await s.call_tool("diagnose", {"job": "4445", "vs": "auto"})
             assert not r.is_error, r.content

@@ -1,7 +1,7 @@
 """Each tool's options are declared once (cli.Option in the tool's OPTIONS) and the command line and
 the MCP server agree on them (docs/mcp.md "Tools").
 
-For every MCP tool that is a command (triage, diagnose, perf, investigate), the command's argparse
+For every MCP tool that is a command (triage, diagnose, verify, perf, investigate), the command's argparse
 parser (its build_parser()) is compared with the input schema the MCP server publishes: the same
 names (an option on one side only fails, unless its declaration says why the MCP tool leaves it out),
 the same default, the same choices, the same values accepted and refused at and around the bounds,
@@ -22,14 +22,14 @@ import jsonschema
 import pytest
 from mcp.server.mcpserver.exceptions import ToolError
 
-from diagnosis import cli
+from diagnosis import cli, verify
 from diagnosis import diagnose as diag
 from diagnosis import investigate as inv
 from diagnosis import perf as perf_tool
 from diagnosis import triage as tri
 from mcpserver import config, server
 
-TOOLS = {"triage": tri, "diagnose": diag, "perf": perf_tool, "investigate": inv}
+TOOLS = {"triage": tri, "diagnose": diag, "verify": verify, "perf": perf_tool, "investigate": inv}
 NUMBERS = (-1, 0, 0.5, 1, 1.5, 2, 3, 199, 200, 1e9, math.inf, math.nan)
 
 

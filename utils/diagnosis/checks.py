@@ -27,6 +27,7 @@ from diagnosis.evidence import (
     robust_z,
     series_plot,
     utc,
+    window_medians,
     window_of,
 )
 from diagnosis.rdma import SIDES, is_rdma_retransmit, side_of
@@ -102,8 +103,8 @@ def check_hang(d: Data, rep: Report) -> None:
             else "no tail with busy GPUs at low power",
             NEEDS["hang"],
         )
-    tail = np.arange(d.grid.size) >= first
     start = last if last is not None else float(d.grid[first] - d.step)
+    tail = d.mask((start, d.end))  # the finding's window: what its verify checks reduce
     idle = [h for h in d.hosts if h in util and np.nanmean(util[h][tail] < 50) > 0.8]
     spinning = [h for h in ref if h not in idle]
     rep.findings.append(
@@ -718,12 +719,16 @@ def check_gpu_thermal(d: Data, rep: Report) -> None:
     for h in bad:
         if h in per:
             hit |= m & (per[h] >= peer_median(per, h) + 10)
+    win = window_of(d.grid, hit, d.step) or d.train
+    # over the finding's window, the peers' level the median of theirs: the numbers its verify checks give
+    temp, peer_temp = window_medians(per, d.mask(win), bad)
+    clk, peer_clk = window_medians(clock, d.mask(win), bad)
     vals = {
         h: {
-            "temp_c": nanmed(per[h][hit]) if h in per and hit.any() else math.nan,
-            "peer_temp_c": nanmed(peer_median(per, h)[hit]) if h in per and hit.any() else math.nan,
-            "min_core_clock_mhz": nanmed(clock[h][hit]) if h in clock and hit.any() else math.nan,
-            "peer_core_clock_mhz": nanmed(peer_median(clock, h)[hit]) if h in clock and hit.any() else math.nan,
+            "temp_c": temp.get(h, math.nan),
+            "peer_temp_c": peer_temp,
+            "min_core_clock_mhz": clk.get(h, math.nan),
+            "peer_core_clock_mhz": peer_clk,
             "hot_fraction": hot.get(h, 0.0),
             "throttle_fraction": thr_frac.get(h, math.nan),
         }
@@ -740,7 +745,7 @@ def check_gpu_thermal(d: Data, rep: Report) -> None:
                 for h, v in vals.items()
             ),
             bad,
-            window_of(d.grid, hit, d.step) or d.train,
+            win,
             qs,
             {"sensor": key, "hosts": vals},
             0.85,
@@ -772,11 +777,14 @@ def check_gpu_power(d: Data, rep: Report) -> None:
             hit |= m & (limit[h] <= 0.9 * peer_median(limit, h))
     if not hit.any():
         hit = m
+    win = window_of(d.grid, hit, d.step)
+    lim, peer_lim = window_medians(limit, d.mask(win), bad)
+    drawn, _ = window_medians(power, d.mask(win), bad)
     vals = {
         h: {
-            "power_limit_w": nanmed(limit[h][hit]) if h in limit else math.nan,
-            "peer_power_limit_w": nanmed(peer_median(limit, h)[hit]) if h in limit else math.nan,
-            "power_w": nanmed(power[h][hit]) if h in power else math.nan,
+            "power_limit_w": lim.get(h, math.nan),
+            "peer_power_limit_w": peer_lim,
+            "power_w": drawn.get(h, math.nan),
             "capped_fraction": capped.get(h, 0.0),
             "power_throttle_fraction": thr_frac.get(h, math.nan),
         }
@@ -792,7 +800,7 @@ def check_gpu_power(d: Data, rep: Report) -> None:
                 for h, v in vals.items()
             ),
             bad,
-            window_of(d.grid, hit, d.step),
+            win,
             [d.queries.get("gpu_min", "")] + ([d.queries["throttle:power"]] if thr else []),
             {"hosts": vals},
             0.84,

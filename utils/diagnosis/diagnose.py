@@ -32,13 +32,13 @@ could not serve the data.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -62,6 +62,7 @@ from diagnosis.evidence import (
     Report,
     Target,
     _jsonable,
+    check_values,
     draw_hosts,
     dur,
     fmt,
@@ -122,6 +123,23 @@ def pick_baseline(target: Target) -> tuple[Target, dict] | None:
     and why) or None."""
     picked = baseline.pick(target.job_dir, target.tsdb)
     return (locate(str(picked[0])), picked[1]) if picked else None
+
+
+def other_job(target: Target, vs: str | None, workspace: Path | None) -> tuple[Target | None, dict | None]:
+    """The job --vs VS names (None without --vs) and, for --vs auto, how it was picked; InputError with one
+    line when there is none or it is TARGET itself."""
+    other, auto = None, None
+    if vs == "auto":
+        picked = pick_baseline(target)
+        if picked is None:
+            where = target.job_dir.parent if target.job_dir else None
+            raise InputError(f"--vs auto: {baseline.none_found(target.name, where)}; give --vs OTHER_JOB")
+        other, auto = picked
+    elif vs is not None:
+        other = locate(vs, workspace, "--vs")
+    if other is not None and other.tsdb.resolve() == target.tsdb.resolve():
+        raise InputError(f"--vs {vs} is {target.name} itself: compare with another job (or --vs auto)")
+    return other, auto
 
 
 def _vs_rows(a: Data, b: Data) -> list[tuple[str, dict, dict, dict]]:
@@ -268,60 +286,76 @@ def _vs_category(key: str, eff: dict[str, float], rel: dict[str, float]) -> tupl
     return None
 
 
-REDUCERS: dict[str, Callable[[list[float]], float]] = {
-    "max": max,
-    "min": min,
-    "mean": lambda v: sum(v) / len(v),
-    "median": lambda v: float(np.median(v)),
-    "last": lambda v: v[-1],
-    "delta": lambda v: v[-1] - v[0],
-}
-
-
 def _family_query(d: Data, key: str) -> tuple[str, str] | None:
-    """(PromQL by host, unit) for a family key of d.gauges / d.rates / d.tb (tb_<name>: job level)."""
+    """(PromQL by host, unit) for a family key of d.gauges / d.gpu_min / d.rates / d.tb (tb_<name>: job level).
+    Each gives the values the checks read on their grid at the grid's points: a counter's rate is its
+    increase over one step (a reset dropped), as load.py computes d.rates."""
     if key in d.gauges:
         return f"max by (host) ({key})", ""
+    if key in d.gpu_min:
+        return f'min by (host) ({key}{{type!="memory"}})', ""
     if key in d.rates:
-        return f"sum by (host) (rate({key}[{int(max(d.step, 4 * d.interval))}s]))", "/s"
+        s = int(d.step)
+        return f"(sum by (host) ({key}) - sum by (host) ({key} offset {s}s)) / {s} >= 0", "/s"
     if key.startswith("tb_") and f"tb:{key[3:]}" in d.queries:
         return d.queries[f"tb:{key[3:]}"], ""
     return None
 
 
-def _spec(query: str, window: tuple[float, float], reducer: str, direction: str, unit: str, shows: str, **kw) -> dict:
-    return {"query": query, "window": window, "reducer": reducer, "direction": direction, "unit": unit,
-            "shows": shows, **kw}  # fmt: skip
+def _spec(
+    signal: str, query: str, window: tuple[float, float], reducer: str, direction: str, unit: str, shows: str, **kw
+) -> dict:
+    return {"signal": signal, "query": query, "window": window, "reducer": reducer, "direction": direction,
+            "unit": unit, "shows": shows, **kw}  # fmt: skip
 
 
-def _vspec(d: Data, f: Finding) -> dict | None:
-    """What add_verify runs for a finding: query, window, reducer and how to read the values."""
+def _family_specs(d: Data, f: Finding, other: Data | None) -> list[dict]:
+    """host_outlier, vs_difference and the --vs findings: each family the summary names, on this job and
+    (--vs) on the other job too."""
+    v = f.values
+    rows = v["families"][:3] if "families" in v else [v]  # the rows the summary shows
+    out = []
+    for row in rows:
+        fam = row["family"]
+        this, ref = row.get("host_median", row.get("this_median")), row.get("hosts_median", row.get("other_median"))
+        up = (this or 0) >= (ref or 0)
+        vs = "other_median" in row
+        fq = _family_query(d, fam)
+        if fq is None:
+            continue
+        w = d.train or (d.start, d.end)  # the window its medians were taken over
+        shows = f"{fam} per host" + (" (the baseline: the other job's median)" if vs else "")
+        extra = {"baseline": ref} if vs else {}
+        out.append(_spec(fam, fq[0], w, "median", "higher" if up else "lower", fq[1], shows, **extra))
+        oq = _family_query(other, fam) if vs and other is not None else None
+        if oq is not None:
+            ow = other.train or (other.start, other.end)
+            shows = f"{fam} per host on the other job (the level this job is compared with)"
+            out.append(_spec(fam, oq[0], ow, "median", "lower" if up else "higher", oq[1], shows, job="other"))
+    return out
+
+
+def _vspecs(d: Data, f: Finding, other: Data | None = None) -> list[dict]:
+    """What add_verify runs for a finding: one check per deciding signal (query, window, reducer and how
+    to read the values); `job: other` runs on the other job of --vs."""
     w = f.window or d.train or (d.start, d.end)
     whole = (d.start, d.end)
     v, k = f.values, f.kind
     rate = f"{int(max(d.step, 4 * d.interval))}s"
     if "family" in v or "families" in v:  # host_outlier, vs_difference and the --vs findings
-        row = v["families"][0] if "families" in v else v
-        fq = _family_query(d, row["family"])
-        if fq is None:
-            return None
-        this, other = row.get("host_median", row.get("this_median")), row.get("hosts_median", row.get("other_median"))
-        up = (this or 0) >= (other or 0)
-        vs = "other_median" in row
-        shows = f"{row['family']} per host" + (" (the baseline: the other job's median)" if vs else "")
-        return _spec(
-            fq[0], w, "median", "higher" if up else "lower", fq[1], shows, **({"baseline": other} if vs else {})
-        )
+        return _family_specs(d, f, other)
     if k == "hang":
         full = nanmed(list(v.get("power_full_w", {}).values()))
-        shows = (
-            "GPU power per host after the steps stopped: standby power (the baseline is full power while training) "
-            "although every GPU stayed 100 % busy"
-        )
-        return _spec("max by (host) (hw_gpu_power_watts)", w, "median", "lower", "W", shows, baseline=full)
+        shows = "GPU power per host after the steps stopped: standby power (the baseline is full power while training)"
+        busy = "the least busy GPU per host after the steps stopped: still 100 % busy (spinning in a collective)"
+        util = 'min by (host) (hw_gpu_utilization_pct{type!="memory"})'
+        return [
+            _spec("power", "max by (host) (hw_gpu_power_watts)", w, "median", "lower", "W", shows, baseline=full),
+            _spec("utilization", util, w, "median", "higher", "%", busy, threshold=90.0),
+        ]
     if k in ("heartbeat_false_positive", "heartbeat_timeout"):
         if "hw_gpu_power_watts" not in d.gauges:
-            return None
+            return []
         near, alive = v["near_seconds"], k == "heartbeat_false_positive"
         shows = f"GPU power per host in the {near:.0f} s before JAX's heartbeat claim: " + (
             "the accused hosts drew full power like their peers (alive)"
@@ -329,32 +363,40 @@ def _vspec(d: Data, f: Finding) -> dict | None:
             else "the stopped hosts had dropped to idle power"
         )
         win = (v["claim_time"] - near, v["claim_time"])
-        return _spec(
-            "max by (host) (hw_gpu_power_watts)",
-            win,
-            "min",
-            "same" if alive else "lower",
-            "W",
-            shows,
-            step=nice_step(max(d.interval, 1.0)),
-            accused=f.extra.get("accused_hosts", []),
-        )
+        return [
+            _spec(
+                "power",
+                "max by (host) (hw_gpu_power_watts)",
+                win,
+                "min",
+                "same" if alive else "lower",
+                "W",
+                shows,
+                step=nice_step(max(d.interval, 1.0)),
+                accused=f.extra.get("accused_hosts", []),
+            )
+        ]
     if k == "network" and "signal" in v:
         sig = v["signal"]
         q = f"sum by (host) (rate({sig}[{rate}]))"
         if "extent" in v:  # every host rose with the slowdown: the level against the hosts' own before
             base = nanmed(list(v["rate_before_per_s"].values()))
             shows = f"rate of {sig} per host in the slow stretch (the baseline: the hosts' median when fast)"
-            return _spec(q, w, "mean", "higher", "/s", shows, baseline=base)
-        return _spec(q, w, "mean", "higher", "/s", f"rate of {sig} per host")
+            return [_spec(sig, q, w, "mean", "higher", "/s", shows, baseline=base)]
+        return [_spec(sig, q, w, "mean", "higher", "/s", f"rate of {sig} per host")]
     if k == "gpu_thermal" and v.get("sensor"):
-        return _spec(f"max by (host) ({v['sensor']})", w, "median", "higher", "C", "hottest GPU temperature per host")
+        out = [_spec("temperature", f"max by (host) ({v['sensor']})", w, "median", "higher", "C",
+                     "hottest GPU temperature per host")]  # fmt: skip
+        if "hw_gpu_clock_mhz" in d.gpu_min:
+            q = 'min by (host) (hw_gpu_clock_mhz{type!="memory"})'
+            out.append(_spec("clock", q, w, "median", "lower", "MHz", "slowest GPU core clock per host (clocked down)"))
+        return out
     if k == "gpu_power":
         if "hw_gpu_power_limit_watts" in d.gpu_min:
-            q = "min by (host) (hw_gpu_power_limit_watts)"
-            return _spec(q, w, "median", "lower", "W", "lowest GPU power limit per host")
+            q = 'min by (host) (hw_gpu_power_limit_watts{type!="memory"})'
+            return [_spec("power_limit", q, w, "median", "lower", "W", "lowest GPU power limit per host")]
         q = d.queries["throttle:power"]
-        return _spec(q, w, "median", "higher", "GPUs", "GPUs with power-cap throttle bits per host")
+        return [_spec("power_throttle", q, w, "median", "higher", "GPUs", "GPUs with power-cap throttle bits per host")]
     if k == "gpu_hardware":
         errs = [e for h in f.hosts for e in v["errors"].get(h, [])]
         errs.sort(key=lambda e: not re.search(r"\{(ue|fatal|nonfatal)\}|^hw_gpu_kernel_errors", e))
@@ -363,81 +405,98 @@ def _vspec(d: Data, f: Finding) -> dict | None:
             q = f'sum by (host) ({m.group(1)}{{code="{m.group(2)}"}})'
             if "hw_gpu_kernel_log_readable" in d.names:  # the hosts that could see events and had none: 0
                 q += " or 0 * max by (host) (hw_gpu_kernel_log_readable)"
-            return _spec(q, whole, "max", "higher", "events", f"kernel GPU error events (code {m.group(2)}) per host")
+            shows = f"kernel GPU error events (code {m.group(2)}) per host"
+            return [_spec(m.group(1), q, whole, "max", "higher", "events", shows)]
         if m:
             label = "kind" if m.group(1).startswith("hw_gpu_ras") else "severity"
             q = f'sum by (host) ({m.group(1)}{{{label}="{m.group(2)}"}})'
-            return _spec(q, whole, "delta", "higher", "errors", f"{m.group(1)} ({label} {m.group(2)}) per host, job")
-        q = "min by (host) (hw_gpu_pcie_link_width)"
-        return _spec(q, w, "median", "lower", "lanes", "narrowest GPU PCIe link per host")
+            shows = f"{m.group(1)} ({label} {m.group(2)}) per host, job"
+            return [_spec(m.group(1), q, whole, "delta", "higher", "errors", shows)]
+        q = 'min by (host) (hw_gpu_pcie_link_width{type!="memory"})'
+        return [_spec("pcie_link_width", q, w, "median", "lower", "lanes", "narrowest GPU PCIe link per host")]
     if k == "cpu_contention":
+        q = "max by (host) (hw_procs_running)"
         if "before" in v:
             base = nanmed(list(v["before"].values()))
             shows = "run queue per host after throughput dropped (the baseline: the median before)"
-            return _spec("max by (host) (hw_procs_running)", w, "median", "higher", "tasks", shows, baseline=base)
-        return _spec("max by (host) (hw_procs_running)", w, "median", "higher", "tasks", "run queue per host")
+            return [_spec("run_queue", q, w, "median", "higher", "tasks", shows, baseline=base)]
+        return [_spec("run_queue", q, w, "median", "higher", "tasks", "run queue per host")]
     if k == "io_pressure" and "peak:hw_io_pressure_full_pct" in d.queries:
         q = d.queries["peak:hw_io_pressure_full_pct"]
-        return _spec(q, w, "max", "higher", "%", "peak IO pressure (PSI full) per host", threshold=25.0)
+        shows = "peak IO pressure (PSI full) per host"
+        return [_spec("io_pressure", q, w, "max", "higher", "%", shows, threshold=25.0)]
     if k == "memory":
         if any(x["oom_kills"] >= 1 for x in v["hosts"].values()):
             q = "sum by (host) (hw_oom_kills_total)"
-            return _spec(q, whole, "delta", "higher", "kills", "OOM kills per host over the job")
+            return [_spec("oom_kills", q, whole, "delta", "higher", "kills", "OOM kills per host over the job")]
         q = "min by (host) (hw_memory_available_bytes) / max by (host) (hw_memory_total_bytes) * 100"
-        return _spec(q, whole, "min", "lower", "%", "lowest available memory per host, % of total", threshold=3.0)
+        shows = "lowest available memory per host, % of total"
+        return [_spec("memory_available", q, whole, "min", "lower", "%", shows, threshold=3.0)]
     if k in ("training_dynamics", "training_spike"):
-        tb = [x for x in v if x in d.tb and isinstance(v[x], dict)]
-        if not tb:
-            return None
-        key = max(tb, key=lambda x: v[x]["peak"] / max(v[x]["baseline"], 1e-12))
-        shows = f"peak of {key} (job level) over the spike's window"
-        return _spec(d.queries[f"tb:{key}"], w, "max", "higher", "", shows, baseline=v[key]["baseline"])
-    return None
+        return _training_specs(d, f)
+    return []
 
 
-def add_verify(d: Data, rep: Report, prom: tsdb.Served) -> None:
-    """Give every finding a `verify` object: the query, range and reducer that show its deciding signal
-    and the values they give (culprits, accused hosts, the peers' or every host's median, or the job's).
-    The queries run 4 at a time; one Prometheus refuses leaves its finding without verify (and a note)."""
-    specs = [(f, spec) for f in rep.findings if (spec := _vspec(d, f)) is not None]
-    ranges = []
-    for _, spec in specs:
-        lo, hi = spec.pop("window")
-        step = spec.pop("step", d.step)
+def _training_specs(d: Data, f: Finding) -> list[dict]:
+    """Each spike at its peak (the value the summary quotes, vs its trailing baseline) and, for a verdict, the
+    throughput cost that makes it one: tokens/s before the spike and from the spike on (job level)."""
+    v = f.values
+    out = [
+        _spec(key, d.queries[f"tb:{key}"], (x["at"], x["at"]), "max", "higher", "",
+              f"{key} (job level) at its spike's peak; the baseline: its trailing median", baseline=x["baseline"])
+        for key, x in v.items()
+        if key in d.tb and isinstance(x, dict) and "peak" in x
+    ]  # fmt: skip
+    cost, tok = v.get("throughput_cost"), d.queries.get("tb:tokens")
+    if cost and tok and f.window and d.train:
+        at = f.window[0]
+        before = (d.train[0], at - d.step)
+        shows = "tokens/s/device (job level) before the first spike"
+        out.append(_spec("tokens_before", tok, before, "median", "higher", "tokens/s/device", shows))
+        shows = "tokens/s/device (job level) from the first spike on; the baseline: the level before"
+        out.append(
+            _spec("tokens_after", tok, (at, d.train[1]), "median", "lower", "tokens/s/device", shows,
+                  baseline=cost["before"])
+        )  # fmt: skip
+    return out
+
+
+def _on_grid(d: Data, lo: float, hi: float, step: float) -> tuple[float, float]:
+    """A check's range on the grid the checks read (its first and last grid point within [lo, hi]), so that the
+    query gives the very values the checks took; a finer step than the grid's: whole seconds around [lo, hi]."""
+    if step != d.step or not d.grid.size:
         start = math.floor(lo)
-        ranges.append((start, max(math.ceil(hi), start + int(step)), step))
+        return start, max(math.ceil(hi), start + int(step))
+    i = int(np.clip(math.ceil((lo - d.start) / step - 1e-9), 0, d.grid.size - 1))
+    j = int(np.clip(math.floor((hi - d.start) / step + 1e-9), i, d.grid.size - 1))
+    return float(d.grid[i]), float(d.grid[j])
+
+
+def add_verify(d: Data, rep: Report, prom: tsdb.Served, other: tuple[Data, tsdb.Served] | None = None) -> None:
+    """Give every finding its `verify` checks: for each deciding signal the query, range and reducer that
+    show it and the values they give (culprits, accused hosts, the peers' or every host's median, or the
+    job's), on this job and, for --vs findings, on the other job (OTHER: its Data and served TSDB). The
+    queries run 4 at a time; a check Prometheus refuses is left out (and a note says so)."""
+    jobs = {"this": (d, prom)} | ({"other": other} if other else {})
+    todo = []
+    for f in rep.findings:
+        for spec in _vspecs(d, f, other[0] if other else None):
+            dj, pj = jobs[spec.pop("job", "this")]
+            lo, hi = spec.pop("window")
+            step = spec.pop("step", dj.step)
+            todo.append((f, dj, pj, spec, (*_on_grid(dj, lo, hi, step), step)))
     with ThreadPoolExecutor(max_workers=4) as pool:
-        futs = [pool.submit(prom.query_range, spec["query"], *rg) for (_, spec), rg in zip(specs, ranges, strict=True)]
-        for (f, spec), (start, end, step), fut in zip(specs, ranges, futs, strict=True):
+        futs = [pool.submit(pj.query_range, spec["query"], *rg) for _, _, pj, spec, rg in todo]
+        for (f, dj, _, spec, (start, end, step)), fut in zip(todo, futs, strict=True):
             try:
                 rows = fut.result()
             except tsdb.TSDBError as e:
-                rep.notes.append(f"the verify query of the {f.kind} finding failed: {e}")
+                rep.notes.append(f"the verify query {spec['signal']} of the {f.kind} finding failed: {e}")
                 continue
-            f.verify = _verify(f, spec, rows, start, end, step)
-
-
-def _verify(f: Finding, spec: dict, rows: list[dict], start: int, end: int, step: float) -> dict:
-    red = REDUCERS[spec["reducer"]]
-    got = {}
-    for r in rows:
-        xs = [x for x in (float(p[1]) for p in r["values"]) if math.isfinite(x)]
-        if xs:
-            got[r["metric"].get("host", "")] = red(xs)
-    accused = spec.pop("accused", [])
-    culprits = f.culprits()  # a fleet finding has none: the level of every host shows it
-    expect: dict = {"culprits": {h: got.get(h) for h in culprits}}
-    if accused:
-        expect["accused"] = {h: got.get(h) for h in accused}
-    if set(got) == {""}:
-        expect["job"] = got[""]
-    elif (culprits or accused) and set(got) - set(culprits) - set(accused):
-        peers = [x for h, x in got.items() if h not in culprits and h not in accused]
-        expect["peers_median"] = float(np.median(peers))
-    else:  # no culprit, or every host is one: the level of every host (compare with the baseline)
-        expect["hosts_median"] = float(np.median(list(got.values()))) if got else None
-    return {"query": spec.pop("query"), "start": start, "end": end, "step": step, "reducer": spec.pop("reducer"),
-            "expect": expect, **spec}  # fmt: skip
+            _, expect = check_values(rows, spec["reducer"], f.culprits(), spec.pop("accused", []))
+            head = {"signal": spec.pop("signal"), "job": dj.target.name, "tsdb": str(dj.target.tsdb)}
+            rg = {"query": spec.pop("query"), "start": start, "end": end, "step": step, "reducer": spec.pop("reducer")}
+            f.verify.append({**head, **rg, "expect": expect, **spec})
 
 
 HOST_PLUGIN_GPU = "hw_gpu_kernel_"  # hw_gpu_* names the host plugin writes (from the kernel log), not the GPU one
@@ -487,18 +546,19 @@ def _diagnose(target: Target, vs: Target | None) -> dict:
         d = load(target, prom)
         rep = Report(d)
         run_all(d, rep, prom)
-        n = 0
-        if vs is not None:
-            with tsdb.Served(vs.tsdb) as other:
+        with contextlib.ExitStack() as stack:
+            against = None
+            if vs is not None:
+                other = stack.enter_context(tsdb.Served(vs.tsdb))
                 if other.first is None:
                     rep.notes.append(f"{vs.name} holds no samples: no comparison")
                 else:
-                    compare(d, load(vs, other), rep)
-                    n += other.queries
-        for f in rep.findings:  # hosts or fleet, before verify and the verdict read the culprits
-            set_scope(f, d.hosts)
-        add_verify(d, rep, prom)
-        n += prom.queries
+                    against = (load(vs, other), other)
+                    compare(d, against[0], rep)
+            for f in rep.findings:  # hosts or fleet, before verify and the verdict read the culprits
+                set_scope(f, d.hosts)
+            add_verify(d, rep, prom, against)  # the other job's TSDB stays served for its checks
+            n = prom.queries + (against[1].queries if against else 0)
     rep.missing |= missing_families(d)
     return _assemble(rep, n, time.monotonic() - t0)
 
@@ -584,6 +644,26 @@ def _assemble(rep: Report, n_queries: int, seconds: float) -> dict:
     }
 
 
+def check_line(v: dict, job: str) -> str:
+    """One verify check for people: the reducer, the query (and the other job's name when it runs there) and
+    what diagnose got: the culprits' values, and the peers', every host's or the job's."""
+    e = v["expect"]
+    got = ", ".join(f"{h} {fmt(x if x is not None else math.nan)}" for h, x in list(e["culprits"].items())[:4])
+    got += f" (+{len(e['culprits']) - 4} more)" if len(e["culprits"]) > 4 else ""
+    ref = next(
+        (
+            f"{k} {fmt(e[k] if e[k] is not None else math.nan)}"
+            for k in ("peers_median", "hosts_median", "job")
+            if k in e
+        ),
+        "",
+    )
+    where = f" on {v['job']}" if v["job"] != job else ""
+    return f"{v['reducer']} of {v['query']}{where} -> {'; '.join(x for x in (got, ref) if x)}" + (
+        f" {v['unit']}" if v.get("unit") else ""
+    )
+
+
 def render(r: dict) -> str:
     lines = [f"Job {r['job_name']}  (TSDB {r['tsdb']})"]
     if r["range"]:
@@ -620,25 +700,8 @@ def render(r: dict) -> str:
                 lines.append(f"     query: {q}")
             if len(shown) > 2:
                 lines.append(f"     (showing 2 of its {len(shown)} queries: --json lists them all)")
-            v = f.get("verify")
-            if v:
-                e = v["expect"]
-                got = ", ".join(
-                    f"{h} {fmt(x if x is not None else math.nan)}" for h, x in list(e["culprits"].items())[:4]
-                )
-                got += f" (+{len(e['culprits']) - 4} more)" if len(e["culprits"]) > 4 else ""
-                ref = next(
-                    (
-                        f"{k} {fmt(e[k] if e[k] is not None else math.nan)}"
-                        for k in ("peers_median", "hosts_median", "job")
-                        if k in e
-                    ),
-                    "",
-                )
-                lines.append(
-                    f"     check: {v['reducer']} of {v['query']} -> {'; '.join(x for x in (got, ref) if x)}"
-                    + (f" {v['unit']}" if v.get("unit") else "")
-                )
+            for v in f.get("verify") or []:
+                lines.append(f"     check {v['signal']}: {check_line(v, r['job_name'])}")
     if r["ruled_out"]:
         lines.append("Ruled out:")
         lines += [f"  - {c['check']}: {c['detail']}" for c in r["ruled_out"]]
@@ -764,17 +827,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.report is not None:
             check_out_dir(a.report, "--report", "the HTML page")
         target = locate(a.job, ws)
-        other, auto = None, None
-        if a.vs == "auto":
-            picked = pick_baseline(target)
-            if picked is None:
-                where = target.job_dir.parent if target.job_dir else None
-                raise InputError(f"--vs auto: {baseline.none_found(target.name, where)}; give --vs OTHER_JOB")
-            other, auto = picked
-        elif a.vs is not None:
-            other = locate(a.vs, ws, "--vs")
-        if other is not None and other.tsdb.resolve() == target.tsdb.resolve():
-            raise InputError(f"--vs {a.vs} is {target.name} itself: compare with another job (or --vs auto)")
+        other, auto = other_job(target, a.vs, ws)
         report = diagnose(target, other, auto=auto)
     except InputError as e:
         return cli.fail("diagnose.py", e)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-SCHEMA = "diagnose/1"  # the JSON report's "schema" (docs/diagnose.md); bumped when a field changes meaning
+SCHEMA = "diagnose/2"  # the JSON report's "schema" (docs/diagnose.md); bumped when a field changes meaning
 
 
 # A finding's scope: `hosts`, a subset of the job's hosts is at fault (culprit_hosts names them: the
@@ -58,7 +58,7 @@ class Finding:
     decides: bool = True
     plot: dict | None = None  # {"title", "unit", "series": {host: (t, y)}, "highlight": [hosts]}
     extra: dict = dataclasses.field(default_factory=dict)  # more top-level fields (accused_hosts, ...)
-    verify: dict | None = None  # how to check the deciding signal yourself (see add_verify)
+    verify: list[dict] = dataclasses.field(default_factory=list)  # the checks of its deciding signals (add_verify)
     scope: str = "hosts"  # SCOPES: hosts (a subset at fault: the culprits) or fleet (set by set_scope)
 
     def culprits(self) -> list[str]:
@@ -155,6 +155,48 @@ def _jsonable(x: object) -> object:
     return x
 
 
+# A verify check's reducers: what each series' values (finite ones) become, one number per host.
+REDUCERS: dict[str, Callable[[list[float]], float]] = {
+    "max": max,
+    "min": min,
+    "mean": lambda v: sum(v) / len(v),
+    "median": lambda v: float(np.median(v)),
+    "last": lambda v: v[-1],
+    "delta": lambda v: v[-1] - v[0],
+}
+TOLERANCE = 1e-4  # relative: a rerun verify check matches when every value agrees this closely
+
+
+def check_values(rows: list[dict], reducer: str, culprits: list[str], accused: list[str]) -> tuple[dict, dict]:
+    """A verify check's range-query result ROWS -> (every host's value under REDUCER, the check's `expect`):
+    the culprits' and accused hosts' values, and `job` (a job-level series), `peers_median` (the other
+    hosts') or `hosts_median` (every host's, when no host or every host is to blame). diagnose.py makes
+    `expect` with it and diagnosis/verify.py checks a rerun with it: one reduction for both."""
+    red = REDUCERS[reducer]
+    got: dict[str, float] = {}
+    for r in rows:
+        xs = [x for x in (float(p[1]) for p in r["values"]) if math.isfinite(x)]
+        if xs:
+            got[r["metric"].get("host", "")] = red(xs)
+    expect: dict = {"culprits": {h: got.get(h) for h in culprits}}
+    if accused:
+        expect["accused"] = {h: got.get(h) for h in accused}
+    if set(got) == {""}:
+        expect["job"] = got[""]
+    elif (culprits or accused) and set(got) - set(culprits) - set(accused):
+        expect["peers_median"] = float(np.median([x for h, x in got.items() if h not in culprits + accused]))
+    else:  # no culprit, or every host is one: the level of every host (compare with the baseline)
+        expect["hosts_median"] = float(np.median(list(got.values()))) if got else None
+    return got, expect
+
+
+def close(a: float | None, b: float | None, tol: float = TOLERANCE) -> bool:
+    """Two values of a verify check agree: both absent, or equal within TOL relative (1e-9 absolute)."""
+    if a is None or b is None:
+        return a is None and b is None
+    return abs(a - b) <= max(tol * max(abs(a), abs(b)), 1e-9)
+
+
 def nanmed(x: np.ndarray | list) -> float:
     a = np.asarray(x, float)
     a = a[np.isfinite(a)]
@@ -193,6 +235,13 @@ def robust_z(values: dict[str, float], floor: float) -> dict[str, float]:
     med = float(np.median(xs))
     scale = max(1.4826 * float(np.median(np.abs(xs - med))), floor, 1e-12)
     return {h: (v - med) / scale if math.isfinite(v) else 0.0 for h, v in values.items()}
+
+
+def window_medians(series: dict[str, np.ndarray], mask: np.ndarray, bad: list[str]) -> tuple[dict[str, float], float]:
+    """Each host's median under MASK, and the median of those of the hosts not in BAD (the peers): the
+    numbers a verify check gives for a finding's window (a median reducer, `peers_median`)."""
+    med = {h: nanmed(v[mask]) for h, v in series.items()}
+    return med, nanmed([x for h, x in med.items() if h not in bad])
 
 
 def window_of(grid: np.ndarray, hit: np.ndarray, step: float) -> tuple[float, float] | None:

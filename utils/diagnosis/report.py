@@ -226,17 +226,20 @@ def _finding(i: int, fj: dict, f: ev.Finding | None, d: ev.Data | None, tsdb: st
         parts.append(f"<h4>Values</h4><table>{rows}</table>")
     if fj["queries"]:
         parts.append("<h4>PromQL</h4>" + "".join(f"<pre>{_e(q)}</pre>" for q in fj["queries"] if q))
-    v = fj.get("verify")
-    if v:
+    checks = fj.get("verify") or []
+    if checks:
+        parts.append("<h4>Check it yourself</h4>")
+    for v in checks:
         cmd = "utils/prometheus.sh query {} {} --range {} {} {}".format(
-            shlex.quote(tsdb), shlex.quote(v["query"]), v["start"], v["end"], _num(v["step"])
+            *map(shlex.quote, (v["tsdb"], v["query"])),
+            *(f"{float(v[k]):.3f}".rstrip("0").rstrip(".") for k in ("start", "end", "step")),
         )
         e = v["expect"]
         got = "; ".join(f"{k}: {_value(x)}" for k, x in e.items() if x not in ({}, None))
         parts.append(
-            f"<h4>Check it yourself</h4><pre>{_e(cmd)}</pre>"
-            f'<p class="muted">{_e(v["reducer"])} of each series -> {_e(got)} {_e(v.get("unit") or "")}; '
-            f"{_e(v.get('shows') or '')} (direction: {_e(v.get('direction'))})</p>"
+            f"<pre>{_e(cmd)}</pre>"
+            f'<p class="muted">{_e(v["signal"])} ({_e(v["job"])}): {_e(v["reducer"])} of each series -> {_e(got)} '
+            f"{_e(v.get('unit') or '')}; {_e(v.get('shows') or '')} (direction: {_e(v.get('direction'))})</p>"
         )
     return "".join(parts) + "</article>"
 

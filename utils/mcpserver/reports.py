@@ -1,4 +1,4 @@
-"""triage, diagnose, perf and investigate over MCP: each tool's Python API in-process, its report
+"""triage, diagnose, verify, perf and investigate over MCP: each tool's Python API in-process, its report
 exactly as `utils/<tool>.py JOB --json` prints it (docs/<tool>.md), cached per job and arguments.
 
 Bad input (no such job, a job outside the workspace, no TSDB) is a ToolError with the tool's one line,
@@ -23,6 +23,7 @@ from diagnosis import diagnose as diag
 from diagnosis import investigate as inv
 from diagnosis import perf as perf_tool
 from diagnosis import triage as tri
+from diagnosis import verify as verify_tool
 from diagnosis.cli import InputError, one_line
 from mcpserver.cache import Cache, Hit, fingerprint
 
@@ -130,14 +131,26 @@ def baselines(ws: Path) -> tuple:
         return ()
 
 
-def diagnose(ctx: Context, job: str, vs: str | None = None) -> CallToolResult:
-    found = ctx.find("diagnose.py", job)
+def diagnose_report(ctx: Context, job: str, vs: str | None = None, prog: str = "diagnose.py") -> tuple[tuple, Hit]:
+    """The diagnose report of JOB (against VS) through the cache, and its cache key (verify shares both)."""
+    found = ctx.find(prog, job)
     key: tuple = (fingerprint(found), vs)
     if vs == "auto":  # the baseline may be any job beside this one: the key holds all of them
         key += (baselines(found.dir.parent if found.dir else ctx.workspace),)
     elif vs:
-        key += (fingerprint(ctx.find("diagnose.py", vs, what="vs")),)
-    return result(ctx.run("diagnose.py", "diagnose", key, lambda: _diagnose(ctx, str(found.path), vs)))
+        key += (fingerprint(ctx.find(prog, vs, what="vs")),)
+    return key, ctx.run(prog, "diagnose", key, lambda: _diagnose(ctx, str(found.path), vs))
+
+
+def diagnose(ctx: Context, job: str, vs: str | None = None) -> CallToolResult:
+    return result(diagnose_report(ctx, job, vs)[1])
+
+
+def verify(ctx: Context, job: str, vs: str | None = None) -> CallToolResult:
+    """verify.py JOB --json: the (cached) diagnose report's verify checks rerun on fresh copies of the TSDBs
+    (the TSDBs' mtimes are in the key, so a cached result is one of the same data)."""
+    key, hit = diagnose_report(ctx, job, vs, "verify.py")
+    return result(ctx.run("verify.py", "verify", key, lambda: verify_tool.rerun(hit.value)))
 
 
 def perf(ctx: Context, job: str, **opts: Any) -> CallToolResult:

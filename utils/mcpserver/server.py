@@ -1,7 +1,7 @@
 """Usage: mcp_server.py [--workspace DIR] [--config FILE]
 
 An MCP server (stdio) over the read-only diagnosis tools, for agents such as Claude Code and Cursor
-(docs/mcp.md). Tools: list_jobs, triage, diagnose, perf, investigate, query_tsdb, job_log_excerpt;
+(docs/mcp.md). Tools: list_jobs, triage, diagnose, verify, perf, investigate, query_tsdb, job_log_excerpt;
 each returns the JSON its command prints with --json (docs/triage.md, docs/diagnose.md, ...).
 Results are cached per job (its log size and mtime, its TSDB's mtime) and arguments.
 The write tool `submit` (a dry run) is listed only when the owner's config enables it:
@@ -28,6 +28,7 @@ from diagnosis import diagnose as diag
 from diagnosis import investigate as inv
 from diagnosis import perf as perf_tool
 from diagnosis import triage as tri
+from diagnosis import verify as verify_tool
 from mcpserver import config as cfg
 from mcpserver import jobs, promql, reports, submit
 
@@ -108,6 +109,13 @@ def build(workspace: Path, conf: cfg.Config) -> MCPServer:
         culprits, findings with their PromQL, window and values; serves the TSDB through Prometheus (~1-2 s)."""
         return reports.diagnose(ctx, job, **opts)
 
+    @offers("verify.py", verify_tool.OPTIONS)
+    def verify(job: Job, **opts: Any) -> Report:
+        """Check a diagnosis against the metrics (utils/verify.py JOB --json, docs/diagnose.md "Verify"): every
+        finding's verify checks (each deciding signal; both jobs of a --vs comparison) rerun on fresh copies
+        of the TSDBs, match or mismatch per check within 1e-4; report no finding whose check does not match."""
+        return reports.verify(ctx, job, **opts)
+
     @offers("perf.py", perf_tool.OPTIONS)
     def perf(job: Job, **opts: Any) -> Report:
         """Throughput, MFU, step-time breakdown and traces of a job (utils/perf.py JOB --json, docs/perf.md)."""
@@ -152,6 +160,7 @@ def build(workspace: Path, conf: cfg.Config) -> MCPServer:
         (list_jobs, False),
         (triage, True),
         (diagnose, True),
+        (verify, True),
         (perf, True),
         (investigate, True),
         (query_tsdb, True),
