@@ -704,12 +704,12 @@ def test_loss_every_host_felt_is_a_fleet_wide_network_incident(tmp_path, family,
         before, during = diagnose.fmt(v["rate_before_per_s"][h]), diagnose.fmt(v["rate_per_s"][h])
         assert f"{h} {before} -> {during}/s" in top["summary"], top["summary"]
         seg = v["per_segment"][h]
-        assert seg["retransmits_per_segment"] >= 10 * seg["retransmits_per_segment_before"] > 0, seg
+        assert seg["retransmits_per_segment"] >= 5 * seg["retransmits_per_segment_before"] > 0, seg
         assert 0 < seg["timeouts_per_segment"] < seg["retransmits_per_segment"], seg
     assert v["rto_bound"] is True and "per segment sent" in top["summary"], top["summary"]
     assert v["throughput"]["slow"] <= 0.3 * v["throughput"]["fast"], v["throughput"]
     assert ("both ends of the job's only link" if extent == "link" else "every host (4)") in top["summary"]
-    ver = top["verify"]
+    ver = top["verify"][0]
     assert ver["expect"]["culprits"] == {} and ver["expect"]["hosts_median"] > ver["baseline"] > 0, ver
     assert "fleet-wide: every host" in diagnose.render(r)
 

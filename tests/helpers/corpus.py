@@ -33,6 +33,10 @@ Families (FAMILIES maps each to the verdict diagnose.py must give):
                             incident of issue 22 item 8): network, fleet scope (the link), no culprit
   tcp_fleet_loss            the same on a 4-node job whose switch drops packets: every host retransmits
                             (2-12/s, within 2x of each other): network, fleet scope, no culprit
+  tcp_local_drop            a 2-node job whose one node's own stack drops 5-25 % of what it sends before
+                            its NIC for 5-15 minutes (Ip OutRequests above OutTransmits there; measured live
+                            with `drill.sh net --loss 20 --inside`: its peer then counts ~3x its retransmits):
+                            network, culprit the dropping node, never its louder peer
   heartbeat_false_positive  JAX declares tasks dead, yet they kept logging and drawing full power (the
                             accused hosts are in notes["accused"]; they are healthy, so no culprit)
   thread_leak               run queue +17 on every host, throughput -1 % (found with --vs against `vs`);
@@ -91,6 +95,7 @@ FAMILIES: dict[str, str] = {
     "network_burst": "network",
     "tcp_link_loss": "network",
     "tcp_fleet_loss": "network",
+    "tcp_local_drop": "network",
     "heartbeat_false_positive": "heartbeat_false_positive",
     "thread_leak": "cpu_contention",
     "moe_lb_spike": "training_dynamics",
@@ -104,7 +109,7 @@ FAMILIES: dict[str, str] = {
     "grad_spike_brief": "none",
     "midrun_slowdown": "none",
 }
-FAMILY_HOSTS = {"tcp_link_loss": 2, "tcp_fleet_loss": 4}  # families with their own number of hosts
+FAMILY_HOSTS = {"tcp_link_loss": 2, "tcp_fleet_loss": 4, "tcp_local_drop": 2}  # families with their own number of hosts
 BASE_EPOCH = 1795322400  # 2026-11-22T04:00:00Z, as tests/helpers/logcorpus.py
 
 
@@ -331,6 +336,17 @@ class _Sim:
             self.affected = list(self.hosts)
             self.window = (t, t + dur)
             self.notes["lossy"] = lossy
+        elif f == "tcp_local_drop":
+            t, dur = self.frac(0.3, 0.6), r.uniform(5, 15) * 60
+            slower = r.uniform(5, 20)
+            self.slow.append((t, t + dur, slower))
+            self.culprits = self.pick(1)
+            share = r.uniform(0.05, 0.25)
+            for h in self.hosts:  # the dropping host resends little (a failed send is no retransmit); its peer more
+                rate = r.uniform(0.3, 1.5) if h in self.culprits else r.uniform(3, 12)
+                self.host_fx[h]["tcp_loss"] = (t, t + dur, rate, slower)
+            self.host_fx[self.culprits[0]]["local_drop"] = (t, t + dur, share)
+            self.window = (t, t + dur)
         elif f == "heartbeat_false_positive":
             self.accused = self.pick(r.choice([1, 1, 2]), skip_head=True)
             self.claim = self.frac(0.4, 0.85)
@@ -738,6 +754,13 @@ class _Series:
             segs = np.where(on, 200 + 2800 / slower, segs)
         yield "hw_tcp_retransmits_total", base, self.samples(_counter(rng, tcp_rate, iv, 5e3), -1)
         yield "hw_tcp_out_segments_total", base, self.samples(_counter(rng, segs, iv, 1e8), -1)
+        asked = segs * 0.6  # IP packets the host asked to send; all go out, but for its own stack's drops
+        sent = asked
+        if fx.get("local_drop"):
+            t, end, share = fx["local_drop"]
+            sent = asked * (1 - share * (_after(ts, t) & ~_after(ts, end)))
+        yield "hw_ip_out_requests_total", base, self.samples(np.cumsum(asked * iv) + 1e9, -1)
+        yield "hw_ip_out_transmits_total", base, self.samples(np.cumsum(sent * iv) + 1e9, -1)
         yield "hw_tcp_in_segments_total", base, self.samples(_counter(rng, np.full(self.n, 3.2e3), iv, 1e8), -1)
         yield "hw_tcp_timeouts_total", base, self.samples(_counter(rng, tcp_rate * 0.1, iv, 200), -1)
         yield "hw_oom_kills_total", base, self.samples(oom, -1)

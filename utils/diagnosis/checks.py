@@ -258,12 +258,18 @@ SIDE_WHY = {
         "is lost on their path"
     ),
     "link": "the port's own link errors: the host's NIC, cable or switch port",
+    "local": (
+        "these hosts' own network stack dropped packets before they reached the NIC (IP OutRequests minus "
+        "OutTransmits: a firewall rule, a failing route or qdisc, a driver refusing to send): what they send never "
+        "leaves, and their peers' retransmits and timeouts follow from it, whichever end counts more of them"
+    ),
 }
 SIDE_SHORT = {
     "requester": "requester side, the sending end: what these hosts send is lost",
     "responder": "responder side, the receiving end: what these hosts receive is lost",
     "sender": "TCP counts retransmits at the sender: what these hosts send is lost",
     "link": "the port's own link errors",
+    "local": "their own stack dropped what they sent before the NIC",
 }
 
 
@@ -616,7 +622,78 @@ def _network_fleet(d: Data, rep: Report, signals: list[_Signal], sf: SlowFast) -
     return True
 
 
+LOCAL_DROP_SHARE = 0.005  # a host's own stack dropped >= this share of what it asked IP to send (in its window)
+LOCAL_DROP_MIN = 50.0  # ... and at least this many packets over the job
+
+
+def _local_drops(d: Data) -> dict[str, dict] | None:
+    """Hosts whose own stack dropped what they sent before their NIC: rate(hw_ip_out_requests_total) -
+    rate(hw_ip_out_transmits_total) per host (0 on a healthy host; forwarded packets count only in
+    transmits, so the difference is clipped at 0). {host: {dropped, share, window}} for a subset of the
+    hosts over LOCAL_DROP_SHARE and LOCAL_DROP_MIN, else None (a kernel before Linux 6.3 has no
+    OutTransmits: then nothing is said)."""
+    req, out = d.rates.get("hw_ip_out_requests_total", {}), d.rates.get("hw_ip_out_transmits_total", {})
+    m = d.mask()
+    bad = {}
+    for h in d.hosts:
+        if h not in req or h not in out:
+            return None
+        drop = np.clip(np.nan_to_num(req[h] - out[h]), 0, None) * m
+        hit = drop >= 1.0
+        if not hit.any():
+            continue
+        asked = float(np.nansum(np.where(hit, req[h], 0.0)))
+        dropped = float(drop[hit].sum()) * d.step
+        share = float(drop[hit].sum()) / asked if asked > 0 else math.nan
+        if dropped >= LOCAL_DROP_MIN and share >= LOCAL_DROP_SHARE:
+            bad[h] = {"dropped": dropped, "share": share, "window": window_of(d.grid, hit, d.step), "per": drop}
+    return bad if bad and len(bad) < len(d.hosts) else None
+
+
+def _network_local(d: Data, rep: Report, bad: dict[str, dict]) -> None:
+    """The finding for hosts whose own stack dropped what they sent (their peers may count more retransmits)."""
+    hosts = sorted(bad)
+    lo = min(bad[h]["window"][0] for h in hosts)
+    hi = max(bad[h]["window"][1] for h in hosts)
+    q = (
+        f"clamp_min(sum by (host) (rate(hw_ip_out_requests_total[{int(max(d.step, 4 * d.interval))}s])) - "
+        f"sum by (host) (rate(hw_ip_out_transmits_total[{int(max(d.step, 4 * d.interval))}s])), 0)"
+    )
+    values = {
+        "signal": "hw_ip_out_requests_total - hw_ip_out_transmits_total",
+        "side": "local",
+        "why": SIDE_WHY["local"],
+        "dropped_packets": {h: bad[h]["dropped"] for h in hosts},
+        "dropped_share": {h: bad[h]["share"] for h in hosts},
+        "retransmits_per_s": {
+            h: _mean(v, d.mask((lo, hi))) for h, v in d.rates.get("hw_tcp_retransmits_total", {}).items()
+        },
+        "phases": d.phases,
+    }
+    rep.findings.append(
+        Finding(
+            "network",
+            f"{', '.join(hosts)} dropped what {'it' if len(hosts) == 1 else 'they'} sent before the NIC: "
+            + ", ".join(
+                f"{h} {fmt(bad[h]['dropped'])} packets ({_pct(bad[h]['share'])} of what it sent)" for h in hosts
+            )
+            + f" in {utc(lo)} .. {utc(hi)}; {SIDE_SHORT['local']}",
+            hosts,
+            (lo, hi),
+            [d.queries["counters"] + "   # hw_ip_out_requests_total, hw_ip_out_transmits_total", q],
+            values,
+            0.9,
+            plot=series_plot(
+                "packets dropped before the NIC per host", "/s", {h: bad[h]["per"] for h in bad}, d, hosts
+            ),
+        )
+    )
+
+
 def check_network(d: Data, rep: Report) -> None:
+    local = _local_drops(d)
+    if local:  # direct evidence of the end at fault: it wins over who counts the most retransmits
+        return _network_local(d, rep, local)
     signals = _network_signals(d)
     if not signals:
         return rep.skipped.append({"check": "network", "needs": list(NEEDS["network"])})

@@ -376,6 +376,9 @@ def _vspecs(d: Data, f: Finding, other: Data | None = None) -> list[dict]:
                 accused=f.extra.get("accused_hosts", []),
             )
         ]
+    if k == "network" and v.get("side") == "local":  # the hosts' own stack dropped what they sent
+        shows = "packets per second dropped before the NIC per host (IP OutRequests - OutTransmits)"
+        return [_spec("local_drops", f.queries[1], w, "mean", "higher", "packets/s", shows)]
     if k == "network" and "signal" in v:
         sig = v["signal"]
         q = f"sum by (host) (rate({sig}[{rate}]))"
@@ -448,7 +451,7 @@ def _training_specs(d: Data, f: Finding) -> list[dict]:
         if key in d.tb and isinstance(x, dict) and "peak" in x
     ]  # fmt: skip
     cost, tok = v.get("throughput_cost"), d.queries.get("tb:tokens")
-    if cost and tok and f.window and d.train:
+    if cost and tok and f.window and d.train and f.decides:  # a brief spike (no cost) is no verdict: its peaks only
         at = f.window[0]
         before = (d.train[0], at - d.step)
         shows = "tokens/s/device (job level) before the first spike"
