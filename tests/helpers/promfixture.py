@@ -98,6 +98,8 @@ def write_tsdb(out_dir: Path | str, series: Iterable[Series], *, block_hours: in
 
     block_hours: block length, a multiple of 2; None = big enough that all samples land in
     at most 2 blocks (fastest). Raises RuntimeError with promtool's output if it fails.
+    The blocks are a function of the OpenMetrics text, the block length and promtool's version, so
+    they are kept under that hash (cached_blocks) and a second backfill of the same series copies them.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -114,14 +116,62 @@ def write_tsdb(out_dir: Path | str, series: Iterable[Series], *, block_hours: in
             raise ValueError(f"block_hours must be a multiple of 2, got {block_hours}")
         else:
             block = block_hours * 3600
-        cmd = [_need("promtool"), "tsdb", "create-blocks-from", "openmetrics", "--quiet"]
-        cmd += [f"--max-block-duration={block}s", str(om), str(out)]
-        run = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if run.returncode:
-            raise RuntimeError(
-                f"promtool backfill failed ({run.returncode}): {run.stderr.strip() or run.stdout.strip()}"
-            )
+        blocks = cached_blocks(om, block)
+        for made in sorted(blocks.iterdir()):
+            shutil.copytree(made, out / made.name, copy_function=shutil.copy)
     return out
+
+
+def cache_root() -> Path | None:
+    """Where backfilled blocks are kept: $MST_TEST_CACHE, default ~/.cache/maxtext-slurm (XDG_CACHE_HOME),
+    /tsdb-blocks; MST_TEST_CACHE=off keeps none (every backfill runs promtool)."""
+    root = os.environ.get("MST_TEST_CACHE", "")
+    if root == "off":
+        return None
+    base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "maxtext-slurm"
+    return base / "tsdb-blocks"
+
+
+def _promtool_version(promtool: str) -> bytes:
+    res = subprocess.run([promtool, "--version"], capture_output=True, check=False)
+    return res.stdout + res.stderr
+
+
+_VERSIONS: dict[str, bytes] = {}
+
+
+def cached_blocks(om: Path, block: int) -> Path:
+    """The block dirs promtool backfills from the OpenMetrics file OM with BLOCK-second blocks, in a dir
+    of their own: the cache's entry for (promtool's version, BLOCK, OM's text), made on a miss (in a
+    private dir, then renamed, so parallel test workers never see half an entry); without a cache, a
+    fresh dir beside OM."""
+    promtool = _need("promtool")
+    root = cache_root()
+    if root is None:
+        dest = om.parent / "blocks"
+    else:
+        if promtool not in _VERSIONS:
+            _VERSIONS[promtool] = _promtool_version(promtool)
+        key = hashlib.sha256(_VERSIONS[promtool] + f"\0{block}\0".encode())
+        with open(om, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                key.update(chunk)
+        dest = root / key.hexdigest()
+        if dest.is_dir():
+            return dest
+        root.mkdir(parents=True, exist_ok=True)
+    made = Path(tempfile.mkdtemp(prefix=".new.", dir=root or om.parent))
+    cmd = [promtool, "tsdb", "create-blocks-from", "openmetrics", "--quiet"]
+    cmd += [f"--max-block-duration={block}s", str(om), str(made)]
+    run = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if run.returncode:
+        shutil.rmtree(made, ignore_errors=True)
+        raise RuntimeError(f"promtool backfill failed ({run.returncode}): {run.stderr.strip() or run.stdout.strip()}")
+    try:
+        made.rename(dest)
+    except OSError:  # another worker made the same entry first: use that one
+        shutil.rmtree(made, ignore_errors=True)
+    return dest
 
 
 def tsdb_digest(root: Path | str) -> dict[str, tuple[str, int, int]]:
