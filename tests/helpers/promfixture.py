@@ -48,6 +48,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from helpers.cache import cache_dir
+
 Sample = tuple[float, float]
 Series = tuple[str, Mapping[str, str], Iterable[Sample]]
 
@@ -99,7 +101,8 @@ def write_tsdb(out_dir: Path | str, series: Iterable[Series], *, block_hours: in
     block_hours: block length, a multiple of 2; None = big enough that all samples land in
     at most 2 blocks (fastest). Raises RuntimeError with promtool's output if it fails.
     The blocks are a function of the OpenMetrics text, the block length and promtool's version, so
-    they are kept under that hash (cached_blocks) and a second backfill of the same series copies them.
+    they are kept under that hash (cached_blocks, helpers/cache.py) and a second backfill of the same
+    series copies them.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -122,16 +125,6 @@ def write_tsdb(out_dir: Path | str, series: Iterable[Series], *, block_hours: in
     return out
 
 
-def cache_root() -> Path | None:
-    """Where backfilled blocks are kept: $MST_TEST_CACHE, default ~/.cache/maxtext-slurm (XDG_CACHE_HOME),
-    /tsdb-blocks; MST_TEST_CACHE=off keeps none (every backfill runs promtool)."""
-    root = os.environ.get("MST_TEST_CACHE", "")
-    if root == "off":
-        return None
-    base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "maxtext-slurm"
-    return base / "tsdb-blocks"
-
-
 def _promtool_version(promtool: str) -> bytes:
     res = subprocess.run([promtool, "--version"], capture_output=True, check=False)
     return res.stdout + res.stderr
@@ -146,7 +139,7 @@ def cached_blocks(om: Path, block: int) -> Path:
     private dir, then renamed, so parallel test workers never see half an entry); without a cache, a
     fresh dir beside OM."""
     promtool = _need("promtool")
-    root = cache_root()
+    root = cache_dir("tsdb-blocks")
     if root is None:
         dest = om.parent / "blocks"
     else:
