@@ -133,6 +133,20 @@ def _promtool_version(promtool: str) -> bytes:
 _VERSIONS: dict[str, bytes] = {}
 
 
+KEEP_UNUSED_S = 7 * 86400
+
+
+def _prune(root: Path) -> None:
+    """Drop the entries (and half-made ones) no backfill used for a week: each change of the corpus makes
+    new ones (~40 MB for the fast loop's)."""
+    for entry in root.iterdir():
+        try:
+            if entry.stat().st_mtime < time.time() - KEEP_UNUSED_S:
+                shutil.rmtree(entry, ignore_errors=True)
+        except FileNotFoundError:  # another worker removed it first
+            continue
+
+
 def cached_blocks(om: Path, block: int) -> Path:
     """The block dirs promtool backfills from the OpenMetrics file OM with BLOCK-second blocks, in a dir
     of their own: the cache's entry for (promtool's version, BLOCK, OM's text), made on a miss (in a
@@ -151,12 +165,18 @@ def cached_blocks(om: Path, block: int) -> Path:
                 key.update(chunk)
         dest = root / key.hexdigest()
         if dest.is_dir():
+            os.utime(dest)  # in use: kept by _prune
             return dest
         root.mkdir(parents=True, exist_ok=True)
+        _prune(root)
     made = Path(tempfile.mkdtemp(prefix=".new.", dir=root or om.parent))
     cmd = [promtool, "tsdb", "create-blocks-from", "openmetrics", "--quiet"]
     cmd += [f"--max-block-duration={block}s", str(om), str(made)]
-    run = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    try:
+        run = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    except OSError:
+        shutil.rmtree(made, ignore_errors=True)
+        raise
     if run.returncode:
         shutil.rmtree(made, ignore_errors=True)
         raise RuntimeError(f"promtool backfill failed ({run.returncode}): {run.stderr.strip() or run.stdout.strip()}")
