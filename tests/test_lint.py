@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, VENV, run
 
+from helpers.cache import cache_dir
+
 SKIP = {".git", ".venv", "outputs", ".local_cluster", "__pycache__", ".pytest_cache", ".ruff_cache", "fixtures"}
 
 
@@ -36,8 +38,9 @@ def shell_scripts() -> list[Path]:
 def test_shellcheck_clean():
     """shellcheck on every shell script at once (.shellcheckrc: sourced files followed). Its verdict
     is a function of the scripts, .shellcheckrc and shellcheck's version, so a pass is remembered under
-    their hash (~/.cache/maxtext-slurm/shellcheck/): the developer loop checks again only after a shell
-    script changed (a full check: 24 s of CPU on one core, 147-246 s at load 20: the fast loop's longest test)."""
+    their hash (tests/helpers/cache.py, ~/.cache/maxtext-slurm/shellcheck/): the developer loop checks
+    again only after a shell script changed (a full check: 24 s of CPU on one core, 147-246 s at load
+    20: the fast loop's longest test)."""
     shellcheck = shutil.which("shellcheck")
     assert shellcheck, "shellcheck is not installed (tests/run.sh installs it)"
     scripts = shell_scripts()
@@ -45,14 +48,14 @@ def test_shellcheck_clean():
     inputs = hashlib.sha256(run([shellcheck, "--version"]).stdout.encode())
     for path in sorted([REPO / ".shellcheckrc", *scripts]):
         inputs.update(f"\0{path.relative_to(REPO)}\0".encode() + path.read_bytes())
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "maxtext-slurm" / "shellcheck"
-    passed = cache / inputs.hexdigest()
-    if passed.exists():
+    cache = cache_dir("shellcheck")
+    if cache is not None and (cache / inputs.hexdigest()).exists():
         return
     res = run([shellcheck, *map(str, scripts)], cwd=REPO)
     assert res.returncode == 0, res.stdout
-    cache.mkdir(parents=True, exist_ok=True)
-    passed.touch()
+    if cache is not None:
+        cache.mkdir(parents=True, exist_ok=True)
+        (cache / inputs.hexdigest()).touch()
 
 
 def test_ruff_clean():

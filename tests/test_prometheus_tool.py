@@ -207,6 +207,43 @@ def test_query_defaults_to_end_of_data(saved, tmpdir_env):
     assert tsdb_digest(saved) == before
 
 
+def test_a_second_backfill_of_the_same_series_copies_the_cached_blocks(tmp_path, monkeypatch, tmpdir_env):
+    """write_tsdb keeps promtool's blocks under the hash of the series' text (tests/helpers/cache.py): the
+    same series again is the same blocks without promtool (its binary gone), and Prometheus reads them;
+    other series are a new entry; one unused for a week goes; MST_TEST_CACHE=off runs promtool each time."""
+    monkeypatch.setenv("MST_TEST_CACHE", str(tmp_path / "cache"))
+    first = write_tsdb(tmp_path / "a" / "prometheus", series(), block_hours=2)
+    entries = list((tmp_path / "cache" / "tsdb-blocks").iterdir())
+    assert len(entries) == 1 and sorted(p.name for p in entries[0].iterdir()) == sorted(p.name for p in first.iterdir())
+    hidden = tmp_path / "bin"
+    hidden.mkdir()
+    (hidden / "promtool").symlink_to(binary("promtool"))
+    monkeypatch.setenv("PROMTOOL_BIN", str(hidden / "promtool"))  # the same promtool, then gone
+    write_tsdb(tmp_path / "b" / "prometheus", series(), block_hours=2)  # its --version is asked first
+    (hidden / "promtool").unlink()
+    with pytest.raises(FileNotFoundError):
+        write_tsdb(tmp_path / "c" / "prometheus", series(offset=60), block_hours=2)  # a miss needs promtool
+    assert list((tmp_path / "cache" / "tsdb-blocks").iterdir()) == entries  # and leaves nothing half-made
+    second = write_tsdb(tmp_path / "d" / "prometheus", series(), block_hours=2)  # a hit does not
+    content = lambda d: {k: v[:2] for k, v in tsdb_digest(d).items()}  # noqa: E731 (mtimes differ)
+    assert content(second) == content(first)
+    data = query_ok(str(tmp_path / "d"), "train_steps_total", env=tmpdir_env)
+    assert [r["value"] for r in data["result"]] == [[LAST, str(10 * (POINTS - 1))]]
+    # an entry no backfill used for a week goes at the next miss; one in use stays
+    old = tmp_path / "cache" / "tsdb-blocks" / "0ld"
+    old.mkdir()
+    os.utime(old, (time.time() - 8 * 86400,) * 2)
+    os.utime(entries[0], (time.time() - 8 * 86400,) * 2)
+    write_tsdb(tmp_path / "f" / "prometheus", series(), block_hours=2)  # a hit: entries[0] in use again
+    monkeypatch.delenv("PROMTOOL_BIN")
+    write_tsdb(tmp_path / "g" / "prometheus", series(offset=120), block_hours=2)  # a miss
+    assert not old.exists() and entries[0].is_dir()
+    monkeypatch.setenv("PROMTOOL_BIN", str(hidden / "promtool"))
+    monkeypatch.setenv("MST_TEST_CACHE", "off")
+    with pytest.raises(FileNotFoundError):
+        write_tsdb(tmp_path / "e" / "prometheus", series(), block_hours=2)
+
+
 def test_query_time_formats_and_tsdb_dir(saved, tmpdir_env):
     at = T0 + 90 * STEP  # 2024-05-01T13:30:00Z
     unix = query_ok(saved, "train_steps_total", "--time", str(at), env=tmpdir_env)

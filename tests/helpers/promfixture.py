@@ -48,6 +48,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from helpers.cache import cache_dir
+
 Sample = tuple[float, float]
 Series = tuple[str, Mapping[str, str], Iterable[Sample]]
 
@@ -98,6 +100,9 @@ def write_tsdb(out_dir: Path | str, series: Iterable[Series], *, block_hours: in
 
     block_hours: block length, a multiple of 2; None = big enough that all samples land in
     at most 2 blocks (fastest). Raises RuntimeError with promtool's output if it fails.
+    The blocks are a function of the OpenMetrics text, the block length and promtool's version, so
+    they are kept under that hash (cached_blocks, helpers/cache.py) and a second backfill of the same
+    series copies them.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -114,14 +119,72 @@ def write_tsdb(out_dir: Path | str, series: Iterable[Series], *, block_hours: in
             raise ValueError(f"block_hours must be a multiple of 2, got {block_hours}")
         else:
             block = block_hours * 3600
-        cmd = [_need("promtool"), "tsdb", "create-blocks-from", "openmetrics", "--quiet"]
-        cmd += [f"--max-block-duration={block}s", str(om), str(out)]
-        run = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if run.returncode:
-            raise RuntimeError(
-                f"promtool backfill failed ({run.returncode}): {run.stderr.strip() or run.stdout.strip()}"
-            )
+        blocks = cached_blocks(om, block)
+        for made in sorted(blocks.iterdir()):
+            shutil.copytree(made, out / made.name, copy_function=shutil.copy)
     return out
+
+
+def _promtool_version(promtool: str) -> bytes:
+    res = subprocess.run([promtool, "--version"], capture_output=True, check=False)
+    return res.stdout + res.stderr
+
+
+_VERSIONS: dict[str, bytes] = {}
+
+
+KEEP_UNUSED_S = 7 * 86400
+
+
+def _prune(root: Path) -> None:
+    """Drop the entries (and half-made ones) no backfill used for a week: each change of the corpus makes
+    new ones (~40 MB for the fast loop's)."""
+    for entry in root.iterdir():
+        try:
+            if entry.stat().st_mtime < time.time() - KEEP_UNUSED_S:
+                shutil.rmtree(entry, ignore_errors=True)
+        except FileNotFoundError:  # another worker removed it first
+            continue
+
+
+def cached_blocks(om: Path, block: int) -> Path:
+    """The block dirs promtool backfills from the OpenMetrics file OM with BLOCK-second blocks, in a dir
+    of their own: the cache's entry for (promtool's version, BLOCK, OM's text), made on a miss (in a
+    private dir, then renamed, so parallel test workers never see half an entry); without a cache, a
+    fresh dir beside OM."""
+    promtool = _need("promtool")
+    root = cache_dir("tsdb-blocks")
+    if root is None:
+        dest = om.parent / "blocks"
+    else:
+        if promtool not in _VERSIONS:
+            _VERSIONS[promtool] = _promtool_version(promtool)
+        key = hashlib.sha256(_VERSIONS[promtool] + f"\0{block}\0".encode())
+        with open(om, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                key.update(chunk)
+        dest = root / key.hexdigest()
+        if dest.is_dir():
+            os.utime(dest)  # in use: kept by _prune
+            return dest
+        root.mkdir(parents=True, exist_ok=True)
+        _prune(root)
+    made = Path(tempfile.mkdtemp(prefix=".new.", dir=root or om.parent))
+    cmd = [promtool, "tsdb", "create-blocks-from", "openmetrics", "--quiet"]
+    cmd += [f"--max-block-duration={block}s", str(om), str(made)]
+    try:
+        run = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    except OSError:
+        shutil.rmtree(made, ignore_errors=True)
+        raise
+    if run.returncode:
+        shutil.rmtree(made, ignore_errors=True)
+        raise RuntimeError(f"promtool backfill failed ({run.returncode}): {run.stderr.strip() or run.stdout.strip()}")
+    try:
+        made.rename(dest)
+    except OSError:  # another worker made the same entry first: use that one
+        shutil.rmtree(made, ignore_errors=True)
+    return dest
 
 
 def tsdb_digest(root: Path | str) -> dict[str, tuple[str, int, int]]:

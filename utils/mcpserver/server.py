@@ -1,19 +1,10 @@
-"""Usage: mcp_server.py [--workspace DIR] [--config FILE]
-
-An MCP server (stdio) over the read-only diagnosis tools, for agents such as Claude Code and Cursor
-(docs/mcp.md). Tools: list_jobs, triage, diagnose, verify, perf, investigate, query_tsdb, job_log_excerpt;
-each returns the JSON its command prints with --json (docs/triage.md, docs/diagnose.md, ...).
-Results are cached per job (its log size and mtime, its TSDB's mtime) and arguments.
-The write tool `submit` (a dry run) is listed only when the owner's config enables it:
-~/.config/maxtext-slurm/mcp.toml with `allow_submit = true`, mode 0600, owned by you.
-"""
+"""The MCP server over the read-only diagnosis tools: build() registers them (mcpserver/command.py
+parses the command line and imports this module, the MCP SDK with it, only to serve)."""
 
 from __future__ import annotations
 
-import argparse
 import functools
 import inspect
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -23,7 +14,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, ToolAnnotations
 from pydantic import Field
 
-from diagnosis import cli, locate
+from diagnosis import cli
 from diagnosis import diagnose as diag
 from diagnosis import investigate as inv
 from diagnosis import perf as perf_tool
@@ -32,7 +23,6 @@ from diagnosis import verify as verify_tool
 from mcpserver import config as cfg
 from mcpserver import jobs, promql, reports, submit
 
-PROG = "mcp_server.py"
 READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
 CACHED = (
     " Cached per job (its log size and mtime, its TSDB's mtime) and arguments: a repeated call is a look-up; "
@@ -188,26 +178,3 @@ def build(workspace: Path, conf: cfg.Config) -> MCPServer:
             annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=True),
         )
     return server
-
-
-def main(argv: list[str] | None = None) -> int:
-    doc = (__doc__ or "").splitlines()
-    ap = cli.Parser(prog=PROG, usage=doc[0].removeprefix("Usage: "), description="\n".join(doc[2:]))
-    ap.add_argument(
-        "--workspace",
-        type=Path,
-        metavar="DIR",
-        help="where jobs are looked up (default $JOB_WORKSPACE or <repo>/outputs)",
-    )
-    ap.add_argument(
-        "--config", type=Path, metavar="FILE", help=f"the write-tools config (default {cfg.default_path()})"
-    )
-    a: argparse.Namespace = ap.parse_args(argv)
-    ws = (a.workspace or locate.default_workspace()).absolute()
-    if not ws.is_dir():
-        return cli.fail(PROG, f"the workspace {ws} is not a directory (give --workspace DIR or set JOB_WORKSPACE)")
-    conf = cfg.load(a.config)
-    if conf.refused:
-        print(f"{PROG}: {conf.refused}", file=sys.stderr)
-    build(ws, conf).run("stdio")
-    return cli.OK
