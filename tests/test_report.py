@@ -113,7 +113,11 @@ def incident(ws: Path, family: str) -> corpus.Incident:
     return _built[family]
 
 
-@pytest.mark.parametrize("family", INCIDENTS)
+# one Chromium start each (~8 s of CPU): the fast loop loads the network incident's page (and the
+# --vs page below); the hang's page, the same template with other charts, runs in the whole suite
+@pytest.mark.parametrize(
+    "family", [pytest.param(f, marks=() if f == "rdma_retransmits" else pytest.mark.slow) for f in INCIDENTS]
+)
 def test_report_page_in_chromium(ws, tmp_path, family):
     inc = incident(ws, family)
     r = diagnose_cli(inc.job_dir, "--report", tmp_path / "out")

@@ -139,7 +139,11 @@ def test_a_line_reaches_the_log_while_the_stage_still_runs(tmp_path):
     assert (tmp_path / "job/.stages/train/node3").read_text().startswith("rc=143 end=")
 
 
-@pytest.mark.parametrize("with_", ["perl", "python3", "bash"])
+# bash reads its input a byte at a time: the 1 MiB line takes it ~10 s of CPU, so the fast loop runs
+# the bash prefixer on the 5,000-byte line and the NUL byte only
+# (test_without_perl_and_python3_the_bash_prefixer_is_used, test_each_prefixer_writes_..._complete[bash])
+# and this full case in the whole suite
+@pytest.mark.parametrize("with_", ["perl", "python3", pytest.param("bash", marks=pytest.mark.slow)])
 def test_each_prefixer_keeps_every_line_and_relayed_prefixes(with_):
     data = b"".join(line + b"\n" for line in LINES[:-1]) + LINES[-1]
     data += b"\nnode5: relayed from node5\nnode9: not a node of the job\n: empty name\n"
