@@ -65,11 +65,11 @@ t0=$SECONDS
 rc_b=0
 "$py" -m pytest -m cluster "$@" || rc_b=$?
 t_b=$((SECONDS - t0))
+said() { (( $1 == 5 )) && echo "nothing selected" || echo "exit $1"; }
 if (( rc_a == 5 && rc_b == 5 )); then rc=5
 else
-  (( rc_a == 5 )) && rc_a=0
-  (( rc_b == 5 )) && rc_b=0
-  rc=$(( rc_a > rc_b ? rc_a : rc_b ))
+  rc=$(( rc_a == 5 ? 0 : rc_a ))
+  (( rc_b == 5 || rc_b <= rc )) || rc=$rc_b
 fi
-echo "tests/run.sh: finished in $((SECONDS - start)) s (exit $rc): A, not cluster, ${workers} workers: ${t_a} s (exit $rc_a); B, cluster, one process: ${t_b} s (exit $rc_b)" >&2
+echo "tests/run.sh: finished in $((SECONDS - start)) s (exit $rc): A, not cluster, $workers workers: $t_a s ($(said "$rc_a")); B, cluster, one process: $t_b s ($(said "$rc_b"))" >&2
 exit "$rc"
