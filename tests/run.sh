@@ -5,7 +5,11 @@
 #   1. system packages (Debian: Slurm, munge, Prometheus, ShellCheck, jq, ...): utils/setup_system.sh
 #      installs the missing ones with apt-get as root, else names them on one line and stops;
 #   2. the pinned Python environment (utils/setup_env.sh; ~2-3 min the first time);
-#   3. pytest over tests/ (the tests start the local Slurm cluster themselves).
+#   3. pytest over tests/ in two phases: A, every test not marked `cluster`, on one worker more than
+#      cores (pytest-xdist, each test file on one worker); B, the `cluster` tests in one process
+#      (they share one local Slurm cluster, which they start themselves). The exit status is the
+#      worse of the two; one line gives both times. Arguments that choose the selection or the
+#      workers themselves (-m, -n, -p no:xdist, --pdb) get one plain pytest run instead.
 #   --fast  the developer loop (~2.5 min and ~330 s of CPU on 2 cores; the goal is 1 min): only the tests marked neither `cluster`
 #           (the local Slurm cluster) nor `slow` (MaxText training or config loads, a Ray cluster,
 #           the repeats of the incident matrix), that is -m "not cluster and not slow", on one worker
@@ -15,23 +19,57 @@ set -euo pipefail
 [[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/../utils/launch/lib.sh"; usage; exit; }
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 start=$SECONDS
+# One worker more than cores: many tests wait on a server or a sleep, and a third worker fills
+# that time. At most 6: the longest file bounds the run. Whole files per worker, in file order
+# (xdist would otherwise start the files with the most tests first).
+workers=$(( $(nproc) + 1 ))
+(( workers <= 6 )) || workers=6
+parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
+fast=0
 if [[ "${1:-}" == --fast ]]; then
   shift
-  # One worker more than cores: many tests wait on a server or a sleep, and a third worker fills
-  # that time (2 cores: ~55 s instead of ~63 s). At most 6: test_diagnose, the longest file, is a
-  # fifth of the work (~65 of ~330 s of CPU). Whole files per worker, in file order (xdist would otherwise start the
-  # files with the most tests first, and test_diagnose has few).
-  workers=$(( $(nproc) + 1 ))
-  (( workers <= 6 )) || workers=6
-  set -- -m "not cluster and not slow" -n "$workers" --dist loadfile --no-loadscope-reorder "$@"
+  fast=1
 fi
+# the caller picks the selection or the workers: one pytest run with exactly those arguments
+plain=0
+for a in "$@"; do
+  case "$a" in -m | -m* | -n | -n* | --numprocesses* | no:xdist | -pno:xdist | --pdb) plain=1 ;; esac
+done
 
 "$repo/utils/setup_system.sh"
 export PATH="$PATH:/usr/sbin:/sbin"
 
 "$repo/utils/setup_env.sh"
 cd "$repo"
+py="${MAXTEXT_SLURM_VENV:-$repo/.venv}/bin/python"
 rc=0
-"${MAXTEXT_SLURM_VENV:-$repo/.venv}/bin/python" -m pytest "$@" || rc=$?
-echo "tests/run.sh: finished in $((SECONDS - start)) s (exit $rc)" >&2
+if (( fast )); then
+  (( plain )) || set -- "${parallel[@]}" "$@"
+  set -- -m "not cluster and not slow" "$@"
+  "$py" -m pytest "$@" || rc=$?
+  echo "tests/run.sh: finished in $((SECONDS - start)) s (exit $rc)" >&2
+  exit "$rc"
+fi
+if (( plain )); then
+  "$py" -m pytest "$@" || rc=$?
+  echo "tests/run.sh: finished in $((SECONDS - start)) s (exit $rc)" >&2
+  exit "$rc"
+fi
+# pytest's exit 5 is "nothing selected": fine for one phase (tests/run.sh -k X names tests of one
+# kind), a failure only when neither phase ran anything
+t0=$SECONDS
+rc_a=0
+"$py" -m pytest -m "not cluster" "${parallel[@]}" "$@" || rc_a=$?
+t_a=$((SECONDS - t0))
+t0=$SECONDS
+rc_b=0
+"$py" -m pytest -m cluster "$@" || rc_b=$?
+t_b=$((SECONDS - t0))
+said() { (( $1 == 5 )) && echo "nothing selected" || echo "exit $1"; }
+if (( rc_a == 5 && rc_b == 5 )); then rc=5
+else
+  rc=$(( rc_a == 5 ? 0 : rc_a ))
+  (( rc_b == 5 || rc_b <= rc )) || rc=$rc_b
+fi
+echo "tests/run.sh: finished in $((SECONDS - start)) s (exit $rc): A, not cluster, $workers workers: $t_a s ($(said "$rc_a")); B, cluster, one process: $t_b s ($(said "$rc_b"))" >&2
 exit "$rc"
