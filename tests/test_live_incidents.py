@@ -77,19 +77,20 @@ def start(cluster: dict[str, str], workspace: Path, steps: int, nodes: int = 2) 
     """A RAY=1 job of `steps` steps, scraped every 2 s; returns once n2 has done step 40. 1000 steps
     keep an idle machine training (~0.05 s a step) well past a 20 s fault that starts now: the metrics
     end with the job, so a job that ends within the fault shows only its start."""
+    # 3 CPU devices cannot split the tiny model's weights (fsdp 3): replicate them, split the batch
+    mesh = ["ici_fsdp_parallelism=1", "ici_data_parallelism=-1"] if nodes % 2 else []
     job_id, log = submit(
-        cluster,
-        workspace,
-        "tiny",
-        "-N",
-        str(nodes),
-        "--",
-        f"steps={steps}",
-        "log_period=5",
-        RAY="1",
-        METRICS_INTERVAL="2",
-    )
-    wait_for(lambda: log_has(log, r"^n2: .*completed step: 40,"), 420, "n2 to train")
+        cluster, workspace, "tiny", "-N", str(nodes), "--", f"steps={steps}", "log_period=5", *mesh,
+        RAY="1", METRICS_INTERVAL="2",
+    )  # fmt: skip
+
+    def trained() -> bool:
+        if log_has(log, r"^n2: .*completed step: 40,"):
+            return True
+        assert job_state(cluster, job_id) in ("PENDING", "RUNNING", "CONFIGURING"), log.read_text()[-3000:]
+        return False
+
+    wait_for(trained, 420, "n2 to train")
     return job_id, log
 
 
@@ -187,10 +188,10 @@ OTHERS = [
     for n in (2, 3)
     for kind, verdict in (("io", "io_pressure"), ("oom", "memory"), ("freeze", "-"), ("kill", "-"))
 ]
-# in the whole suite: the 2-node incident that read `none` before the job compared its slow phase
-# with its own fast one (both ends of the only link retransmit alike), and 3 nodes with a loss that
-# the peers' comparison finds; the 2-node bridge loss, IO and OOM rows are the tests above
-SUITE = {"loss20-inside-2n", "loss20-bridge-3n"}
+# in the whole suite: the 2-node incident that read `none` (issue 22 item 8) and then named the
+# healthy end (n1 retransmits ~3x what n2 does); the 2-node bridge loss, IO and OOM rows are the
+# tests above
+SUITE = {"loss20-inside-2n"}
 MATRIX = [c for c in LOSS + OTHERS if os.environ.get("MST_LIVE_MATRIX") == "1" or c.name in SUITE]
 
 
