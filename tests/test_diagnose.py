@@ -726,6 +726,22 @@ def _net_data(retrans: dict[str, np.ndarray], segs: dict[str, np.ndarray], token
     return d
 
 
+@pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_a_host_dropping_what_it_sends_is_named_not_its_louder_peer(tmp_path, seed):
+    """tcp_local_drop: the peer retransmits more (a failed send is no retransmit), but the dropping host's
+    own IP counters (OutRequests above OutTransmits) name it; the peer is no culprit."""
+    inc = corpus.build("tcp_local_drop", tmp_path, seed)
+    r = diag(inc.job_dir)
+    net = next(f for f in r["findings"] if f["kind"] == "network")
+    (bad,) = inc.culprits
+    (peer,) = [h for h in inc.hosts if h != bad]
+    v = net["values"]
+    assert r["verdict"] == "network" and r["culprit_hosts"] == [bad] and net["scope"] == "hosts", r["summary"]
+    assert v["side"] == "local" and v["retransmits_per_s"][peer] > v["retransmits_per_s"][bad], v
+    assert 0.02 < v["dropped_share"][bad] < 0.3 and f"{bad} dropped what it sent before the NIC" in net["summary"]
+    assert overlaps(net["window"], inc.window), (net["window"], inc.window)
+
+
 def test_more_traffic_is_no_loss_per_segment_sent():
     """The self-comparison reads TCP per segment sent: every host's retransmits up 5x in the slow stretch
     is a network incident when the segments sent fell with the throughput, none when they rose as much

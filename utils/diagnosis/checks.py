@@ -269,7 +269,7 @@ SIDE_SHORT = {
     "responder": "responder side, the receiving end: what these hosts receive is lost",
     "sender": "TCP counts retransmits at the sender: what these hosts send is lost",
     "link": "the port's own link errors",
-    "local": "their own stack dropped what they sent before the NIC",
+    "local": "the host's own stack dropped what it sent before the NIC",
 }
 
 
@@ -677,7 +677,7 @@ def _network_local(d: Data, rep: Report, bad: dict[str, dict]) -> None:
             + ", ".join(
                 f"{h} {fmt(bad[h]['dropped'])} packets ({_pct(bad[h]['share'])} of what it sent)" for h in hosts
             )
-            + f" in {utc(lo)} .. {utc(hi)}; {SIDE_SHORT['local']}",
+            + f" in {utc(lo)} .. {utc(hi)}; the peers' retransmits follow from it (IP OutRequests above OutTransmits)",
             hosts,
             (lo, hi),
             [d.queries["counters"] + "   # hw_ip_out_requests_total, hw_ip_out_transmits_total", q],
