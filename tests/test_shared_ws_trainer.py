@@ -229,8 +229,8 @@ def test_core_directories_planted_for_the_next_job_stop_it_with_one_line(kind, b
     """The attacker predicts the victim's next job id and makes its core directories on the shared
     COREDUMP_DIR first (1777 scratch; a 2775 group directory under umask 002), for both nodes, each
     with a `maxtext` package and a link at context.txt to a file of the victim's. The victim's
-    ENABLE_COREDUMPS=1 job stops in its train stage, each node with one line naming the attacker's
-    directory and its owner; no payload ran, the linked file and the attacker's tree are unchanged."""
+    ENABLE_COREDUMPS=1 job stops in its train stage, with one line naming the attacker's directory
+    and its owner on each node that got to its check; no payload ran, the linked file and the attacker's tree are unchanged."""
     victim, attacker = ensure_users()
     ws = shared_workspace(base, kind)
     (base / "s").mkdir()
@@ -250,7 +250,9 @@ def test_core_directories_planted_for_the_next_job_stop_it_with_one_line(kind, b
     s = summary(log)
     assert s["stage"] == "train" and refusal in s.get("first_error", ""), log.read_text()[-3000:]
     said = node_lines(log, "_train.sh: ")
-    assert {h: len(lines) for h, lines in said.items()} == dict.fromkeys(NODES, 1), said  # one line each
+    # one line on each node that got to the check (the first refusal fails the step, and Slurm may stop
+    # the other node before its own check: measured once on a quiet 2-core machine, n1 said nothing)
+    assert said and set(said) <= set(NODES) and all(len(lines) == 1 for lines in said.values()), said
     assert all(refusal in lines[0] for lines in said.values()), said
     assert not node_lines(log, "completed step")  # the trainer never started
     assert not canary.exists()
