@@ -230,7 +230,8 @@ def test_core_directories_planted_for_the_next_job_stop_it_with_one_line(kind, b
     COREDUMP_DIR first (1777 scratch; a 2775 group directory under umask 002), for both nodes, each
     with a `maxtext` package and a link at context.txt to a file of the victim's. The victim's
     ENABLE_COREDUMPS=1 job stops in its train stage, with one line naming the attacker's directory
-    and its owner on each node that got to its check; no payload ran, the linked file and the attacker's tree are unchanged."""
+    and its owner on each node that got to its check; no payload ran, the linked file and the
+    attacker's tree are unchanged."""
     victim, attacker = ensure_users()
     ws = shared_workspace(base, kind)
     (base / "s").mkdir()
