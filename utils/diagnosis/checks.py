@@ -675,7 +675,8 @@ def _network_local(d: Data, rep: Report, bad: dict[str, dict]) -> None:
             "network",
             f"{', '.join(hosts)} dropped what {'it' if len(hosts) == 1 else 'they'} sent before the NIC: "
             + ", ".join(
-                f"{h} {fmt(bad[h]['dropped'])} packets ({_pct(bad[h]['share'])} of what it sent)" for h in hosts
+                f"{h} {fmt(bad[h]['dropped'])} packets ({_pct(bad[h]['share'])} of its IP packets, loopback included)"
+                for h in hosts
             )
             + f" in {utc(lo)} .. {utc(hi)}; the peers' retransmits follow from it (IP OutRequests above OutTransmits)",
             hosts,
