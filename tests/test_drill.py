@@ -55,6 +55,8 @@ def test_help_prints_the_usage_header(tmp_path):
         (["net", "--delay", "0"], "--delay must be milliseconds"),
         (["io", "--loss", "5"], "options of net only"),
         (["net", "--loss", "5", "--seconds", "9"], "options of io only"),
+        (["net", "--delay", "5", "--inside"], "--inside goes with --loss"),
+        (["oom", "--inside"], "--inside is an option of net --loss only"),
         (["io", "--seconds", "-3"], "--seconds must be"),
         (["kill", "--node", "n0"], "--node must be n1 .. n16"),
         (["kill", "--node", "host7"], "--node must be n1 .. n16"),
