@@ -742,6 +742,30 @@ def test_a_host_dropping_what_it_sends_is_named_not_its_louder_peer(tmp_path, se
     assert overlaps(net["window"], inc.window), (net["window"], inc.window)
 
 
+def test_local_drops_count_only_with_the_jobs_own_slowdown():
+    """A host whose stack drops 5 % of its packets all run long (a firewall rule on other traffic) while
+    the job runs at one speed is no incident; the same drops only while throughput collapsed name it."""
+    from diagnosis import checks
+    from diagnosis.evidence import Report
+
+    n = 60
+    flat = np.full(n, 1000.0)
+    dip = flat.copy()
+    dip[30:40] = 100.0
+    for tokens, want in ((flat, None), (dip, ["n2"])):
+        lost = np.zeros(n)
+        lost[30:40] = 50.0
+        steady = want is None
+        d = _net_data({h: np.full(n, 0.1) for h in ("n1", "n2")}, {h: np.full(n, 3000.0) for h in ("n1", "n2")}, tokens)
+        req = {h: np.full(n, 1000.0) for h in ("n1", "n2")}
+        out = {"n1": req["n1"].copy(), "n2": req["n2"] - (50.0 if steady else lost)}
+        d.rates |= {"hw_ip_out_requests_total": req, "hw_ip_out_transmits_total": out}
+        rep = Report(d)
+        checks.check_network(d, rep)
+        got = [f.hosts for f in rep.findings if f.kind == "network" and f.values.get("side") == "local"]
+        assert got == ([] if steady else [want]), [f.summary for f in rep.findings]
+
+
 def test_more_traffic_is_no_loss_per_segment_sent():
     """The self-comparison reads TCP per segment sent: every host's retransmits up 5x in the slow stretch
     is a network incident when the segments sent fell with the throughput, none when they rose as much

@@ -269,7 +269,6 @@ SIDE_SHORT = {
     "responder": "responder side, the receiving end: what these hosts receive is lost",
     "sender": "TCP counts retransmits at the sender: what these hosts send is lost",
     "link": "the port's own link errors",
-    "local": "the host's own stack dropped what it sent before the NIC",
 }
 
 
@@ -629,18 +628,24 @@ LOCAL_DROP_MIN = 50.0  # ... and at least this many packets over the job
 def _local_drops(d: Data) -> dict[str, dict] | None:
     """Hosts whose own stack dropped what they sent before their NIC: rate(hw_ip_out_requests_total) -
     rate(hw_ip_out_transmits_total) per host (0 on a healthy host; forwarded packets count only in
-    transmits, so the difference is clipped at 0). {host: {dropped, share, window}} for a subset of the
-    hosts over LOCAL_DROP_SHARE and LOCAL_DROP_MIN, else None (a kernel before Linux 6.3 has no
-    OutTransmits: then nothing is said)."""
+    transmits, so the difference is clipped at 0). Only drops in the job's slow moments count, at
+    FLEET_RISE x their rate in its fast ones or more: a host that drops steadily (a firewall rule on
+    some other traffic) is no incident. {host: {dropped, share, window}} for a subset of the hosts over
+    LOCAL_DROP_SHARE and LOCAL_DROP_MIN, else None (a kernel before Linux 6.3 has no OutTransmits, or
+    the job never slowed down: then nothing is said)."""
     req, out = d.rates.get("hw_ip_out_requests_total", {}), d.rates.get("hw_ip_out_transmits_total", {})
-    m = d.mask()
+    if not req or not out:
+        return None
+    sf = slow_fast(d)
+    if sf is None:
+        return None
     bad = {}
     for h in d.hosts:
         if h not in req or h not in out:
             return None
-        drop = np.clip(np.nan_to_num(req[h] - out[h]), 0, None) * m
-        hit = drop >= 1.0
-        if not hit.any():
+        drop = np.clip(np.nan_to_num(req[h] - out[h]), 0, None)
+        hit = (drop >= 1.0) & sf.slow
+        if not hit.any() or _mean(drop, sf.slow) < FLEET_RISE * _mean(drop, sf.fast):
             continue
         asked = float(np.nansum(np.where(hit, req[h], 0.0)))
         dropped = float(drop[hit].sum()) * d.step
