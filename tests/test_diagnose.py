@@ -766,6 +766,33 @@ def test_local_drops_count_only_with_the_jobs_own_slowdown():
         assert got == ([] if steady else [want]), [f.summary for f in rep.findings]
 
 
+def test_a_dip_early_in_the_slow_phase_is_no_warm_up():
+    """The series of a live `drill.sh net --loss 20 --inside` on n2 (2 nodes, 5 s grid, measured): the
+    fault began a few steps into training, so the slow phase starts where training starts. The dip in it
+    is the incident, not compilation: n2's drops there name it (the CI run that read `none`)."""
+    from diagnosis import checks
+    from diagnosis.evidence import Report
+
+    nan = np.nan
+    steps = [1533, 1364, 65, 68, 38, 1286, 1381, 1685, 1475, 1413, 1553, 1484, 1477, 1424, 1392]
+    tokens = np.array([nan] * 5 + steps + [nan])
+    lost = np.array([0.0] * 6 + [42.6, 64, 64, 123.6, 60] + [0.0] * 10)
+    n = tokens.size
+    d = _net_data({"n1": np.full(n, 2.0), "n2": np.full(n, 1.0)}, {h: np.full(n, 3000.0) for h in ("n1", "n2")}, tokens)
+    d.train = (5 * 60.0, 19 * 60.0)
+    d.phases = [
+        {"start": 5 * 60.0, "end": 11 * 60.0, "level": 1286.0, "unit": "tokens/s/device"},
+        {"start": 11 * 60.0, "end": 19 * 60.0, "level": 1476.0, "unit": "tokens/s/device"},
+    ]
+    req = {h: np.full(n, 1000.0) for h in ("n1", "n2")}
+    d.rates |= {"hw_ip_out_requests_total": req, "hw_ip_out_transmits_total": {"n1": req["n1"], "n2": req["n2"] - lost}}
+    sf = checks.slow_fast(d)
+    assert sf is not None and sf.slow[7:10].all() and sf.fast[12:19].all(), sf
+    rep = Report(d)
+    checks.check_network(d, rep)
+    assert [(f.hosts, f.values["side"]) for f in rep.findings] == [(["n2"], "local")], [f.summary for f in rep.findings]
+
+
 def test_more_traffic_is_no_loss_per_segment_sent():
     """The self-comparison reads TCP per segment sent: every host's retransmits up 5x in the slow stretch
     is a network incident when the segments sent fell with the throughput, none when they rose as much

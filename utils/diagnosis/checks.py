@@ -482,14 +482,14 @@ def slow_fast(d: Data) -> SlowFast | None:
         return None
     ok = np.isfinite(filled)
     slow = ok & (np.nan_to_num(filled) <= SLOW * ref)
-    pw = _phase_windows(d)
-    if pw:
-        slow |= ok & d.mask((pw[1]["start"], pw[1]["end"]))
-    fast = ok & ~slow & (np.nan_to_num(filled) >= FAST * ref)
     lead = idx[0]
-    while lead < slow.size and slow[lead]:  # compilation / warm-up
-        slow[lead] = False
+    while lead < slow.size and slow[lead]:  # compilation / warm-up: slow by throughput from the first step
         lead += 1
+    pw = _phase_windows(d)
+    if pw:  # the slow phase counts whole, warm-up or not (a dip early in it must not make it all warm-up)
+        slow |= ok & d.mask((pw[1]["start"], pw[1]["end"]))
+    slow[:lead] = False
+    fast = ok & ~slow & (np.nan_to_num(filled) >= FAST * ref)
     if slow.sum() < 3 or fast.sum() < 3:
         return None
     return SlowFast(slow, fast, nanmed(v[slow]), nanmed(v[fast]), unit)
