@@ -77,7 +77,10 @@ def the_job(ws: Path) -> Path:
     return next(p for p in ws.iterdir() if p.is_dir() and ".earlier-" not in p.name)
 
 
-@pytest.mark.parametrize("name", TOOLS)
+# one lookup rule (jobdir.py) serves every tool: the fast loop asks two of them, the whole suite all
+@pytest.mark.parametrize(
+    "name", [pytest.param(t, marks=() if t in ("triage", "diagnose") else pytest.mark.slow) for t in TOOLS]
+)
 def test_id_and_name_find_the_new_job_never_the_earlier_one(name, ws):
     job = the_job(ws)
     assert len(list(ws.glob("4242-JAX-*.earlier-*"))) == 2  # the earlier job's dir and log, moved aside

@@ -117,6 +117,7 @@ def close(a: float | None, b: float | None) -> bool:
 
 
 VERIFY_FAST = {"healthy", "heartbeat_false_positive", "gpu_xid", "gpu_thermal"}  # gpu_xid: the kernel-log query
+SKILL_VERIFY_FAST = {"healthy", "gpu_xid"}  # the skill's block as written: nothing to check, and checks that match
 # The signals that decide a verdict, each of which its finding must check (besides the one its summary leads with)
 DECIDING = {
     "gpu_thermal": {"temperature", "clock"},
@@ -212,7 +213,7 @@ def test_verify_reproduces_every_deciding_value(tmp_path, family):
 
 
 @pytest.mark.parametrize(
-    "family", [pytest.param(f, marks=() if f in VERIFY_FAST else pytest.mark.slow) for f in corpus.FAMILIES]
+    "family", [pytest.param(f, marks=() if f in SKILL_VERIFY_FAST else pytest.mark.slow) for f in corpus.FAMILIES]
 )
 def test_skill_verify_step_on_every_family(tmp_path, family):
     """The skill's check step (step 4), both ways as written: utils/verify.py "$JOB" says every check matches,
@@ -417,6 +418,7 @@ def copy_job(src: Path, name: str, edit: Callable[[str], str] = lambda t: t) -> 
     return dst
 
 
+@pytest.mark.slow  # five job copies, three diagnoses (~8 CPU-s); --vs auto's one-line refusal stays fast
 def test_vs_auto_picks_the_nearest_clean_run_of_the_model_on_the_same_hosts(tmp_path):
     inc = corpus.build("thread_leak", tmp_path / "ws", 4)  # the leak job and its clean twin, an hour before it
     model = inc.notes["model"]
@@ -453,7 +455,7 @@ def test_vs_auto_picks_the_nearest_clean_run_of_the_model_on_the_same_hosts(tmp_
     assert json.loads(cli(inc.job_dir, "--vs", inc.vs, "--json").stdout)["vs"]["auto"] is None
 
 
-@pytest.mark.parametrize("twin", ["after", "elsewhere"])
+@pytest.mark.parametrize("twin", ["after", pytest.param("elsewhere", marks=pytest.mark.slow)])
 def test_vs_auto_takes_a_later_run_and_says_when_no_host_is_shared(tmp_path, twin):
     """The clean run has a later id and ran after the leak job (after), or ran before it on other
     hosts of another node type: half the memory, GPU power limit 700-750 W vs 1000 W (elsewhere).

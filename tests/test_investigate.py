@@ -44,9 +44,16 @@ def cli(*args: str | Path, cwd: Path, env: dict | None = None) -> subprocess.Com
 # where the log names the failure, triage decides (the metrics' verdict is kept beside it); otherwise
 # diagnose does (thread_leak: clean alone, found against the earlier run the corpus puts beside it)
 TRIAGE_DECIDES = {"host_oom": "oom_host", "hang": "hang", "heartbeat_false_positive": "heartbeat_false_positive"}
-TSDB_CASES = [  # ~2 s each (thread_leak ~5 s: two diagnoses): no slow mark
+# ~1.5 CPU-s each (thread_leak two diagnoses): the fast loop runs one of each way to decide (the log
+# decides, the metrics name hosts, nothing found); the whole suite runs every family
+FAST_CASES = {"hang", "gpu_thermal", "healthy"}
+TSDB_CASES = [
     pytest.param(
-        f, TRIAGE_DECIDES.get(f, v), "triage" if f in TRIAGE_DECIDES else ("diagnose" if v != "none" else None), id=f
+        f,
+        TRIAGE_DECIDES.get(f, v),
+        "triage" if f in TRIAGE_DECIDES else ("diagnose" if v != "none" else None),
+        id=f,
+        marks=() if f in FAST_CASES else pytest.mark.slow,
     )
     for f, v in corpus.FAMILIES.items()
 ]
@@ -123,7 +130,7 @@ def test_a_short_midrun_slowdown_hands_over_by_its_phases(tmp_path):
     assert r["verdict"] == "none" and r["culprit_hosts"] == [] and r["metrics_verdict"] == "none", r["summary"]
 
 
-@pytest.mark.parametrize("twin", ["after", "elsewhere"])
+@pytest.mark.parametrize("twin", ["after", pytest.param("elsewhere", marks=pytest.mark.slow)])
 def test_a_later_baseline_and_one_on_other_hosts(tmp_path, twin):
     """The thread leak's clean run has a later id and ran after it (after), or ran before it on hosts of
     another node type (elsewhere): triage reads the leak job as completed and healthy (the skill then
@@ -234,6 +241,7 @@ def test_log_only_next_steps_run_from_another_directory(tmp_path):
     assert {Path(t.split()[0]).name for t in tools} == {"perf.py", "investigate.py"}, tools
 
 
+@pytest.mark.slow  # runs every printed tool (~10 CPU-s); the log-only twin below stays in the fast loop
 def test_json_and_next_steps_run_from_another_directory(tmp_path):
     """`investigate.py NAME --json` from the workspace's shell; then every printed command that is a
     tool of this repository runs as printed from an unrelated directory and another workspace."""

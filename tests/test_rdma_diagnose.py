@@ -49,7 +49,7 @@ SIDE_SEEDS = {"1-3": range(1, 4), "4-6": pytest.param(range(4, 7), marks=pytest.
 
 
 @pytest.mark.parametrize("seeds", SIDE_SEEDS.values(), ids=SIDE_SEEDS)
-@pytest.mark.parametrize("family", ["rdma_send_side", "rdma_recv_side"])
+@pytest.mark.parametrize("family", ["rdma_send_side", pytest.param("rdma_recv_side", marks=pytest.mark.slow)])
 def test_the_faulty_end_is_named_on_every_vendor(tmp_path, family, seeds):
     named = right = want = 0
     nics, misses = set(), []

@@ -113,11 +113,10 @@ def incident(ws: Path, family: str) -> corpus.Incident:
     return _built[family]
 
 
-# one Chromium start each (~8 s of CPU): the fast loop loads the network incident's page (and the
-# --vs page below); the hang's page, the same template with other charts, runs in the whole suite
-@pytest.mark.parametrize(
-    "family", [pytest.param(f, marks=() if f == "rdma_retransmits" else pytest.mark.slow) for f in INCIDENTS]
-)
+# one Chromium start each (~8 s of CPU): the whole suite loads every page; the fast loop checks the
+# pages' content without a browser (the tests below)
+@pytest.mark.slow
+@pytest.mark.parametrize("family", INCIDENTS)
 def test_report_page_in_chromium(ws, tmp_path, family):
     inc = incident(ws, family)
     r = diagnose_cli(inc.job_dir, "--report", tmp_path / "out")
@@ -149,6 +148,7 @@ def test_report_page_in_chromium(ws, tmp_path, family):
         shutil.copyfile(tmp_path / "page.png", os.environ["MST_REPORT_SCREENSHOT"])
 
 
+@pytest.mark.slow  # a Chromium start and two diagnoses
 def test_report_with_vs_auto_has_the_comparison(ws, tmp_path):
     inc = corpus.build("thread_leak", ws / "leak", 1)
     r = diagnose_cli(inc.job_dir, "--vs", "auto", "--workspace", ws / "leak", "--report", tmp_path)

@@ -104,6 +104,7 @@ def wheel_of(name: str, dest: Path) -> Path:
     return whl
 
 
+@pytest.mark.slow  # pip installs into a new environment
 def test_adopt_the_projects_environment_offline(tmp_path):
     """Everything is present: nothing is installed, the versions and the accelerator are recorded, --check
     and later calls are instant, and the new environment imports MaxText and the adopted JAX."""
@@ -136,6 +137,7 @@ def test_adopt_the_projects_environment_offline(tmp_path):
     assert f"{env} already holds an environment (adopted from {py}); remove it" in other.stderr
 
 
+@pytest.mark.slow  # pip installs into a new environment
 def test_wheelhouse_fills_what_the_site_lacks(tmp_path):
     """A site with another JAX version and a CUDA plugin, without termcolor (a MaxText pin): termcolor comes
     from the wheelhouse, the site's versions are kept and each difference is one warning, the accelerator
