@@ -482,8 +482,10 @@ def slow_fast(d: Data) -> SlowFast | None:
         return None
     ok = np.isfinite(filled)
     slow = ok & (np.nan_to_num(filled) <= SLOW * ref)
-    lead = idx[0]
-    while lead < slow.size and slow[lead]:  # compilation / warm-up: slow by throughput from the first step
+    lead = idx[0]  # compilation / warm-up: slow from the first step on while it speeds up; a fall to half
+    while lead < slow.size and slow[lead]:  # or less ends it (a fault before full speed is no warm-up)
+        if lead + 1 < slow.size and filled[lead + 1] < 0.5 * filled[lead]:
+            break
         lead += 1
     pw = _phase_windows(d)
     if pw:  # the slow phase counts whole, warm-up or not (a dip early in it must not make it all warm-up)
