@@ -458,7 +458,8 @@ def slow_fast(d: Data) -> SlowFast | None:
     """Split the training window into the job's slow and fast moments by its throughput (tokens/s/device,
     else 1 / step time). A grid point without a step of its own takes the next step's value (a step's
     rate covers the time before its end, so a collapse whose steps are sparse still counts). A slow
-    stretch at the very start (compilation, warm-up) is left out. None without 3 slow and 3 fast points."""
+    stretch at the very start (compilation, warm-up) is left out; it ends where throughput falls to half
+    or less (a fault before full speed is no warm-up). None without 3 slow and 3 fast points."""
     y, unit = d.tb.get("tokens"), "tokens/s/device"
     if y is None or not np.isfinite(y).any():
         y, unit = d.tb.get("step_time"), "steps/s"
@@ -488,7 +489,7 @@ def slow_fast(d: Data) -> SlowFast | None:
             break
         lead += 1
     pw = _phase_windows(d)
-    if pw:  # the slow phase counts whole, warm-up or not (a dip early in it must not make it all warm-up)
+    if pw:  # the slow phase counts whole but for the warm-up found above by throughput alone
         slow |= ok & d.mask((pw[1]["start"], pw[1]["end"]))
     slow[:lead] = False
     fast = ok & ~slow & (np.nan_to_num(filled) >= FAST * ref)
