@@ -10,7 +10,7 @@
 #      (they share one local Slurm cluster, which they start themselves). The exit status is the
 #      worse of the two; one line gives both times. Arguments that choose the selection or the
 #      workers themselves (-m, -n, -p no:xdist, --pdb) get one plain pytest run instead.
-#   --fast  the developer loop (~2.5 min and ~330 s of CPU on 2 cores; the goal is 1 min): only the tests marked neither `cluster`
+#   --fast  the developer loop (~2.4 min and ~270 s of CPU on 2 cores; the goal is 1 min): only the tests marked neither `cluster`
 #           (the local Slurm cluster) nor `slow` (MaxText training or config loads, a Ray cluster,
 #           the repeats of the incident matrix), that is -m "not cluster and not slow", on one worker
 #           more than cores (pytest-xdist, each test file on one worker; add -n 0 for one process, e.g. --pdb).
