@@ -628,19 +628,16 @@ LOCAL_DROP_SHARE = 0.005  # a host's own stack dropped >= this share of what it 
 LOCAL_DROP_MIN = 50.0  # ... and at least this many packets over the job
 
 
-def _local_drops(d: Data) -> dict[str, dict] | None:
+def _local_drops(d: Data, sf: SlowFast | None) -> dict[str, dict] | None:
     """Hosts whose own stack dropped what they sent before their NIC: rate(hw_ip_out_requests_total) -
     rate(hw_ip_out_transmits_total) per host (0 on a healthy host; forwarded packets count only in
     transmits, so the difference is clipped at 0). Only drops in the job's slow moments count, at
     FLEET_RISE x their rate in its fast ones or more: a host that drops steadily (a firewall rule on
     some other traffic) is no incident. {host: {dropped, share, window}} for a subset of the hosts over
     LOCAL_DROP_SHARE and LOCAL_DROP_MIN, else None (a kernel before Linux 6.3 has no OutTransmits, or
-    the job never slowed down: then nothing is said)."""
+    the job never slowed down, SF None: then nothing is said)."""
     req, out = d.rates.get("hw_ip_out_requests_total", {}), d.rates.get("hw_ip_out_transmits_total", {})
-    if not req or not out:
-        return None
-    sf = slow_fast(d)
-    if sf is None:
+    if not req or not out or sf is None:
         return None
     bad = {}
     for h in d.hosts:
@@ -700,7 +697,8 @@ def _network_local(d: Data, rep: Report, bad: dict[str, dict]) -> None:
 
 
 def check_network(d: Data, rep: Report) -> None:
-    local = _local_drops(d)
+    sf = slow_fast(d)  # the job's slow and fast moments: the local-drop rule and the self-comparison
+    local = _local_drops(d, sf)
     if local:  # direct evidence of the end at fault: it wins over who counts the most retransmits
         return _network_local(d, rep, local)
     signals = _network_signals(d)
@@ -713,8 +711,7 @@ def check_network(d: Data, rep: Report) -> None:
     end = _rdma_end(d, side.get("requester"), side.get("responder"), rdma)
     cands = [x for s in signals if s.side not in SIDES and (x := found[s.key])] + ([end] if end else [])
     best = max(cands, key=lambda x: x.weight, default=None)
-    sf = slow_fast(d) if best is None else None
-    if sf is not None and _network_fleet(d, rep, signals, sf):
+    if best is None and sf is not None and _network_fleet(d, rep, signals, sf):
         return None
     if best is None:
         detail = "no host's retransmit or link-error rate stands out" + (" (not even in the slow phase)" if pw else "")
