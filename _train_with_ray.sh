@@ -144,6 +144,10 @@ if (( rank == 0 )); then
   flush=$(( ${METRICS_INTERVAL:-5} * 2 + 1 ))
   say "training ended (exit $rc); keeping metrics up ${flush} s for a last scrape"
   sleep "$flush"
+  # Prometheus stops while every node's Ray and exporter still answer: a scrape after any of them
+  # stopped would end its series with a staleness marker, and the saved TSDB, queried at its end,
+  # would lack that node (the cleanup below stops Ray first only when the job is cut short)
+  "$repo/utils/observe/job_services.sh" stop
   touch "$ray_dir/done"
   exit "$rc"
 fi

@@ -214,6 +214,10 @@ def test_ray_job_is_private_authenticated_and_leaves_a_tsdb(cluster, workspace, 
     assert files_containing(job_dir, secret) == []
 
     tsdb = log.with_suffix("") / "prometheus"
+    # the last scrape reached every node's exporter and Ray (Prometheus stops before any of them),
+    # so the saved data, queried at its end, holds every node
+    ups = query(tsdb, "up")  # two nodes: each one's exporter and Ray metrics port
+    assert len(ups) == 4 and {u["value"][1] for u in ups} == {"1"}, ups
     assert set(by_host(query(tsdb, "count by (host) (hw_procs_running)"))) == {"n1", "n2"}
     assert set(by_host(query(tsdb, "count by (host) (hw_tcp_retransmits_total)"))) == {"n1", "n2"}
     assert set(by_host(query(tsdb, 'count by (host) ({__name__=~"ray_node_cpu_utilization|ray_node_mem_used"})'))) == {

@@ -447,7 +447,14 @@ def test_ray_job_in_a_group_workspace_trains_with_its_collector_and_dashboards(u
 
     assert query("count_over_time(tb_learning_loss[1d])") == {"n1": 20.0}
     assert set(query("count by (host) (hw_procs_running)")) == {"n1", "n2"}
-    assert set(query('count by (host) ({__name__=~"ray_node_cpu_utilization|ray_node_mem_used"})')) == {"n1", "n2"}
+    # at the end of the saved data every node's Ray is there (Prometheus stopped before any Ray did);
+    # on failure, how many samples each host's Ray series got over the whole job, and each target's
+    # last scrape, say whether a node was never scraped or only its end was lost
+    ray = '{__name__=~"ray_node_cpu_utilization|ray_node_mem_used"}'
+    assert set(query(f"count by (host) ({ray})")) == {"n1", "n2"}, (
+        query(f"sum by (host) (count_over_time({ray}[1d]))"),
+        query("up"),
+    )
     # the job's files: the victim's, none writable by the group, Ray's directory without setgid
     assert group_or_world_writable(job_dir) == []
     ray_dir = job_dir / "ray"

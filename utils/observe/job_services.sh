@@ -13,7 +13,7 @@
 #          instead: the job trains without Ray, and this is why).
 #   fallback WHY  Ray stopped being usable after start: prints the OBSERVE block again, its Ray
 #          lines replaced by "ray: off - WHY; ...".
-#   stop   stops them (SIGTERM: Prometheus flushes its head block) and waits.
+#   stop   stops them (SIGTERM: Prometheus flushes its head block) and waits; a second stop does nothing.
 # A missing Prometheus is reported and skipped: the job still runs.
 set -uo pipefail
 [[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/../launch/lib.sh"; usage; exit; }
@@ -97,9 +97,10 @@ CONF
     touch "$run_dir/stop" 2>/dev/null
     for f in prometheus tensorboard; do
       pid=$(cat "$run_dir/$f.pid" 2>/dev/null) || continue
+      rm -f -- "$run_dir/$f.pid"  # a second stop (the job's cleanup after its normal end) finds none
       kill -TERM "$pid" 2>/dev/null || continue
       for _ in $(seq 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
-      kill -KILL "$pid" 2>/dev/null
+      kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
     done
     sup=$(cat "$run_dir/supervisor.pid" 2>/dev/null) && wait "$sup" 2>/dev/null
     ;;
