@@ -109,7 +109,8 @@ if [[ "$runtime" == apptainer || "$runtime" == enroot ]]; then
     ulimit -c unlimited 2>/dev/null || true
     [[ -n "${COREDUMP_DIR:-}" && "$COREDUMP_DIR/" != "${JOB_WORKSPACE:-}/"* ]] && mkdir -p "$COREDUMP_DIR" && RT_BINDS+=("$COREDUMP_DIR:$COREDUMP_DIR")
   fi
-  container_mounts "$repo" "${JOB_WORKSPACE:-}" "${COREDUMP_DIR:-}"
+  [[ -n "${COMPILE_CACHE_DIR:-}" && "$COMPILE_CACHE_DIR/" != "${JOB_WORKSPACE:-}/"* ]] && mkdir -p "$COMPILE_CACHE_DIR" && RT_BINDS+=("$COMPILE_CACHE_DIR:$COMPILE_CACHE_DIR")
+  container_mounts "$repo" "${JOB_WORKSPACE:-}" "${COREDUMP_DIR:-}" "${COMPILE_CACHE_DIR:-}"
   mapfile -t rdma_args < <("$repo/utils/launch/netenv.sh" --container-args)
   set_next=""
   for a in "${MOUNT_ARGS[@]}" "${rdma_args[@]}"; do
@@ -134,7 +135,9 @@ if [[ "${ENABLE_COREDUMPS:-0}" == 1 ]]; then   # cores in $JOB_DIR/cores or CORE
   args+=(--ulimit core=-1)
   [[ -n "${COREDUMP_DIR:-}" && "$COREDUMP_DIR/" != "${JOB_WORKSPACE:-}/"* ]] && mkdir -p "$COREDUMP_DIR" && args+=(-v "$COREDUMP_DIR:$COREDUMP_DIR")
 fi
-container_mounts "$repo" "${JOB_WORKSPACE:-}" "${COREDUMP_DIR:-}"
+# JAX's compilation cache (_train.sh) where COMPILE_CACHE_DIR puts it outside the workspace
+[[ -n "${COMPILE_CACHE_DIR:-}" && "$COMPILE_CACHE_DIR/" != "${JOB_WORKSPACE:-}/"* ]] && mkdir -p "$COMPILE_CACHE_DIR" && args+=(-v "$COMPILE_CACHE_DIR:$COMPILE_CACHE_DIR")
+container_mounts "$repo" "${JOB_WORKSPACE:-}" "${COREDUMP_DIR:-}" "${COMPILE_CACHE_DIR:-}"
 args+=("${MOUNT_ARGS[@]}")
 args+=(--label "mst.job=${JOB_ID:-}" --label "mst.workspace=${JOB_WORKSPACE:-}" --label "mst.scheduler=${JOB_SCHEDULER:-}")
 for v in "${CONTRACT_VARS[@]}"; do [[ -v "$v" ]] && args+=(-e "$v"); done

@@ -118,9 +118,15 @@ fi
 config="$repo/configs/$MODEL.yml"
 [[ -f "$config" ]] || die "no config $config for MODEL=$MODEL"
 : "${JOB_DIR:?_train.sh: JOB_DIR is not set}"
-# JAX's compilation cache holds compiled programs, that is code: the user's own, in the user's root
-# of the workspace (MST_USER_ROOT, docs/security.md#shared-workspaces), else the job's directory
-cache_dir=${MST_USER_ROOT:-$JOB_DIR}/.jax_cache
+# JAX's compilation cache holds compiled programs, that is code: the user's own. With
+# COMPILE_CACHE_DIR (a node's own disk, or a place every node shares) it is COMPILE_CACHE_DIR/<user>,
+# a private directory; else in the user's root of the workspace (MST_USER_ROOT,
+# docs/security.md#shared-workspaces), else in the job's directory
+if [[ -n "${COMPILE_CACHE_DIR:-}" ]]; then
+  cache_dir="${COMPILE_CACHE_DIR%/}/$(id -un)"
+else
+  cache_dir=${MST_USER_ROOT:-$JOB_DIR}/.jax_cache
+fi
 args=("$config" "run_name=${JOB_NAME:-maxtext}" "base_output_directory=$JOB_DIR" "jax_cache_dir=$cache_dir")
 # a run (--run): checkpoints on; their directory is a link to the run's (utils/launch/run_alias.sh)
 [[ -z "${MST_RUN:-}" ]] || args+=("enable_checkpointing=true")
@@ -141,7 +147,12 @@ if ! "$py" -I -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null;
 fi
 [[ -z "${MST_USER_ROOT:-}" ]] ||
   check_trusted_under "${JOB_WORKSPACE:?}" "$MST_USER_ROOT" "your root in the workspace" "it holds the compilation cache; use a JOB_WORKSPACE of your own"
-if [[ -e "$cache_dir" || -L "$cache_dir" ]]; then
+if [[ -n "${COMPILE_CACHE_DIR:-}" ]]; then
+  mkdir -p -- "$COMPILE_CACHE_DIR" 2>/dev/null ||
+    die "cannot create COMPILE_CACHE_DIR=$COMPILE_CACHE_DIR on ${JOB_HOSTNAME:-$(hostname)}; set it to a writable place (or unset it: the cache then goes to the workspace)"
+  # one that someone else made first, a link, or one others may write is refused (own_dir)
+  (umask 077; own_dir "$cache_dir" 700) || exit 1
+elif [[ -e "$cache_dir" || -L "$cache_dir" ]]; then
   check_trusted "$cache_dir" "JAX's compilation cache" "it holds compiled programs; remove it"
 elif [[ -d "${cache_dir%/*}" ]]; then
   own_dir "$cache_dir"

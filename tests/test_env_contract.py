@@ -1,6 +1,7 @@
 """The env contract document matches the code; the tiers below _job.sbatch know nothing of Slurm;
 the environment precedence is launcher defaults < configs/MODEL.env.sh < _env_ overrides."""
 
+import getpass
 import re
 from pathlib import Path
 
@@ -109,6 +110,7 @@ def test_trainer_command(scratch_repo: Path):
         "JOB_WORKSPACE": "/jobs",
         "MST_PYTHON": "/venv/bin/python",
         "TRAIN_OVERRIDES": "steps=3\nhf_access_token=hf_secret7\nper_device_batch_size=2\n",
+        "COMPILE_CACHE_DIR": "",  # the default (the test session sets one: tests/conftest.py)
     }
     res = run([str(scratch_repo / "_train.sh"), "--print-cmd"], env=env)
     assert res.returncode == 0, res.stderr
@@ -127,6 +129,9 @@ def test_trainer_command(scratch_repo: Path):
         "steps=3",
         "per_device_batch_size=2",
     ]
+    # a site's COMPILE_CACHE_DIR: the user's own directory in it
+    res = run([str(scratch_repo / "_train.sh"), "--print-cmd"], env={**env, "COMPILE_CACHE_DIR": "/local/jax/"})
+    assert f"jax_cache_dir=/local/jax/{getpass.getuser()}" in res.stdout.split(), res.stdout
 
 
 def test_every_launcher_variable_is_reserved_from_env_overrides():

@@ -1,6 +1,7 @@
 """run_local.sh: the same tiers on one machine — training, a config error, and the interactive
 shell in the job's environment (a crash with core dumps: tests/test_coredumps.py)."""
 
+import getpass
 import os
 import socket
 import subprocess
@@ -94,3 +95,26 @@ def test_secrets_stay_out_of_argv_and_the_record(workspace, venv):
         "hf_access_token=<redacted> _env_DB_PASSWORD=<redacted>"
         in (job_dir / "artifact" / ".submit" / "command.txt").read_text()
     )
+
+
+@pytest.mark.slow
+def test_a_site_compile_cache_is_private_and_reused(workspace, venv, tmp_path):
+    """COMPILE_CACHE_DIR (a site's node-local disk): the job's compiled programs go to the user's own
+    private directory there, not to the workspace, and the next job of the same program finds them
+    there (it compiles nothing new: no entry is added)."""
+    caches = tmp_path / "nvme"
+    env = launcher_env(workspace, COMPILE_CACHE_DIR=str(caches))
+    mine = caches / getpass.getuser()
+
+    def entries() -> set[str]:
+        return {p.name for p in mine.iterdir()}
+
+    res = run([str(REPO / "run_local.sh"), "tiny", "--", "steps=3"], env=env, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:]
+    first = entries()
+    assert any(name.startswith("jit_train_step-") for name in first), first
+    assert mine.stat().st_mode & 0o7777 == 0o700
+    assert not (workspace / getpass.getuser() / ".jax_cache").exists()
+    res = run([str(REPO / "run_local.sh"), "tiny", "--", "steps=3"], env=env, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert entries() == first

@@ -198,7 +198,7 @@ if [[ "$want" != auto && ${#runtimes[@]} == 0 && ${#files[@]} == 0 ]]; then
   fail "CONTAINER_RUNTIME=$want but ${tried[0]#*: } on $host; install it, or use CONTAINER_RUNTIME=auto"
 fi
 if (( ${#runtimes[@]} + ${#files[@]} )); then
-  container_mounts "$repo" "${JOB_WORKSPACE:-}" "${COREDUMP_DIR:-}"   # a bad CONTAINER_MOUNTS fails here, not in training
+  container_mounts "$repo" "${JOB_WORKSPACE:-}" "${COREDUMP_DIR:-}" "${COMPILE_CACHE_DIR:-}"   # a bad CONTAINER_MOUNTS fails here, not in training
 fi
 
 image_id() { "$1" image inspect --format '{{.Id}}' "$image" 2>/dev/null | head -n 1; }
