@@ -175,22 +175,20 @@ def test_the_core_directory_is_the_victims_and_private(base, kind, umask):
 # --- COMPILE_CACHE_DIR on shared scratch: JAX's compilation cache holds code ----------------------
 
 
-@pytest.mark.parametrize(("kind", "umask"), [("sticky", 0o022), ("group", 0o002)])
-def test_a_planted_compile_cache_is_refused_before_the_trainer_runs(base, canary, kind, umask):
-    """The attacker makes the victim's predictable cache directory ($COMPILE_CACHE_DIR/<victim>)
-    first, with an "entry" in it: a compiled program the victim's JAX would load and run. The
-    victim's train stage stops with one line naming the attacker's directory; the trainer never runs."""
+def train_with_a_shared_cache(base: Path, kind: str, umask: int, trainer_body: str, plant: str = ""):
+    """_train.sh as the victim with COMPILE_CACHE_DIR on shared scratch (kind), after the attacker's
+    `plant` script (given CACHES, the shared directory); the trainer is a stand-in that answers the
+    interpreter probes and otherwise runs `trainer_body`. Returns (the result, CACHES, the victim, WS)."""
     victim, attacker = ensure_users()
     ws = shared_workspace(base, kind)
     (base / "s").mkdir()
     caches = shared_workspace(base / "s", kind)
-    planted = caches / victim.name
-    script = f"mkdir {planted} && chmod 0777 {planted} && echo x > {planted}/jit_train_step-0-cache"
-    res = as_user(attacker, ["bash", "-c", script], umask=0o002)
-    assert res.returncode == 0, res.stderr
+    if plant:
+        res = as_user(attacker, ["bash", "-c", plant.replace("CACHES", str(caches))], umask=0o002)
+        assert res.returncode == 0, res.stderr
     job_dir = victim_job_dir(victim, ws, umask)
-    trainer = base / "python"  # answers the probes; run as the trainer, it leaves the canary
-    trainer.write_text(f'#!/bin/bash\n[[ "$1" == -I || "$2" == - ]] && exec {PY} "$@"\necho ran > {canary}\n')
+    trainer = base / "python"
+    trainer.write_text(f'#!/bin/bash\n[[ "$1" == -I || "$2" == - ]] && exec {PY} "$@"\n{trainer_body}\n')
     trainer.chmod(0o755)
     res = as_user(
         victim,
@@ -199,8 +197,20 @@ def test_a_planted_compile_cache_is_refused_before_the_trainer_runs(base, canary
         umask=umask,
         timeout=300,
     )
+    return res, caches, victim, ws
+
+
+@pytest.mark.parametrize(("kind", "umask"), [("sticky", 0o022), ("group", 0o002)])
+def test_a_planted_compile_cache_is_refused_before_the_trainer_runs(base, canary, kind, umask):
+    """The attacker makes the victim's predictable cache directory ($COMPILE_CACHE_DIR/<victim>)
+    first, with an "entry" in it: a compiled program the victim's JAX would load and run. The
+    victim's train stage stops with one line naming the attacker's directory; the trainer never runs."""
+    victim_name = ensure_users()[0].name
+    d = f"CACHES/{victim_name}"
+    plant = f"mkdir {d} && chmod 0777 {d} && echo x > {d}/jit_train_step-0-cache"
+    res, caches, _, _ = train_with_a_shared_cache(base, kind, umask, f"echo ran > {canary}", plant)
     line = one_line(res)
-    assert f"_train.sh: refusing the directory {planted}: it is owned by mstattacker" in line, line
+    assert f"_train.sh: refusing the directory {caches / victim_name}: it is owned by mstattacker" in line, line
     assert not canary.exists()
 
 
@@ -208,21 +218,7 @@ def test_a_planted_compile_cache_is_refused_before_the_trainer_runs(base, canary
 def test_the_compile_cache_is_the_victims_and_private(base, kind, umask):
     """Without an attacker: the victim's directory under a shared COMPILE_CACHE_DIR is hers and private
     (0700, no setgid bit from a group directory), and MaxText is told to cache there."""
-    victim, _ = ensure_users()
-    ws = shared_workspace(base, kind)
-    (base / "s").mkdir()
-    caches = shared_workspace(base / "s", kind)
-    job_dir = victim_job_dir(victim, ws, umask)
-    stand_in = base / "python"
-    stand_in.write_text(f'#!/bin/bash\n[[ "$1" == -I || "$2" == - ]] && exec {PY} "$@"\nprintf "%s\\n" "$@"\n')
-    stand_in.chmod(0o755)
-    res = as_user(
-        victim,
-        [str(REPO / "_train.sh")],
-        env=job_env(ws, job_dir, MST_PYTHON=str(stand_in), COMPILE_CACHE_DIR=str(caches)),
-        umask=umask,
-        timeout=300,
-    )
+    res, caches, victim, ws = train_with_a_shared_cache(base, kind, umask, 'printf "%s\\n" "$@"')
     assert res.returncode == 0, res.stderr
     mine = caches / victim.name
     assert f"jax_cache_dir={mine}" in res.stdout.splitlines(), res.stdout
