@@ -4,7 +4,8 @@
 # Training tier with observability (RAY=1), run on every node in place of _train.sh.
 # Every node: makes its private scratch (utils/launch/lib.sh job_scratch; no private scratch, no job),
 # saves the trainer's environment there, starts the metrics exporter (utils/observe/metrics_exporter.py,
-# bound to the node's address so only the cluster can scrape it; 127.0.0.1 for a one-node job) and
+# bound to the node's address so only the cluster can scrape it; 127.0.0.1 for a one-node job;
+# restarted when it exits, exporter_restarts_total counts it) and
 # its part of the Ray cluster (utils/observe/ray_cluster.sh: token-authenticated, temp dir in the scratch).
 # Node rank 0 also starts Prometheus and TensorBoard (utils/observe/job_services.sh), prints the OBSERVE
 # block, publishes its Ray address in $JOB_DIR/ray/head (a new file of its own) and runs
@@ -73,16 +74,29 @@ keep_ray_logs() {
   return 0
 }
 
-exporter_pid=""
+exporter_sup=""
+# stop_pid PID: SIGTERM, up to 10 s to exit, then SIGKILL (only a pid this job recorded in its scratch)
+stop_pid() {
+  local pid=$1 i
+  [[ "$pid" =~ ^[0-9]+$ ]] || return 0
+  kill -TERM "$pid" 2>/dev/null || return 0
+  for ((i = 0; i < 40; i++)); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.25; done
+  kill -KILL "$pid" 2>/dev/null || true
+}
 cleanup() {
   trap '' TERM INT HUP
-  # Ray (and with it the trainers its actors spawned) first: Ray's daemons leave the job's
-  # process tree, so Slurm's SIGKILL after a cancel (KillWait) would not reach them if this
-  # cleanup were cut short. Then Prometheus before the exporter: a scrape of an exporter already
-  # gone would mark its series stale at the end.
+  # the exporter's supervisor restarts nothing from here on
+  touch "$scratch/exporter.stop"
+  # Ray (and with it the trainers its actors spawned, and the exporter: every process that carries
+  # MST_RAY_OWNER) first: Ray's daemons leave the job's process tree, so Slurm's SIGKILL after a
+  # cancel (KillWait) would not reach them if this cleanup were cut short. At a normal end rank 0
+  # stopped Prometheus before (so the TSDB ends with every node's last scrape).
   "$repo/utils/observe/ray_cluster.sh" stop
   (( rank == 0 )) && "$repo/utils/observe/job_services.sh" stop
-  [[ -n "$exporter_pid" ]] && kill -TERM "$exporter_pid" 2>/dev/null && wait "$exporter_pid" 2>/dev/null
+  if [[ -n "$exporter_sup" ]]; then
+    kill -TERM "$exporter_sup" 2>/dev/null; wait "$exporter_sup" 2>/dev/null
+    stop_pid "$(cat "$scratch/exporter.pid" 2>/dev/null)"
+  fi
   keep_ray_logs
   # the token is of no use once the cluster is gone
   (( rank == 0 )) && rm -rf -- "$ray_dir/auth"
@@ -92,11 +106,30 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 143' TERM INT HUP
 
-"$py" "$repo/utils/observe/metrics_exporter.py" --bind "$addr" --port "$(free_port 9400)" \
-  --interval "${METRICS_INTERVAL:-5}" --host "$host" --node-rank "$rank" --job-dir "$JOB_DIR" \
-  --state-dir "$scratch/exporter" \
-  --sd-file "$JOB_DIR/metrics/targets/$host-node.json" --log "$JOB_DIR/metrics/exporter-$host.log" >/dev/null 2>&1 &
-exporter_pid=$!
+# The node's exporter, supervised like Prometheus: when it exits (a crash, the OOM killer, a kill)
+# it starts again 1 s later, then after 2, 4 ... at most 30 s (1 s again once one ran a minute),
+# each told how many ran before it (exporter_restarts_total), until the cleanup stops it.
+supervise_exporter() {
+  local restarts=0 delay=1 began rc
+  while [[ ! -e "$scratch/exporter.stop" ]]; do
+    began=$SECONDS
+    "$py" "$repo/utils/observe/metrics_exporter.py" --bind "$addr" --port "$(free_port 9400)" \
+      --interval "${METRICS_INTERVAL:-5}" --host "$host" --node-rank "$rank" --job-dir "$JOB_DIR" \
+      --state-dir "$scratch/exporter" --restarts "$restarts" \
+      --sd-file "$JOB_DIR/metrics/targets/$host-node.json" --log "$JOB_DIR/metrics/exporter-$host.log" >/dev/null 2>&1 &
+    echo "$!" > "$scratch/exporter.pid"
+    rc=0; wait "$!" || rc=$?
+    [[ -e "$scratch/exporter.stop" ]] && break
+    (( SECONDS - began < 60 )) || delay=1
+    restarts=$((restarts + 1))
+    printf '%s _train_with_ray.sh: the exporter exited (status %s); start %s in %s s\n' \
+      "$(date -u +%FT%TZ)" "$rc" "$((restarts + 1))" "$delay" >> "$JOB_DIR/metrics/exporter-$host.log"
+    sleep "$delay"
+    delay=$(( delay * 2 > 30 ? 30 : delay * 2 ))
+  done
+}
+supervise_exporter &
+exporter_sup=$!
 
 plain() {  # the fallback: train without Ray, same environment
   say "$* - falling back to the plain launch (metrics stay on)"

@@ -12,6 +12,7 @@ import stat
 import subprocess
 import tempfile
 import time
+import urllib.request
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -51,6 +52,19 @@ def step_times(log: Path, host: str) -> dict[int, float]:
             t = datetime.strptime(f"{year}-{m[1]}-{m[2]} {m[3]}", "%Y-%m-%d %H:%M:%S.%f").astimezone()
             out[int(m[4])] = t.timestamp()
     return out
+
+
+def exporter_of(job_dir: Path, host: str) -> int | None:
+    """The pid of the job's metrics exporter for HOST (by its command line), None when none runs."""
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"metrics_exporter.py") for a in argv) and str(job_dir).encode() in argv:
+            if b"--host" in argv[:-1] and argv[argv.index(b"--host") + 1] == host.encode():
+                return int(d.name)
+    return None
 
 
 def plant_old_scratch(node_tmp: Path, job_id: str) -> list[Path]:
@@ -166,6 +180,24 @@ def test_ray_job_is_private_authenticated_and_leaves_a_tsdb(cluster, workspace, 
         assert b"_raylet" not in Path(f"/proc/{pid}/maps").read_bytes(), "trainer has Ray loaded"
         # ... and it runs at the launcher's priority, not at the nice 15 Ray gives its workers
         assert os.getpriority(os.PRIO_PROCESS, pid) == os.getpriority(os.PRIO_PROCESS, 0), "trainer was niced"
+        # n2's exporter killed (SIGKILL) mid-job serves again within two scrape intervals (5 s each)
+        gone = wait_for(lambda: exporter_of(job_dir, "n2"), 60, "n2's exporter")
+        os.kill(gone, signal.SIGKILL)
+        killed = time.monotonic()
+
+        def serving_again() -> bool:
+            if exporter_of(job_dir, "n2") in (None, gone):
+                return False
+            target = json.loads((job_dir / "metrics/targets/n2-node.json").read_text())[0]["targets"][0]
+            try:
+                with urllib.request.urlopen(f"http://{target}/metrics", timeout=2) as r:
+                    return 'exporter_restarts_total{host="n2"} 1.0' in r.read().decode()
+            except OSError:
+                return False
+
+        wait_for(serving_again, 60, "n2's exporter to serve again")
+        back_after = time.monotonic() - killed
+        assert back_after <= 10, back_after
 
         # each node's private scratch: ours, 0700, holding Ray's temp dir, job.env and the exporter's state
         scratch = {(s / "job").read_text().split()[2]: s for s in node_tmp.glob("mst.*") if not (s / "repo").exists()}
@@ -216,6 +248,13 @@ def test_ray_job_is_private_authenticated_and_leaves_a_tsdb(cluster, workspace, 
     tsdb = log.with_suffix("") / "prometheus"
     # the last scrape reached every node's exporter and Ray (Prometheus stops before any of them),
     # so the saved data, queried at its end, holds every node
+    assert by_host(query(tsdb, "exporter_restarts_total")) == {"n1": 0.0, "n2": 1.0}
+    # one restart, the kill's: none when the job stopped it at the end
+    restarts = re.findall(
+        r"_train_with_ray\.sh: the exporter exited .*", (job_dir / "metrics/exporter-n2.log").read_text()
+    )
+    assert restarts == ["_train_with_ray.sh: the exporter exited (status 137); start 2 in 1 s"], restarts
+    assert "exporter exited" not in (job_dir / "metrics/exporter-n1.log").read_text()
     ups = query(tsdb, "up")  # two nodes: each one's exporter and Ray metrics port
     assert len(ups) == 4 and {u["value"][1] for u in ups} == {"1"}, ups
     assert set(by_host(query(tsdb, "count by (host) (hw_procs_running)"))) == {"n1", "n2"}

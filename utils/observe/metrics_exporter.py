@@ -4,7 +4,7 @@
 Usage: metrics_exporter.py [--port 9400] [--bind 127.0.0.1] [--interval 5] [--timeout 3]
                            [--plugin-dir DIR] [--state-dir DIR] [--host NAME] [--node-rank N]
                            [--job-dir DIR] [--tensorboard auto|on|off] [--port-file FILE] [--sd-file FILE]
-                           [--log FILE] [--once]
+                           [--log FILE] [--restarts N] [--once]
 
 A background thread polls every --interval seconds: it lists the *_metrics_plugin.sh files in --plugin-dir
 (so a plugin dropped in mid-job is picked up at the next poll), starts them all at once (`bash FILE`, each
@@ -14,6 +14,8 @@ what was appended to the job's TensorBoard event files since the last poll (tb_*
 GET /metrics serves the last completed poll; a scrape never waits for a plugin. If --port is taken
 the next free port is used; the real one is printed on stdout
 ("metrics_exporter: serving http://ADDR:PORT/metrics") and written to --port-file / --sd-file.
+--restarts N: how many exporters of this node ran before this one (its supervisor, _train_with_ray.sh,
+restarts it when it exits), served as exporter_restarts_total.
 --once runs one poll, prints the exposition and exits. The plugin contract is docs/plugins.md; every
 series is listed in docs/metrics.md.
 """
@@ -331,6 +333,7 @@ class Config:
     sysfs_root: str = "/sys"
     procfs_root: str = "/proc"
     hold_seconds: float = 900.0  # re-serve a series' newest timestamped sample for this long
+    restarts: int = 0  # exporters of this node before this one (--restarts)
 
 
 class HeldSamples:
@@ -1239,6 +1242,13 @@ class ExporterCollector:
         )
         c.add_metric([host], self.poller.held.dropped + sum(s.held.dropped for s in self.poller.sources))
         yield c
+        c = CounterMetricFamily(
+            "exporter_restarts",
+            "Exporters of this node that exited before this one (its supervisor restarted it).",
+            labels=["host"],
+        )
+        c.add_metric([host], self.poller.cfg.restarts)
+        yield c
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -1386,6 +1396,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--port-file", help="write the port actually used to this file")
     ap.add_argument("--sd-file", help="write a Prometheus file_sd target list (JSON) for this exporter here")
     ap.add_argument("--log", help="append the log here instead of stderr")
+    ap.add_argument(
+        "--restarts",
+        type=int,
+        default=0,
+        help="exporters of this node that ran before this one (served as exporter_restarts_total; default 0)",
+    )
     ap.add_argument("--once", action="store_true", help="run one poll, print the exposition, exit")
     args = ap.parse_args(argv)
     if args.interval <= 0 or args.timeout <= 0:
@@ -1418,6 +1434,7 @@ def main(argv: list[str] | None = None) -> int:
         timeout=args.timeout,
         sysfs_root=args.sysfs_root,
         procfs_root=args.procfs_root,
+        restarts=max(0, args.restarts),
     )
     try:
         return serve(args, cfg)
