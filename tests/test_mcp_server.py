@@ -26,7 +26,17 @@ from test_json_schemas import DOCS, SCHEMAS, documented_keys
 from helpers import corpus
 
 SERVER = str(REPO / "utils" / "mcp_server.py")
-READ_ONLY = {"list_jobs", "triage", "diagnose", "verify", "perf", "investigate", "query_tsdb", "job_log_excerpt"}
+READ_ONLY = {
+    "list_jobs",
+    "triage",
+    "diagnose",
+    "verify",
+    "perf",
+    "investigate",
+    "run",
+    "query_tsdb",
+    "job_log_excerpt",
+}
 META = "maxtext-slurm/cache"
 
 
@@ -159,6 +169,9 @@ def test_reports_cache_and_errors(ws):
             assert not r.is_error, r.content
             assert r.structured_content["verdict"] == leak.verdict, r.structured_content["summary"]
             assert r.structured_content["vs"]["auto"]["picked"] == leak.vs.name
+            # run: a run with no job here is the tool's one line, as an error result (tests/test_runs.py: figures)
+            r = await s.call_tool("run", {"alias": "exp9"})
+            assert r.is_error and "run.py: no job of run 'exp9' in " in r.content[0].text, r.content
             for tool, args in (("perf", {}), ("investigate", {"metrics": "never"})):
                 r = await s.call_tool(tool, {"job": "4242", **args})
                 assert not r.is_error, r.content

@@ -166,6 +166,15 @@ WORKSPACE = Option(
 )
 
 
+def tool_parser(prog: str, doc: str | None, positional: str, help: str, options: tuple[Option, ...]) -> Parser:
+    """A tool's parser: --help shows the module docstring DOC from its third line on (its first line is
+    the Usage: that argparse writes itself), one POSITIONAL argument (its metavar) and the OPTIONS."""
+    ap = Parser(prog=prog, description="\n".join((doc or "").strip().splitlines()[2:]))
+    ap.add_argument(positional.lower(), metavar=positional, help=help)
+    add_options(ap, options)
+    return ap
+
+
 def add_options(ap: argparse.ArgumentParser, options: tuple[Option, ...]) -> None:
     """Add OPTIONS to AP in their order, as declared: a flag (store_true) for a bool, a checked
     number for an int or float with bounds, the choices of a str; each GROUP mutually exclusive."""

@@ -759,11 +759,7 @@ OPTIONS = (
 
 
 def build_parser() -> cli.Parser:
-    doc = (__doc__ or "").strip().splitlines()
-    ap = cli.Parser(prog="triage.py", description="\n".join(doc[2:]))
-    ap.add_argument("job", metavar="JOB", help="job id, job name, job directory or log file")
-    cli.add_options(ap, OPTIONS)
-    return ap
+    return cli.tool_parser("triage.py", __doc__, "JOB", "job id, job name, job directory or log file", OPTIONS)
 
 
 def main(argv: list[str] | None = None) -> int:

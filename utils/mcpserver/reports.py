@@ -1,4 +1,4 @@
-"""triage, diagnose, verify, perf and investigate over MCP: each tool's Python API in-process, its report
+"""triage, diagnose, verify, perf, investigate and run over MCP: each tool's Python API in-process, its report
 exactly as `utils/<tool>.py JOB --json` prints it (docs/<tool>.md), cached per job and arguments.
 
 Bad input (no such job, a job outside the workspace, no TSDB) is a ToolError with the tool's one line,
@@ -18,7 +18,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 
 from bridge import paths
-from diagnosis import baseline, jobdir, locate, tsdb
+from diagnosis import baseline, jobdir, locate, runs, tsdb
 from diagnosis import diagnose as diag
 from diagnosis import investigate as inv
 from diagnosis import perf as perf_tool
@@ -172,3 +172,12 @@ def investigate(ctx: Context, job: str, **opts: Any) -> CallToolResult:
             lambda: inv.investigate(str(found.path), ctx.workspace, scheduler=False, **opts),
         )
     )
+
+
+def run(ctx: Context, alias: str) -> dict[str, Any]:
+    """run.py ALIAS --json over the server's workspace (not cached: it reads a few logs' headers and
+    step lines)."""
+    try:
+        return runs.account(alias, ctx.workspace)
+    except InputError as e:
+        raise ToolError(f"run.py: {one_line(e)}") from None

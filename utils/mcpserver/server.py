@@ -117,6 +117,14 @@ def build(workspace: Path, conf: cfg.Config) -> MCPServer:
         diagnose and perf where triage hands over; a verdict with evidence and next steps. Slurm is not asked."""
         return reports.investigate(ctx, job, **opts)
 
+    def run(
+        alias: Annotated[str, Field(description="the run's alias, as given to submit.sh / run_local.sh --run")],
+    ) -> dict[str, Any]:
+        """A run (--run ALIAS) across its jobs (utils/run.py ALIAS --json, docs/runs.md): each job's nodes,
+        status, steps trained and redone by a later job, time by kind (queued, start-up, productive, redone,
+        other); the run's goodput. From the jobs' logs; Slurm is not asked."""
+        return reports.run(ctx, alias)
+
     def query_tsdb(
         job: Job,
         query: Annotated[str, Field(description="a PromQL expression (metric names: docs/metrics.md)")],
@@ -153,6 +161,7 @@ def build(workspace: Path, conf: cfg.Config) -> MCPServer:
         (verify, True),
         (perf, True),
         (investigate, True),
+        (run, False),
         (query_tsdb, True),
         (job_log_excerpt, False),
     ):

@@ -1,0 +1,113 @@
+"""utils/run.py: a run's jobs from their logs, the steps trained and redone, time by kind, goodput
+(docs/runs.md). The figures of a real two-job run (run_local.sh --run, MaxText training the tiny
+model; the first job killed between two checkpoints) equal a calculation by hand from the logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from conftest import REPO, launcher_env, run
+
+from helpers.jobs import summary, trainer_pid, wait_for
+
+RUN_PY = str(REPO / "utils/run.py")
+STEP = re.compile(r"^\S+: .*completed step: (\d+), seconds: ([\d.]+),", re.M)
+
+
+def by_hand(log: Path, ended: bool = True) -> dict:
+    """What a person reads off one job log: its steps with their seconds, its start and (ENDED) wall time."""
+    text = log.read_text(errors="replace")
+    steps: dict[int, float] = {}
+    for m in STEP.finditer(text):
+        steps.setdefault(int(m.group(1)), float(m.group(2)))
+    if not ended:
+        return {"steps": steps}
+    started = re.search(r"^started: (\S+)$", text, re.M).group(1)
+    wall = int(re.search(r"^wall_time: \S+ \((\d+) s\)$", text, re.M).group(1))
+    return {
+        "steps": steps,
+        "started": datetime.strptime(started, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp(),
+        "wall": wall,
+    }
+
+
+def test_bad_input_is_one_line(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for args, want in (
+        (["nope"], f"run.py: no job of run 'nope' in {ws} (submit.sh ... --run nope starts one)"),
+        (["../x"], "run.py: bad run alias '../x': use letters, digits, . _ - only, as given to --run"),
+        (["x", "--workspace", str(tmp_path / "missing")], "run.py: cannot read workspace"),
+    ):
+        res = run([RUN_PY, *args], env={"JOB_WORKSPACE": str(ws)})
+        assert res.returncode == 2 and res.stdout == "", res
+        assert len(res.stderr.splitlines()) == 1 and res.stderr.startswith(want), res.stderr
+
+
+@pytest.mark.slow
+def test_a_run_of_two_jobs_is_accounted_as_by_hand(workspace, venv):
+    env = launcher_env(workspace)
+    # job 1: checkpoints every 5 steps, killed (SIGKILL, as the OOM killer would) after step 12
+    proc = subprocess.Popen(
+        [str(REPO / "run_local.sh"), "tiny", "--run", "r", "--", "steps=100000", "checkpoint_period=5"],
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        first = wait_for(lambda: list(workspace.glob("local-*.log")), 60, "the log")[0]
+        job_id = first.name.split("-JAX-")[0]
+        pid = wait_for(lambda: trainer_pid(job_id, 0), 120, "the trainer")
+        wait_for(lambda: max(by_hand(first, ended=False)["steps"], default=-1) >= 12, 180, "step 12")
+        os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # job 2 restores the latest checkpoint and trains past where job 1 stopped
+    hand1 = by_hand(first)
+    last1 = max(hand1["steps"])
+    res = run(
+        [str(REPO / "run_local.sh"), "tiny", "--run", "r", "--", f"steps={last1 + 4}", "checkpoint_period=5"],
+        env=env,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stdout[-3000:]
+    second = next(p for p in workspace.glob("local-*.log") if p != first)
+    hand2 = by_hand(second)
+    restart = min(hand2["steps"])  # the step after the checkpoint it restored
+    assert summary(first)["status"] == "failed" and summary(second)["status"] == "completed"
+    assert 0 < restart <= last1 and restart % 5 == 1, (restart, last1)  # checkpoints at 0, 5, 10 ...
+
+    res = run([RUN_PY, "r", "--json"], env={"JOB_WORKSPACE": str(workspace)})
+    assert res.returncode == 0, res.stderr
+    r = json.loads(res.stdout)
+    j1, j2 = r["jobs"]
+    assert (j1["log"], j2["log"]) == (str(first), str(second))
+    redone = {s: t for s, t in hand1["steps"].items() if s >= restart}
+    assert j1["steps"] == [0, last1] and j1["steps_trained"] == len(hand1["steps"])
+    assert j1["steps_redone"] == len(redone) == last1 - restart + 1
+    assert j1["time"]["redone"] == pytest.approx(sum(redone.values()), abs=1e-3)
+    assert j1["time"]["productive"] == pytest.approx(sum(hand1["steps"].values()) - sum(redone.values()), abs=1e-3)
+    assert j2["steps"] == [restart, last1 + 3] and j2["steps_redone"] == 0 and j2["restored_from_step"] == restart - 1
+    assert j2["time"]["productive"] == pytest.approx(sum(hand2["steps"].values()), abs=1e-3)
+    for j, hand in ((j1, hand1), (j2, hand2)):
+        assert j["started"] == hand["started"] and j["wall_seconds"] == hand["wall"]
+        assert j["nodes"] and 0 < j["time"]["startup"] < hand["wall"]
+        t = j["time"]
+        # the kinds add up to the wall time (started: and wall_time: are whole seconds)
+        assert t["startup"] + t["productive"] + t["redone"] + t["other"] == pytest.approx(hand["wall"], abs=1.0)
+    productive = sum(hand1["steps"].values()) - sum(redone.values()) + sum(hand2["steps"].values())
+    assert r["goodput"] == pytest.approx(productive / (hand1["wall"] + hand2["wall"]), abs=1e-4)
+    assert r["steps_redone"] == len(redone) and r["highest_step"] == last1 + 3 and r["done"]
+    # the text form says the same
+    text = run([RUN_PY, "r"], env={"JOB_WORKSPACE": str(workspace)}).stdout
+    assert text.startswith(f"run r: 2 job(s), steps 0..{last1 + 3} of {last1 + 4} (done); ")
+    assert f"goodput: {100 * r['goodput']:.1f} %" in text
