@@ -4,9 +4,12 @@ model; the first job killed between two checkpoints) equal a calculation by hand
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import re
+import shlex
+import shutil
 import signal
 import subprocess
 from datetime import UTC, datetime
@@ -16,6 +19,7 @@ import pytest
 from conftest import REPO, launcher_env, run
 
 from helpers.jobs import summary, trainer_pid, wait_for
+from helpers.users import as_user, ensure_users, reachable_base, shared_workspace
 
 RUN_PY = str(REPO / "utils/run.py")
 STEP = re.compile(r"^\S+: .*completed step: (\d+), seconds: ([\d.]+),", re.M)
@@ -49,6 +53,26 @@ def test_bad_input_is_one_line(tmp_path):
         res = run([RUN_PY, *args], env={"JOB_WORKSPACE": str(ws)})
         assert res.returncode == 2 and res.stdout == "", res
         assert len(res.stderr.splitlines()) == 1 and res.stderr.startswith(want), res.stderr
+
+
+def test_another_users_log_naming_your_run_is_not_your_run(tmp_path):
+    """In a shared workspace (1777) another user writes a job log whose header names your run (its
+    alias and your run directory): it is not counted."""
+    _, attacker = ensure_users()
+    base = reachable_base()
+    try:
+        ws = shared_workspace(base, "sticky")
+        header = (
+            "==================== JOB ====================\n"
+            f"job: 99 99-JAX-tiny\nrun: r {ws}/{getpass.getuser()}/runs/r (no checkpoint: starts from step 0)\n"
+            "started: 2026-11-28T05:00:00Z\n=============================================\n"
+        )
+        res = as_user(attacker, ["bash", "-c", f"printf %s {shlex.quote(header)} > {ws}/99-JAX-tiny.log"])
+        assert res.returncode == 0, res.stderr
+        res = run([RUN_PY, "r", "--workspace", str(ws)])
+        assert res.returncode == 2 and res.stderr.startswith("run.py: no job of run 'r' in "), res
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ weighted by the job's node count. Exit 0 with the report; 2 with one line for ba
 from __future__ import annotations
 
 import os
+import pwd
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -72,7 +73,7 @@ def _job(log: Path, scan: joblog.Scan) -> dict[str, Any]:
 
 def jobs_of(alias: str, workspace: Path) -> list[dict[str, Any]]:
     """The run's jobs in the workspace (logs of ours whose header names the run), oldest first."""
-    mine = workspace / (os.environ.get("USER") or "") / "runs" / alias
+    mine = os.path.realpath(workspace / pwd.getpwuid(os.geteuid()).pw_name / "runs" / alias)  # as `id -un`
     out = []
     try:
         entries = sorted(jobdir.listing(workspace))
@@ -89,7 +90,7 @@ def jobs_of(alias: str, workspace: Path) -> list[dict[str, Any]]:
         except OSError:
             continue
         words = jobdir.header(path).get("run", "").split()
-        if len(words) < 2 or words[0] != alias or (os.environ.get("USER") and Path(words[1]) != mine):
+        if len(words) < 2 or words[0] != alias or os.path.realpath(words[1]) != mine:
             continue
         out.append(_job(path, joblog.scan(path)))
     out.sort(key=lambda j: (j["started"] or 0, int(j["id"]) if str(j["id"]).isdigit() else 0))
