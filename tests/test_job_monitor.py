@@ -6,6 +6,8 @@ launcher's format ("<host>: " prefix, absl stamp). The real jobs are in tests/te
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import subprocess
 import time
 from pathlib import Path
@@ -23,7 +25,7 @@ scheduler: slurm
 model: tiny
 nodes: 2 (n1 n2)
 overrides: {overrides}
-started: 2026-11-26T22:00:00Z
+{run}started: {started}
 =============================================
 """
 
@@ -31,15 +33,19 @@ started: 2026-11-26T22:00:00Z
 class Job:
     """A job dir and its log, written line by line; `step(n, seconds)` appends both hosts' lines."""
 
-    def __init__(self, ws: Path, steps: int | None = 200, job_id: str = "41") -> None:
+    def __init__(
+        self, ws: Path, steps: int | None = 200, job_id: str = "41", run: str = "", started: float = T0
+    ) -> None:
         self.name = f"{job_id}-JAX-tiny"
         self.dir = ws / self.name
         self.dir.mkdir(parents=True)
         self.log = ws / f"{self.name}.log"
         overrides = ("" if steps is None else f"steps={steps} ") + "log_period=5"  # None: the config's steps
-        self.log.write_text(HEADER.format(overrides=overrides).replace("41", job_id))
+        run_line = f"run: {run} {ws}/{pwd.getpwuid(os.geteuid()).pw_name}/runs/{run} (no checkpoint)\n" if run else ""
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))
+        self.log.write_text(HEADER.format(overrides=overrides, run=run_line, started=when).replace("41", job_id))
         (self.dir / "log").symlink_to(self.log)
-        self.t = T0 + 30
+        self.t = started + 30
 
     def line(self, text: str) -> None:
         with self.log.open("a") as f:
@@ -157,6 +163,40 @@ def test_hang_after_the_threshold_not_before_then_resumed(tmp_path):
     job.t = last + 130
     ev, _ = run_steps(w, job, range(60, 65), 0.5, last + 130)
     assert kinds(ev) == ["resumed"]
+
+
+def test_no_first_step_within_the_limit_is_told_once(tmp_path):
+    """A job stuck before training (no step line) raises the alarm once the limit has passed."""
+    job = Job(tmp_path, steps=100)
+    w = Watch(job.dir, Rules(first_step_limit=1800))
+    assert kinds(w.poll(T0 + 60, "RUNNING")) == ["running"]
+    assert w.poll(T0 + 1799, "RUNNING") == []
+    ev = w.poll(T0 + 1801, "RUNNING")
+    assert kinds(ev) == ["no_first_step"] and ev[0].level == "failure", ev
+    assert ev[0].title == "no first step 30 min 1 s after the start"
+    assert ev[0].lines[0].startswith("threshold 30 min 0 s (the default 30 min 0 s); the job is still running")
+    assert ev[0].data["quiet_seconds"] == 1801.0 and ev[0].data["threshold_seconds"] == 1800.0
+    assert w.poll(T0 + 4000, "RUNNING") == []  # told once
+    job.t = T0 + 4000
+    ev, _ = run_steps(w, job, range(0, 5), 0.5, T0 + 4000)
+    assert "first_step" in kinds(ev)
+
+
+def test_a_runs_job_learns_its_first_step_limit_from_the_earlier_jobs(tmp_path):
+    """A job of a run whose earlier job reached its first step 55 s after its start: 3 x 55 s = 165 s."""
+    ws = tmp_path / "ws"
+    first = Job(ws, steps=100, job_id="40", run="r", started=T0)
+    first.t = T0 + 55
+    first.step(0, 5.0)  # began at T0 + 55
+    first.step(1, 5.0)
+    first.finish("failed")
+    job = Job(ws, steps=100, job_id="41", run="r", started=T0 + 600)
+    w = Watch(job.dir, Rules(first_step_limit=1800))
+    assert kinds(w.poll(T0 + 660, "RUNNING")) == ["running"]
+    assert w.poll(T0 + 600 + 164, "RUNNING") == []
+    ev = w.poll(T0 + 600 + 166, "RUNNING")
+    assert kinds(ev) == ["no_first_step"], ev
+    assert "threshold 2 min 45 s (3 x the longest start-up of run r's 1 earlier job(s), 55 s)" in ev[0].lines[0]
 
 
 def test_the_hang_threshold_follows_the_step_time(tmp_path):
@@ -303,7 +343,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, args, says):
 def test_the_options_default_to_the_rules_defaults():
     """job_monitor.py's options (declared once in monitor/cli.py) are the Rules a caller gets by default."""
     a = cli.build_parser().parse_args(["41"])
-    fields = ("hang_factor", "hang_floor", "pause_grace", "slowdown")
+    fields = ("hang_factor", "hang_floor", "pause_grace", "slowdown", "first_step_limit")
     assert {f: getattr(a, f) for f in fields} == {f: getattr(Rules(), f) for f in fields}
 
 

@@ -32,7 +32,8 @@ WALL = re.compile(r"\((\d+) s\)")  # the JOB SUMMARY's wall_time: "00:01:10 (70 
 ALIAS = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")  # utils/launch/run_alias.sh check_run_alias
 
 
-def _epoch(utc: str, fmt: str) -> float | None:
+def epoch(utc: str, fmt: str = "%Y-%m-%dT%H:%M:%SZ") -> float | None:
+    """Unix seconds of a UTC time as the JOB header writes it (started:), None when it is not one."""
     try:
         return datetime.strptime(utc, fmt).replace(tzinfo=UTC).timestamp()
     except ValueError:
@@ -43,9 +44,9 @@ def _job(log: Path, scan: joblog.Scan) -> dict[str, Any]:
     """One job of the run: what its log says (times in unix seconds, durations in seconds)."""
     head, summ, st = scan.header, scan.summary, scan.steps
     job_id, name = locate.job_id_and_name(scan, log)
-    started = _epoch(head.get("started", ""), "%Y-%m-%dT%H:%M:%SZ")
+    started = epoch(head.get("started", ""))
     m = SNAPSHOT_TIME.search(head.get("code", ""))
-    submitted = _epoch(m.group(1), "%Y%m%dT%H%M%SZ") if m else None
+    submitted = epoch(m.group(1), "%Y%m%dT%H%M%SZ") if m else None
     w = WALL.search(summ.get("wall_time", ""))
     seconds: dict[int, float] = {}  # step -> its time (a log without host prefixes repeats each step)
     first_ts = None  # when the first step began: its line's time less its step time
@@ -95,6 +96,17 @@ def jobs_of(alias: str, workspace: Path) -> list[dict[str, Any]]:
         out.append(_job(path, joblog.scan(path)))
     out.sort(key=lambda j: (j["started"] or 0, int(j["id"]) if str(j["id"]).isdigit() else 0))
     return out
+
+
+def startups(alias: str, workspace: Path, before: str) -> list[float]:
+    """The start-up (start to the first step) of each job of the run that started before BEFORE (the
+    header's started: of the job asking) and reached a step: the job monitor's first-step limit."""
+    limit = epoch(before) or float("inf")
+    return [
+        j["first_step_at"] - j["started"]
+        for j in jobs_of(alias, workspace)
+        if j["started"] is not None and j["started"] < limit and j["first_step_at"] is not None
+    ]
 
 
 def account(alias: str, workspace: Path) -> dict[str, Any]:

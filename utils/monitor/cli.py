@@ -58,6 +58,14 @@ OPTIONS = (
     cli.Option("hang_floor", "... and at least this many seconds", float, 45.0, gt=0, note="45"),
     cli.Option("pause_grace", "after a save/eval line: at least this", float, 600.0, ge=0, note="600"),
     cli.Option(
+        "first_step_limit",
+        "no first step this many seconds after the start: an alarm (a run's job: 3 x its earlier jobs' start-up)",
+        float,
+        1800.0,
+        gt=0,
+        note="1800",
+    ),
+    cli.Option(
         "slowdown",
         "slowdown under this fraction of steady",
         float,
@@ -125,7 +133,7 @@ def my_jobs(ws: Path) -> list[Path]:
 class Monitor:
     def __init__(self, a: argparse.Namespace, ws: Path, notifier: notify.Notifier | None) -> None:
         self.a, self.ws, self.notifier = a, ws, notifier
-        self.rules = Rules(a.hang_factor, a.hang_floor, a.pause_grace, a.slowdown)
+        self.rules = Rules(a.hang_factor, a.hang_floor, a.pause_grace, a.slowdown, first_step_limit=a.first_step_limit)
         self.watches: dict[Path, Watch] = {}
         self.outboxes: dict[Path, notify.Outbox] = {}
         self.locks: dict[Path, int] = {}

@@ -24,12 +24,14 @@ from pathlib import Path
 from typing import BinaryIO
 
 import joblog
-from diagnosis import jobdir, locate, triage
+from diagnosis import cli, jobdir, locate, runs, triage
 from monitor import store
 from trust import UntrustedPath
 
 ENDED_GRACE = 60.0  # seconds to wait for the JOB SUMMARY once Slurm says the job has ended
 RECENT = 50  # step times kept for the hang threshold and the slowdown window
+FIRST_STEP_FACTOR = 3.0  # a run's job: no first step for 3 x the longest start-up of its earlier jobs ...
+FIRST_STEP_FLOOR = 120.0  # ... and at least this many seconds
 STEADY = 200  # steady step times kept for the job's own reference
 
 
@@ -44,6 +46,10 @@ class Rules:
     window: int = 20  # steps in the rolling median of the slowdown rule
     warmup: int = joblog.WARMUP_STEPS  # first steps left out (compilation, first data)
     milestones: tuple[int, ...] = (25, 50, 75)  # percent of the planned steps
+    # no first step this long after the job started: stuck before training (distributed init,
+    # compilation, a checkpoint's restore). A job of a run whose earlier jobs reached a step takes
+    # FIRST_STEP_FACTOR x their longest start-up instead (at least FIRST_STEP_FLOOR).
+    first_step_limit: float = 1800.0
 
 
 @dataclasses.dataclass
@@ -247,6 +253,8 @@ class Watch:
             self._end(now, sched, out)
         elif s["phase"] == "running" and s["last_step"] is not None and not ended:
             self._check_hang(now, out)
+        elif s["phase"] == "running" and s["last_step"] is None and not ended:
+            self._check_first_step(now, out)
         self.save()
 
     def _ticks(self, ticks: list[joblog.Tick], now: float, out: list[Event]) -> None:
@@ -413,6 +421,55 @@ class Watch:
                     f"find the cause: utils/triage.py {self.job_id or self.dir}",
                 ],
                 {"step": s["last_step"], "quiet_seconds": round(quiet, 1), "threshold_seconds": round(limit, 1)},
+                now,
+            ),
+        )
+
+    def first_step_limit(self) -> tuple[float, str]:
+        """(seconds, why): how long the job may run without a step, learned once from its run's
+        earlier jobs (utils/run.py's start-up) when it has any that trained, else the rule's default."""
+        s = self.s
+        if s.get("first_step_limit") is None:
+            limit, why = self.rules.first_step_limit, f"the default {span(self.rules.first_step_limit)}"
+            words = s["header"].get("run", "").split()
+            started = s["header"].get("started", "")
+            if words:
+                try:
+                    earlier = runs.startups(words[0], self.dir.parent, before=started)
+                except (OSError, cli.InputError):
+                    earlier = []
+                if earlier:
+                    limit = max(FIRST_STEP_FACTOR * max(earlier), FIRST_STEP_FLOOR)
+                    why = (
+                        f"{FIRST_STEP_FACTOR:g} x the longest start-up of run {words[0]}'s "
+                        f"{len(earlier)} earlier job(s), {span(max(earlier))}"
+                    )
+            s["first_step_limit"], s["first_step_why"] = limit, why
+        return s["first_step_limit"], s["first_step_why"]
+
+    def _check_first_step(self, now: float, out: list[Event]) -> None:
+        s = self.s
+        started = runs.epoch(s["header"].get("started", "")) or s["running_at"]
+        if started is None or s.get("no_first_step_told"):
+            return
+        limit, why = self.first_step_limit()
+        quiet = now - started
+        if quiet < limit:
+            return
+        s["no_first_step_told"] = True
+        self.emit(
+            out,
+            Event(
+                "no_first_step",
+                "no_first_step",
+                "failure",
+                f"no first step {span(quiet)} after the start",
+                [
+                    f"threshold {span(limit)} ({why}); the job is still running: stuck before training "
+                    "(distributed init, compilation, a checkpoint's restore)?",
+                    f"find the cause: utils/triage.py {self.job_id or self.dir}",
+                ],
+                {"quiet_seconds": round(quiet, 1), "threshold_seconds": round(limit, 1)},
                 now,
             ),
         )
