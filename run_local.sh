@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Usage: run_local.sh MODEL[:TAG] [--run ALIAS] [-- KEY=VALUE ... _env_NAME=VALUE ...]
+# Usage: run_local.sh MODEL[:TAG] [--run ALIAS [--checkpoint-every TIME]] [-- KEY=VALUE ... _env_NAME=VALUE ...]
 #        run_local.sh            (no model: an interactive shell in the job's environment)
 #
 # Runs the same training as submit.sh on this one machine, without Slurm: same tiers
 # (_container.sh -> _train.sh), same snapshot, log, job directory and JOB SUMMARY.
 # --run ALIAS: a resumable run, as with submit.sh: checkpoints in $JOB_WORKSPACE/<user>/runs/ALIAS/, restored
 # by the next job of the run; refused (one line, nothing written) while another job holds the run.
+# --checkpoint-every TIME: checkpoint_period from the run's measured step time, as with submit.sh.
 # Output goes to the terminal and to $JOB_WORKSPACE/<id>-JAX-<model>[-<tag>].log (a new file of ours).
 # The snapshot is made in $JOB_WORKSPACE/<user>/.snapshots/; the job runs a private copy of it
 # (in TMPDIR or /tmp) checked against the snapshot's hash, removed when the job ends.
@@ -48,16 +49,20 @@ if [[ "${MST_OVERRIDES_IN_ENV:-}" == 1 && $# == 0 ]]; then
   unset MST_OVERRIDES_IN_ENV MST_COMMAND_TEXT
 else
   command_text="run_local.sh $(printf '%q' "$model_arg")$(shown_args "$@")"
-  unset MST_RUN   # set by --run only
+  unset MST_RUN MST_CHECKPOINT_EVERY   # set by --run and --checkpoint-every only
+  every=""
   while (( $# )) && [[ "$1" != -- ]]; do
     case "$1" in
       --run) (( $# >= 2 )) || die_usage "--run needs a run alias, e.g. --run exp1"; check_run_alias "$2"; export MST_RUN=$2; shift 2 ;;
       --run=*) check_run_alias "${1#--run=}"; export MST_RUN=${1#--run=}; shift ;;
+      --checkpoint-every) (( $# >= 2 )) || die_usage "--checkpoint-every needs a time, e.g. --checkpoint-every 30m"; every=$2; shift 2 ;;
+      --checkpoint-every=*) every=${1#--checkpoint-every=}; shift ;;
       *) die_usage "unexpected '$1': overrides go after --, e.g. run_local.sh $model_arg -- steps=10" ;;
     esac
   done
   (( $# )) && shift
   split_overrides "$@"
+  [[ -z "$every" ]] || check_checkpoint_every "$every"   # exports MST_CHECKPOINT_EVERY for the re-run below
   if (( $# )); then
     # Everyone on the machine can read a process's argv (ps): run on without the overrides in it.
     export TRAIN_OVERRIDES TRAIN_ENV_OVERRIDES MST_OVERRIDES_IN_ENV=1 MST_COMMAND_TEXT=$command_text
@@ -66,6 +71,7 @@ else
 fi
 [[ -z "${MST_RUN:-}" ]] || { check_run_alias "$MST_RUN"; check_run_overrides; }
 prepare_launch "$model_arg" "$repo"
+run_checkpoint_every   # --checkpoint-every: checkpoint_period from the run's measured step time
 check_attention_here fail "$repo"   # natively, the trainer is this machine's environment: before the job starts
 unset MST_GPU_REQUEST   # submit.sh's; the job header says what JOB_GPUS_PER_NODE checks
 if [[ -n "$CONFIG_MIN_NODES" ]] && (( CONFIG_MIN_NODES > 1 )); then

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: submit.sh MODEL[:TAG] [-N NODES] [--ignore-min-nodes] [--run ALIAS] [--notify] [--auto-recover N] [--dry-run] [SBATCH_FLAG ...] [-- KEY=VALUE ... _env_NAME=VALUE ...]
+# Usage: submit.sh MODEL[:TAG] [-N NODES] [--ignore-min-nodes] [--run ALIAS [--checkpoint-every TIME]] [--notify] [--auto-recover N] [--dry-run] [SBATCH_FLAG ...] [-- KEY=VALUE ... _env_NAME=VALUE ...]
 #
 # Submits MaxText training of configs/MODEL.yml to Slurm from a login node.
 #   MODEL     a config name: exact, else a short name a config declares ("# Aliases: 70b" in
@@ -18,6 +18,9 @@
 #   --run ALIAS  a resumable run: checkpoints on, kept in $JOB_WORKSPACE/<user>/runs/ALIAS/ (outside the
 #             job dir; a run directory of before, $JOB_WORKSPACE/runs/ALIAS/, is moved there once); each job of the run restores the latest one. One job of a run at a time: a
 #             job that starts while another holds the run fails at once (chain with --dependency)
+#   --checkpoint-every TIME  with --run: checkpoint_period in steps that saves about every TIME
+#             (900, 900s, 30m, 2h) at the median step time of the run's latest job that trained
+#             (utils/run.py ALIAS --checkpoint-every; the run's first job keeps the configured period)
 #   --notify  start utils/job_monitor.py for the job (detached): hang, slowdown, failure and
 #             completion events to the destinations of your notification config
 #             (docs/notifications.md; it must exist and be mode 0600). MST_NOTIFY=1 (e.g. from the
@@ -48,7 +51,7 @@ source "$repo/utils/launch/lib.sh"
 source "$repo/utils/launch/launch_lib.sh"
 source "$repo/utils/launch/run_alias.sh"
 PROG=submit.sh
-unset MST_RUN   # set by --run only
+unset MST_RUN MST_CHECKPOINT_EVERY   # set by --run and --checkpoint-every only
 
 case "${1:-}" in
   -h|--help) usage; exit ;;
@@ -57,7 +60,7 @@ esac
 model_arg=$1; shift
 command_text="submit.sh $(printf '%q' "$model_arg")$(shown_args "$@")"
 
-nodes=1 sbatch_flags=() dry_run=0 user_hold=0 notify="" recover=0 ignore_min=0
+nodes=1 sbatch_flags=() dry_run=0 user_hold=0 notify="" recover=0 ignore_min=0 every=""
 while (( $# )); do
   case "$1" in
     --) shift; break ;;
@@ -70,6 +73,8 @@ while (( $# )); do
       notify=flag ;;
     --run) (( $# >= 2 )) || die_usage "--run needs a run alias, e.g. --run exp1"; check_run_alias "$2"; export MST_RUN=$2; shift 2 ;;
     --run=*) check_run_alias "${1#--run=}"; export MST_RUN=${1#--run=}; shift ;;
+    --checkpoint-every) (( $# >= 2 )) || die_usage "--checkpoint-every needs a time, e.g. --checkpoint-every 30m"; every=$2; shift 2 ;;
+    --checkpoint-every=*) every=${1#--checkpoint-every=}; shift ;;
     -N|--nodes) (( $# >= 2 )) || die_usage "$1 needs a node count"; nodes=$2; shift 2 ;;
     -N*) nodes=${1#-N}; shift ;;
     --nodes=*) nodes=${1#--nodes=}; shift ;;
@@ -86,7 +91,9 @@ check_sbatch_flags "${sbatch_flags[@]}"
   die "sbatch not found: run on a Slurm login node, or try Slurm on this machine: utils/local_cluster.sh up 2 (installs Slurm as root), then eval \"\$(utils/local_cluster.sh env)\""
 split_overrides "$@"
 [[ -z "${MST_RUN:-}" ]] || check_run_overrides
+[[ -z "$every" ]] || check_checkpoint_every "$every"
 prepare_launch "$model_arg" "$repo" "$nodes" "$ignore_min"   # a count below the config's minimum: refused
+run_checkpoint_every   # --checkpoint-every: checkpoint_period from the run's measured step time
 check_attention_here warn "$repo"   # CONTAINER_RUNTIME=none: the login node's look at the nodes' environment (preflight decides)
 site_sbatch "${sbatch_flags[@]}"   # the site's sbatch flags go first; those whose option you gave are dropped
 gpu_request "$nodes" "${sbatch_flags[@]}"   # --gpus-per-node from the config (GPU_SBATCH), JOB_GPUS_PER_NODE

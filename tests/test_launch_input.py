@@ -75,6 +75,14 @@ CASES = [
         ["tiny", "--", "_env_NOT_SET_ANYWHERE_42"],
         "passes $NOT_SET_ANYWHERE_42 from your environment, but it is not set",
     ),
+    # --checkpoint-every: a time, for a run, instead of checkpoint_period
+    (["tiny", "--checkpoint-every", "30m"], "--checkpoint-every needs --run ALIAS"),
+    (["tiny", "--run", "r", "--checkpoint-every", "30x"], "--checkpoint-every takes a time such as 900, 900s, 30m"),
+    (["tiny", "--run", "r", "--checkpoint-every=0"], "--checkpoint-every takes a time such as 900, 900s, 30m"),
+    (
+        ["tiny", "--run", "r", "--checkpoint-every", "5m", "--", "checkpoint_period=3"],
+        "give --checkpoint-every or checkpoint_period=..., not both",
+    ),
 ]
 
 

@@ -13,6 +13,10 @@ logs of the workspace, yours, whose JOB header names the run (`run: ALIAS <works
   other       the rest of its wall time (checkpoint saves between steps, a hang, the end)
 Goodput is the run's productive step time over its allocated time (each job's wall time), both
 weighted by the job's node count. Exit 0 with the report; 2 with one line for bad input (no such run).
+--checkpoint-every SECONDS prints instead one line, "N WHY": the checkpoint_period in steps that
+saves about every SECONDS at the median step time of the run's latest job that trained (its first
+steps left out), or "- WHY" when no job of the run has measured one yet (submit.sh and run_local.sh
+--checkpoint-every use it).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import os
 import pwd
 import re
+import statistics
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -107,6 +112,24 @@ def startups(alias: str, workspace: Path, before: str) -> list[float]:
         for j in jobs_of(alias, workspace)
         if j["started"] is not None and j["started"] < limit and j["first_step_at"] is not None
     ]
+
+
+def checkpoint_period(alias: str, workspace: Path, seconds: float) -> tuple[int | None, str]:
+    """(steps, why): the checkpoint_period that saves about every SECONDS at the median step time of
+    the run's latest job with steady steps (its first joblog.WARMUP_STEPS steps left out); (None, why)
+    before any job of the run measured one."""
+    try:
+        jobs = jobs_of(alias, workspace)
+    except cli.InputError:
+        jobs = []
+    for j in reversed(jobs):
+        steps = sorted(j["_seconds"])
+        steady = [j["_seconds"][s] for s in steps[joblog.WARMUP_STEPS :]]
+        if steady:
+            med = statistics.median(steady)
+            n = max(1, int(seconds // med)) if med > 0 else 1
+            return n, f"every {seconds:g} s at the median step time {med:.3g} s of job {j['id']}'s {len(steady)} steps"
+    return None, f"no job of run {alias} has measured a step time yet: checkpoint_period stays as configured"
 
 
 def account(alias: str, workspace: Path) -> dict[str, Any]:
@@ -197,7 +220,19 @@ def render(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-OPTIONS = (cli.JSON, cli.WORKSPACE)
+OPTIONS = (
+    cli.JSON,
+    cli.WORKSPACE,
+    cli.Option(
+        "checkpoint_every",
+        "print the checkpoint_period that saves every SECONDS (see above) instead of the report",
+        float,
+        gt=0,
+        metavar="SECONDS",
+        must="a positive number of seconds",
+        cli_only="the launcher's question (submit.sh --checkpoint-every)",
+    ),
+)
 
 
 def build_parser() -> cli.Parser:
@@ -208,8 +243,15 @@ def build_parser() -> cli.Parser:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
+    ws = a.workspace or locate.default_workspace()
+    if a.checkpoint_every is not None:
+        if not ALIAS.fullmatch(a.alias):
+            return cli.fail("run.py", f"bad run alias '{a.alias}': use letters, digits, . _ - only, as given to --run")
+        n, why = checkpoint_period(a.alias, ws, a.checkpoint_every)
+        print(f"{'-' if n is None else n} {why}")
+        return cli.OK
     try:
-        r = account(a.alias, a.workspace or locate.default_workspace())
+        r = account(a.alias, ws)
     except cli.InputError as e:
         return cli.fail("run.py", e)
     cli.emit(r, a.json, render)

@@ -20,6 +20,13 @@
 #                             (saying so); returns 1 with one line on stderr when another job holds it,
 #                             or when the run directory (or a directory above it) is not ours to trust
 #   run_release               give the lock back, if this job holds it
+#   check_checkpoint_every DURATION
+#                             dies unless DURATION is a time (900, 900s, 30m, 2h) and --run is given
+#                             and no checkpoint_period override is; exports MST_CHECKPOINT_EVERY (seconds)
+#   run_checkpoint_every      with MST_CHECKPOINT_EVERY: the checkpoint_period (steps) that saves about
+#                             that often at the step time the run's earlier jobs measured (utils/run.py
+#                             ALIAS --checkpoint-every), appended to TRAIN_OVERRIDES and said on stderr;
+#                             before any job measured one the configured period stays, and that is said
 
 # check_run_alias ALIAS
 check_run_alias() {
@@ -44,6 +51,33 @@ check_run_overrides() {
     esac
   done <<< "${TRAIN_OVERRIDES:-}"
   return 0
+}
+
+check_checkpoint_every() {
+  local d=$1 n
+  [[ "$d" =~ ^([1-9][0-9]{0,6})(s|m|h)?$ ]] ||
+    die_usage "--checkpoint-every takes a time such as 900, 900s, 30m or 2h, got '$d'"
+  n=${BASH_REMATCH[1]}
+  case "${BASH_REMATCH[2]}" in m) n=$((n * 60)) ;; h) n=$((n * 3600)) ;; esac
+  [[ -n "${MST_RUN:-}" ]] ||
+    die_usage "--checkpoint-every needs --run ALIAS: the step time comes from the run's earlier jobs"
+  grep -q '^checkpoint_period=' <<< "${TRAIN_OVERRIDES:-}" &&
+    die_usage "give --checkpoint-every or checkpoint_period=..., not both"
+  export MST_CHECKPOINT_EVERY=$n
+}
+
+run_checkpoint_every() {
+  local out n
+  [[ -n "${MST_CHECKPOINT_EVERY:-}" ]] || return 0
+  out=$("$(dirname "${BASH_SOURCE[0]}")/../run.py" "$MST_RUN" --workspace "$JOB_WORKSPACE" --checkpoint-every "$MST_CHECKPOINT_EVERY" 2>&1) ||
+    die "--checkpoint-every: ${out#run.py: }"
+  n=${out%% *}
+  if [[ "$n" =~ ^[0-9]+$ ]]; then
+    TRAIN_OVERRIDES+="checkpoint_period=$n"$'\n'
+    echo "${PROG:-launch}: --checkpoint-every: checkpoint_period=$n (${out#* })" >&2
+  else
+    echo "${PROG:-launch}: --checkpoint-every: ${out#* }" >&2
+  fi
 }
 
 run_dir() {
