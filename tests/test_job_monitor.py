@@ -199,6 +199,24 @@ def test_a_runs_job_learns_its_first_step_limit_from_the_earlier_jobs(tmp_path):
     assert "threshold 2 min 45 s (3 x the longest start-up of run r's 1 earlier job(s), 55 s)" in ev[0].lines[0]
 
 
+def test_the_learned_first_step_limit_waits_for_the_header(tmp_path):
+    """Polled before the job wrote its header, the monitor does not settle on the default: once the
+    header names the run, the earlier job's start-up sets the limit."""
+    ws = tmp_path / "ws"
+    first = Job(ws, steps=100, job_id="40", run="r", started=T0)
+    first.t = T0 + 55
+    first.step(0, 5.0)
+    first.finish("failed")
+    job = Job(ws, steps=100, job_id="41", run="r", started=T0 + 600)
+    header = job.log.read_text()
+    job.log.write_text("")
+    w = Watch(job.dir, Rules(first_step_limit=1800))
+    w.poll(T0 + 610, "RUNNING")  # nothing in the log yet
+    job.log.write_text(header)
+    assert w.poll(T0 + 600 + 164, "RUNNING") == []
+    assert kinds(w.poll(T0 + 600 + 166, "RUNNING")) == ["no_first_step"]
+
+
 def test_the_hang_threshold_follows_the_step_time(tmp_path):
     job = Job(tmp_path, steps=10000)
     w = Watch(job.dir, Rules(hang_factor=10, hang_floor=45))

@@ -427,8 +427,11 @@ class Watch:
 
     def first_step_limit(self) -> tuple[float, str]:
         """(seconds, why): how long the job may run without a step, learned once from its run's
-        earlier jobs (utils/run.py's start-up) when it has any that trained, else the rule's default."""
+        earlier jobs (utils/run.py's start-up) when it has any that trained, else the rule's default.
+        Kept once the job's header has been read (before that, the default, asked again next time)."""
         s = self.s
+        if not s["header"]:
+            return self.rules.first_step_limit, f"the default {span(self.rules.first_step_limit)}"
         if s.get("first_step_limit") is None:
             limit, why = self.rules.first_step_limit, f"the default {span(self.rules.first_step_limit)}"
             words = s["header"].get("run", "").split()
