@@ -17,6 +17,7 @@ import os
 import re
 import stat
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
@@ -107,6 +108,14 @@ def header(log: Path | None) -> dict[str, str]:
             return read_header(f)
     except OSError:
         return {}
+
+
+def started(head: dict[str, str]) -> float | None:
+    """The job's start (the header's `started:`, UTC) in unix seconds; None without one."""
+    try:
+        return datetime.strptime(head.get("started", ""), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
 
 
 def model(head: dict[str, str]) -> str | None:

@@ -14,20 +14,18 @@ bad option).
 
 from __future__ import annotations
 
-import calendar
 import gzip
 import json
 import math
 import os
 import re
 import statistics
-import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import joblog
-from diagnosis import cli, locate, tsdb
+from diagnosis import cli, jobdir, locate, tsdb
 from diagnosis.cli import InputError
 from launch import config_header
 
@@ -719,13 +717,6 @@ def profiler_window(header: dict[str, str], job_dir: Path | None) -> tuple[int, 
     return skip, skip + n - 1
 
 
-def _epoch(iso: str) -> float | None:
-    try:
-        return float(calendar.timegm(time.strptime(iso, "%Y-%m-%dT%H:%M:%SZ")))
-    except (ValueError, TypeError):
-        return None
-
-
 def perf(
     job: str,
     workspace: Path | None = None,
@@ -816,7 +807,7 @@ def perf(
         rep["tgs"] = tgs
         rep["tflops_per_device"] = _r(tfl, 4)
         rep.update(sr)
-        t0, started = st.ts(0), _epoch(s.header.get("started", ""))
+        t0, started = st.ts(0), jobdir.started(s.header)
         if t0 is not None and started is not None and t0 >= started:
             rep["step_time"]["to_first_step"] = _r(t0 - started, 3)
         span = st.step[-1] - st.step[0] + 1

@@ -37,21 +37,18 @@ WALL = re.compile(r"\((\d+) s\)")  # the JOB SUMMARY's wall_time: "00:01:10 (70 
 ALIAS = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")  # utils/launch/run_alias.sh check_run_alias
 
 
-def epoch(utc: str, fmt: str = "%Y-%m-%dT%H:%M:%SZ") -> float | None:
-    """Unix seconds of a UTC time as the JOB header writes it (started:), None when it is not one."""
-    try:
-        return datetime.strptime(utc, fmt).replace(tzinfo=UTC).timestamp()
-    except ValueError:
-        return None
+def _snapshot_time(code: str) -> float | None:
+    """When submit.sh made the job's code snapshot (the header's code: path), in unix seconds."""
+    m = SNAPSHOT_TIME.search(code)
+    return datetime.strptime(m.group(1), "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC).timestamp() if m else None
 
 
 def _job(log: Path, scan: joblog.Scan) -> dict[str, Any]:
     """One job of the run: what its log says (times in unix seconds, durations in seconds)."""
     head, summ, st = scan.header, scan.summary, scan.steps
     job_id, name = locate.job_id_and_name(scan, log)
-    started = epoch(head.get("started", ""))
-    m = SNAPSHOT_TIME.search(head.get("code", ""))
-    submitted = epoch(m.group(1), "%Y%m%dT%H%M%SZ") if m else None
+    started = jobdir.started(head)
+    submitted = _snapshot_time(head.get("code", ""))
     w = WALL.search(summ.get("wall_time", ""))
     seconds: dict[int, float] = {}  # step -> its time (a log without host prefixes repeats each step)
     first_ts = None  # when the first step began: its line's time less its step time
@@ -103,10 +100,10 @@ def jobs_of(alias: str, workspace: Path) -> list[dict[str, Any]]:
     return out
 
 
-def startups(alias: str, workspace: Path, before: str) -> list[float]:
-    """The start-up (start to the first step) of each job of the run that started before BEFORE (the
-    header's started: of the job asking) and reached a step: the job monitor's first-step limit."""
-    limit = epoch(before) or float("inf")
+def startups(alias: str, workspace: Path, before: float | None) -> list[float]:
+    """The start-up (start to the first step) of each job of the run that started before BEFORE (unix
+    s: the start of the job asking) and reached a step: the job monitor's first-step limit."""
+    limit = before or float("inf")
     return [
         j["first_step_at"] - j["started"]
         for j in jobs_of(alias, workspace)

@@ -435,10 +435,9 @@ class Watch:
         if s.get("first_step_limit") is None:
             limit, why = self.rules.first_step_limit, f"the default {span(self.rules.first_step_limit)}"
             words = s["header"].get("run", "").split()
-            started = s["header"].get("started", "")
             if words:
                 try:
-                    earlier = runs.startups(words[0], self.dir.parent, before=started)
+                    earlier = runs.startups(words[0], self.dir.parent, before=jobdir.started(s["header"]))
                 except (OSError, cli.InputError):
                     earlier = []
                 if earlier:
@@ -452,7 +451,7 @@ class Watch:
 
     def _check_first_step(self, now: float, out: list[Event]) -> None:
         s = self.s
-        started = runs.epoch(s["header"].get("started", "")) or s["running_at"]
+        started = jobdir.started(s["header"]) or s["running_at"]
         if started is None or s.get("no_first_step_told"):
             return
         limit, why = self.first_step_limit()
