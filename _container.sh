@@ -20,6 +20,7 @@
 # same mounts as binds, the variables by name through the runtime's environment, --nv/--rocm). Every
 # container carries the labels mst.job=JOB_ID mst.workspace=JOB_WORKSPACE mst.scheduler=JOB_SCHEDULER.
 # Sets MST_CONTAINER (the runtime used) and MST_PYTHON (the trainer's interpreter).
+# podman and docker run under utils/launch/oci_run.sh: a stop signal ends the container whenever it lands.
 # RDMA NICs (utils/launch/netenv.sh --container-args): /dev/infiniband, locked memory (unlimited where allowed), the
 # host's verbs libraries (/etc/libibverbs.d, libibverbs, the providers of rdma_providers.tsv) read-only.
 set -euo pipefail
@@ -162,4 +163,6 @@ else
     while :; do wait "$c"; r=$?; kill -0 "$c" 2>/dev/null || exit "$r"; done' mst-init "$@"
 fi
 echo "_container.sh: $runtime image $shown_image" >&2
-exec "$runtime" "${args[@]}" "${extra[@]}" "$image" "$@"
+# interactive: the runtime's own terminal; otherwise oci_run.sh sees the container end on a stop signal
+[[ -t 0 ]] && exec "$runtime" "${args[@]}" "${extra[@]}" "$image" "$@"
+exec "$repo/utils/launch/oci_run.sh" "$runtime" "${args[@]:1}" "${extra[@]}" "$image" "$@"

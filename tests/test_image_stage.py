@@ -24,6 +24,7 @@ import re
 import secrets
 import shlex
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -598,6 +599,34 @@ def test_a_stage_timeout_ends_the_container(image, tmp_path):
         time.sleep(0.5)
     assert left == "", f"the stopped container was never removed: {left}"
     assert [e["Status"] for e in events(image, env["JOB_ID"])][-2:] == ["died", "remove"]
+
+
+@pytest.mark.slow
+def test_a_stop_signal_while_the_container_starts_leaves_no_container(image, tmp_path):
+    """A cancel or a stage timeout can land at any moment of `podman run`'s start-up, where podman's own
+    signal proxy loses it (podman 4.3, measured: TERMed then, it exits 0 and leaves the container created;
+    a CI run's stage timeout left one running). Whenever the TERM lands, _container.sh returns non-zero
+    and the job's label marks no container, running or not, once it has returned."""
+    write_records(tmp_path / "job", {"n1": f"runtime=podman image={image['name']} digest={image['id']} source=local"})
+    script = "echo started; exec sleep 300"
+    results = []
+    for i, delay in enumerate((0.1, 0.25, 0.4, 0.5, 0.6, 0.7, 0.85, 1.0, 1.5, 2.5)):
+        job_id = f"start-{i}-{tmp_path.name}"
+        env = {**os.environ, **image["env"], "JOB_DIR": str(tmp_path / "job"), "JOB_HOSTNAME": "n1",
+               "JOB_ID": job_id, "JOB_WORKSPACE": str(tmp_path), "JOB_SCHEDULER": "local"}  # fmt: skip
+        # the whole process group gets the TERM, as timeout(1) and Slurm send it
+        proc = subprocess.Popen(
+            [str(REPO / "_container.sh"), "sh", "-c", script], env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        )  # fmt: skip
+        time.sleep(delay)
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        listed = podman(image["env"], "ps", "-a", "--filter", f"label=mst.job={job_id}", "--format", "{{.Status}}")
+        results.append((delay, proc.returncode, "started" in out, listed.stdout.strip()))
+    assert all(rc != 0 for _, rc, _, _ in results), results
+    assert all(left == "" for *_, left in results), f"containers left (delay, rc, started, left): {results}"
+    assert any(started for _, _, started, _ in results), f"no TERM landed after the command started: {results}"
 
 
 # --- the agreement on the local Slurm cluster -------------------------------------------------------
