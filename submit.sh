@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: submit.sh MODEL[:TAG] [-N NODES] [--ignore-min-nodes] [--run ALIAS [--checkpoint-every TIME]] [--notify] [--auto-recover N] [--dry-run] [SBATCH_FLAG ...] [-- KEY=VALUE ... _env_NAME=VALUE ...]
+# Usage: submit.sh MODEL[:TAG] [-N NODES] [--ignore-min-nodes] [--run ALIAS [--checkpoint-every TIME] [--continue [--max-jobs N] [--max-stalled N]]] [--notify] [--auto-recover N] [--dry-run] [SBATCH_FLAG ...] [-- KEY=VALUE ... _env_NAME=VALUE ...]
 #
 # Submits MaxText training of configs/MODEL.yml to Slurm from a login node.
 #   MODEL     a config name: exact, else a short name a config declares ("# Aliases: 70b" in
@@ -21,6 +21,11 @@
 #   --checkpoint-every TIME  with --run: checkpoint_period in steps that saves about every TIME
 #             (900, 900s, 30m, 2h) at the median step time of the run's latest job that trained
 #             (utils/run.py ALIAS --checkpoint-every; the run's first job keeps the configured period)
+#   --continue  with --run: the run continues by itself until MaxText reaches `steps`: each job queues the
+#             next (the same command, --dependency=afterany:<itself>) when it starts and cancels it at its
+#             end when the run is complete, failed in a way a retry cannot fix, was cancelled (scancel),
+#             or --max-stalled N jobs in a row (default 3) saved no new checkpoint; at most --max-jobs N
+#             jobs (default 20) from this submission (docs/runs.md)
 #   --notify  start utils/job_monitor.py for the job (detached): hang, slowdown, failure and
 #             completion events to the destinations of your notification config
 #             (docs/notifications.md; it must exist and be mode 0600). MST_NOTIFY=1 (e.g. from the
@@ -51,7 +56,7 @@ source "$repo/utils/launch/lib.sh"
 source "$repo/utils/launch/launch_lib.sh"
 source "$repo/utils/launch/run_alias.sh"
 PROG=submit.sh
-unset MST_RUN MST_CHECKPOINT_EVERY   # set by --run and --checkpoint-every only
+unset MST_RUN MST_CHECKPOINT_EVERY MST_CONTINUE   # set by --run, --checkpoint-every and --continue only
 
 case "${1:-}" in
   -h|--help) usage; exit ;;
@@ -60,7 +65,7 @@ esac
 model_arg=$1; shift
 command_text="submit.sh $(printf '%q' "$model_arg")$(shown_args "$@")"
 
-nodes=1 sbatch_flags=() dry_run=0 user_hold=0 notify="" recover=0 ignore_min=0 every=""
+nodes=1 sbatch_flags=() dry_run=0 user_hold=0 notify="" recover=0 ignore_min=0 every="" continue=0 max_jobs="" max_stalled=""
 while (( $# )); do
   case "$1" in
     --) shift; break ;;
@@ -75,6 +80,11 @@ while (( $# )); do
     --run=*) check_run_alias "${1#--run=}"; export MST_RUN=${1#--run=}; shift ;;
     --checkpoint-every) (( $# >= 2 )) || die_usage "--checkpoint-every needs a time, e.g. --checkpoint-every 30m"; every=$2; shift 2 ;;
     --checkpoint-every=*) every=${1#--checkpoint-every=}; shift ;;
+    --continue) continue=1; shift ;;
+    --max-jobs) (( $# >= 2 )) || die_usage "--max-jobs needs a count, e.g. --max-jobs 10"; max_jobs=$2; shift 2 ;;
+    --max-jobs=*) max_jobs=${1#--max-jobs=}; shift ;;
+    --max-stalled) (( $# >= 2 )) || die_usage "--max-stalled needs a count, e.g. --max-stalled 3"; max_stalled=$2; shift 2 ;;
+    --max-stalled=*) max_stalled=${1#--max-stalled=}; shift ;;
     -N|--nodes) (( $# >= 2 )) || die_usage "$1 needs a node count"; nodes=$2; shift 2 ;;
     -N*) nodes=${1#-N}; shift ;;
     --nodes=*) nodes=${1#--nodes=}; shift ;;
@@ -92,6 +102,7 @@ check_sbatch_flags "${sbatch_flags[@]}"
 split_overrides "$@"
 [[ -z "${MST_RUN:-}" ]] || check_run_overrides
 [[ -z "$every" ]] || check_checkpoint_every "$every"
+check_continue "$continue" "$max_jobs" "$max_stalled"   # exports MST_CONTINUE, MST_RUN_JOB with --continue
 prepare_launch "$model_arg" "$repo" "$nodes" "$ignore_min"   # a count below the config's minimum: refused
 run_checkpoint_every   # --checkpoint-every: checkpoint_period from the run's measured step time
 check_attention_here warn "$repo"   # CONTAINER_RUNTIME=none: the login node's look at the nodes' environment (preflight decides)
@@ -125,6 +136,7 @@ if (( dry_run )); then
   echo "overrides: $(shown_list maxtext <<< "$TRAIN_OVERRIDES")"
   echo "env_overrides: $(shown_list env <<< "$TRAIN_ENV_OVERRIDES")"
   [[ -z "${MST_RUN:-}" ]] || echo "run: $(run_describe)"
+  [[ -z "${MST_CONTINUE:-}" ]] || echo "continue: $(continue_describe)"
   [[ -z "$notify" ]] || echo "monitor: ${monitor_cmd[*]} <job id> --detach$( (( recover )) && echo " --auto-recover $recover")"
   exit 0
 fi
@@ -173,6 +185,7 @@ Submitted job $job_id ($MODEL_NAME) on $nodes node(s)$( (( user_hold )) && echo 
   follow:  tail -F $(printf '%q' "$JOB_WORKSPACE/$name.log")
 EOM
 [[ -z "${MST_RUN:-}" ]] || echo "  run:     $(run_describe)"
+[[ -z "${MST_CONTINUE:-}" ]] || echo "  continue: $(continue_describe)"
 if [[ -n "$notify" ]]; then
   monitor_cmd+=("$job_id" --detach)
   if (( recover )); then monitor_cmd+=(--auto-recover "$recover"); fi

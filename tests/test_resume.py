@@ -165,6 +165,7 @@ def test_refused_slurm_job_ends_with_a_summary_that_triage_explains(workspace):
     assert r["run"] == {
         "alias": "r1",
         "dir": str(workspace / USER / "runs" / "r1"),
+        "checkpoint_at_start": None,
         "restored_from_step": None,
         "restore_line": None,
     }
@@ -249,6 +250,7 @@ def test_parser_finds_the_restore_line_of_the_last_run(tmp_path):
     assert joblog.run_of(s) == {
         "alias": "r1",
         "dir": "/ws/runs/r1",
+        "checkpoint_at_start": 5,
         "restored_from_step": 5,
         "restore_line": s.restored.line,
     }
@@ -261,6 +263,17 @@ def test_parser_finds_the_restore_line_of_the_last_run(tmp_path):
     # no run line, no restore line: no run
     log.write_text("\n".join(header[:3] + header[4:]) + "\n")
     assert joblog.run_of(joblog.scan(log)) is None
+    # a short log (both runs in the scanner's first block): the report is still about the last run only,
+    # its steps and its restore line (the first run's steps 0..2 and restore of step 5 are not its)
+    step = f"vm: {ABSL}metric_logger.py:265] completed step: {{}}, seconds: 0.1"
+    rerun = [*header[:3], "run: r1 /ws/runs/r1 (latest checkpoint: step 2, training goes on at step 3)", *header[4:]]
+    first = [*header, restore, *(step.format(i) for i in range(3))]
+    log.write_text(
+        "\n".join([*first, *rerun, restore.replace("step 5", "step 2"), step.format(3), step.format(4)]) + "\n"
+    )
+    s = joblog.scan(log)
+    assert s.runs == 2 and s.steps.step == [3, 4] and s.restored is not None and s.restored.data == {"step": 2}
+    assert joblog.run_of(s)["checkpoint_at_start"] == 2
 
 
 # --- real training ------------------------------------------------------------------------------
@@ -298,7 +311,10 @@ def test_a_resubmission_restores_the_latest_checkpoint(workspace, venv):
     assert list((out1 / "tensorboard").rglob("events.out.tfevents.*")), "TensorBoard events stay in the job dir"
     assert not (run_dir / "lock").exists(), "the lock is given back at the end"
     r1 = triage(log1)
-    assert r1["run"] == {"alias": "r1", "dir": str(run_dir), "restored_from_step": None, "restore_line": None}
+    assert r1["run"] == {
+        "alias": "r1", "dir": str(run_dir), "checkpoint_at_start": None, "restored_from_step": None,
+        "restore_line": None,
+    }  # fmt: skip
 
     # job 2 of the run, after a job that was killed holding the lock: takes it over, restores step 5
     hold(workspace, "r1", owner_line("local-20261124-000000-3"))
@@ -325,7 +341,10 @@ def test_a_resubmission_restores_the_latest_checkpoint(workspace, venv):
     assert 9 in {int(p.name) for p in (run_dir / "checkpoints").iterdir()}
     r2 = triage(log2)
     assert r2["status"] == "completed" and r2["progress"]["last_step"] == 9
-    assert r2["run"] == {"alias": "r1", "dir": str(run_dir), "restored_from_step": 5, "restore_line": restore[0][0]}
+    assert r2["run"] == {
+        "alias": "r1", "dir": str(run_dir), "checkpoint_at_start": 5, "restored_from_step": 5,
+        "restore_line": restore[0][0],
+    }  # fmt: skip
     assert "restored the checkpoint of step 5 and ran steps 6-9" in r2["summary"]
     text = run([str(REPO / "utils" / "triage.py"), str(log2)]).stdout
     assert f"run: r1 ({run_dir}): restored_from_step 5 (log line {restore[0][0]})" in text

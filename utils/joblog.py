@@ -539,12 +539,13 @@ class _Scanner:
         self.ref_re = re.compile(prefix + absl + STEP.pattern)
 
     def _steps(self, buf: bytearray, cut: int) -> int:
-        """Collect the reference host's step lines of this block; returns how many."""
+        """Collect the reference host's step lines of this block, from its last JOB header on when it
+        holds one (an earlier run's steps before it are not this run's); returns how many."""
         if self.ref_re is None:
             self._learn_format(buf, cut)
             if self.ref_re is None:
                 return 0
-        rows = self.ref_re.findall(buf, 0, cut)
+        rows = self.ref_re.findall(buf, max(0, buf.rfind(_HEADER_OPEN, 0, cut)), cut)
         if not rows:
             return 0
         _add_rows(self.s.steps, *zip(*rows, strict=True))
@@ -793,7 +794,7 @@ class _Scanner:
         """MaxText's restore line, if this block holds the run's first (after the run's header)."""
         for line, host, rest, text, ts in self._lines_with(buf, cut, base, _RESTORE_TEXT):
             m = RESTORE.search(rest.encode())
-            if m:
+            if m and line > (self.s.header_line or 0):  # not an earlier run's, in the block of a later header
                 self.s.restored = Event("restore", host, line, rest[:600], ts, {"step": int(m.group(1))}, text[:600])
                 return
 
@@ -868,17 +869,27 @@ def scan(path: str | Path) -> Scan:
     return _Scanner(Path(path)).run()
 
 
+def checkpoint_at_start(run_line: str) -> int | None:
+    """The run's latest checkpoint step when the job started, from its header's `run:` line
+    ("ALIAS RUN_DIR (latest checkpoint: step N, ...)"); None for "(no checkpoint: ...)"."""
+    m = re.search(r"\(latest checkpoint: step (\d+)", run_line)
+    return int(m.group(1)) if m else None
+
+
 def run_of(s: Scan) -> dict | None:
     """The run (--run) of the log's last run: `alias` and `dir` from the header's `run:` line
-    ("ALIAS RUN_DIR (latest checkpoint: ...)", utils/launch/job_header.sh), `restored_from_step` and
+    ("ALIAS RUN_DIR (latest checkpoint: step N, ...)", utils/launch/job_header.sh; `checkpoint_at_start`: that N,
+    None for "(no checkpoint: ...)"), `restored_from_step` and
     `restore_line` from MaxText's restore line (None: it started from step 0). None when the log has
     neither."""
-    words = s.header.get("run", "").split()
+    line = s.header.get("run", "")
+    words = line.split()
     if not words and s.restored is None:
         return None
     return {
         "alias": words[0] if words else None,
         "dir": words[1] if len(words) > 1 else None,
+        "checkpoint_at_start": checkpoint_at_start(line),
         "restored_from_step": s.restored.data["step"] if s.restored else None,
         "restore_line": s.restored.line if s.restored else None,
     }

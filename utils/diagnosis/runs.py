@@ -70,12 +70,25 @@ def _job(log: Path, scan: joblog.Scan) -> dict[str, Any]:
         "wall_seconds": float(w.group(1)) if w else None,
         "first_step_at": first_ts,  # unix s the first step began
         "restored_from_step": run.get("restored_from_step"),
+        "checkpoint_at_start": run.get("checkpoint_at_start"),
         "_seconds": seconds,
     }
 
 
-def jobs_of(alias: str, workspace: Path) -> list[dict[str, Any]]:
-    """The run's jobs in the workspace (logs of ours whose header names the run), oldest first."""
+def latest_checkpoint(alias: str, workspace: Path) -> int | None:
+    """The highest step saved in the run's checkpoint directory now (all-digit names only: Orbax renames
+    a step's temporary directory to its number when it is complete; utils/launch/run_alias.sh's rule)."""
+    d = workspace / pwd.getpwuid(os.geteuid()).pw_name / "runs" / alias / "checkpoints"
+    try:
+        steps = [int(e.name) for e in os.scandir(d) if e.name.isdigit() and e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return None
+    return max(steps, default=None)
+
+
+def logs_of(alias: str, workspace: Path) -> list[tuple[Path, dict[str, str]]]:
+    """The run's job logs in the workspace with their headers: logs of ours whose header's `run:` names
+    the run's directory in our own root, oldest start first (their headers only are read)."""
     mine = os.path.realpath(workspace / pwd.getpwuid(os.geteuid()).pw_name / "runs" / alias)  # as `id -un`
     out = []
     try:
@@ -92,10 +105,18 @@ def jobs_of(alias: str, workspace: Path) -> list[dict[str, Any]]:
                 continue
         except OSError:
             continue
-        words = jobdir.header(path).get("run", "").split()
+        head = jobdir.header(path)
+        words = head.get("run", "").split()
         if len(words) < 2 or words[0] != alias or os.path.realpath(words[1]) != mine:
             continue
-        out.append(_job(path, joblog.scan(path)))
+        out.append((path, head))
+    out.sort(key=lambda p: jobdir.started(p[1]) or 0)
+    return out
+
+
+def jobs_of(alias: str, workspace: Path) -> list[dict[str, Any]]:
+    """The run's jobs in the workspace (logs of ours whose header names the run), oldest first."""
+    out = [_job(path, joblog.scan(path)) for path, _ in logs_of(alias, workspace)]
     out.sort(key=lambda j: (j["started"] or 0, int(j["id"]) if str(j["id"]).isdigit() else 0))
     return out
 
@@ -129,6 +150,20 @@ def checkpoint_period(alias: str, workspace: Path, seconds: float) -> tuple[int 
     return None, f"no job of run {alias} has measured a step time yet: checkpoint_period stays as configured"
 
 
+def _queued(j: dict[str, Any], jobs: list[dict[str, Any]]) -> float | None:
+    """From the job's submission, or from the end of an earlier job of the run that ended after it (a job
+    queued behind another, as --continue queues them, waits for that one first), to its start."""
+    if not (j["started"] and j["submitted"]):
+        return None
+    ends = [
+        k["started"] + k["wall_seconds"]
+        for k in jobs
+        if k is not j and k["started"] and k["wall_seconds"] is not None and k["started"] < j["started"]
+    ]
+    since = max([j["submitted"], *(e for e in ends if e <= j["started"])])
+    return round(j["started"] - since, 3)
+
+
 def account(alias: str, workspace: Path) -> dict[str, Any]:
     """The run's report (docs/runs.md): its jobs, the steps trained and redone, time by kind, goodput."""
     if not ALIAS.fullmatch(alias):
@@ -152,7 +187,7 @@ def account(alias: str, workspace: Path) -> dict[str, Any]:
         productive, lost = sum(kept.values()), sum(redone.values())
         other = max(0.0, wall - (startup or 0) - productive - lost) if wall is not None else None
         j["time"] = {
-            "queued": (j["started"] - j["submitted"]) if (j["started"] and j["submitted"]) else None,
+            "queued": _queued(j, jobs),
             "startup": None if startup is None else round(startup, 3),
             "productive": round(productive, 3),
             "redone": round(lost, 3),

@@ -27,6 +27,7 @@ if [[ -z "$gpus" ]]; then
   [[ -z "${JOB_GPUS_PER_NODE:-}" ]] || gpus="$JOB_GPUS_PER_NODE per node (JOB_GPUS_PER_NODE); preflight fails a node that shows fewer"
 fi
 [[ -z "${MST_RUN:-}" ]] || run_line="run: $(run_describe)"$'\n'
+[[ -z "${MST_RUN:-}" || -z "${MST_CONTINUE:-}" ]] || run_line+="continue: $(continue_describe)"$'\n'
 cat <<HEADER
 ==================== JOB ====================
 job: ${JOB_ID:-?} ${JOB_NAME:-?}

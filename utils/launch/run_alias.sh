@@ -23,6 +23,9 @@
 #   check_checkpoint_every DURATION
 #                             dies unless DURATION is a time (900, 900s, 30m, 2h) and --run is given
 #                             and no checkpoint_period override is; exports MST_CHECKPOINT_EVERY (seconds)
+#   check_continue ON MAX_JOBS MAX_STALLED
+#                             --continue's checks; exports MST_CONTINUE and MST_RUN_JOB (see there)
+#   continue_describe         print the job header's continue: line
 #   run_checkpoint_every      with MST_CHECKPOINT_EVERY: the checkpoint_period (steps) that saves about
 #                             that often at the step time the run's earlier jobs measured (utils/run.py
 #                             ALIAS --checkpoint-every), appended to TRAIN_OVERRIDES and said on stderr;
@@ -64,6 +67,32 @@ check_checkpoint_every() {
   grep -q '^checkpoint_period=' <<< "${TRAIN_OVERRIDES:-}" &&
     die_usage "give --checkpoint-every or checkpoint_period=..., not both"
   export MST_CHECKPOINT_EVERY=$n
+}
+
+# check_continue ON MAX_JOBS MAX_STALLED (submit.sh's --continue, --max-jobs, --max-stalled; counts may be
+# empty: 20 and 3). With ON=1 it needs --run and counts of 1-1000 and 1-100, and exports
+# MST_CONTINUE="MAX_JOBS MAX_STALLED" and MST_RUN_JOB (this job's place in the run's chain: what the job
+# before it passed on, else 1: utils/run_next.py). With ON=0 the counts are refused, MST_RUN_JOB is unset.
+check_continue() {
+  local on=$1 jobs=${2:-20} stalled=${3:-3}
+  if [[ "$on" != 1 ]]; then
+    [[ -z "$2$3" ]] || die_usage "--max-jobs and --max-stalled go with --continue (and --run ALIAS)"
+    unset MST_RUN_JOB
+    return 0
+  fi
+  [[ -n "${MST_RUN:-}" ]] || die_usage "--continue needs --run ALIAS: the jobs of a run restore its checkpoints"
+  if ! [[ "$jobs" =~ ^[1-9][0-9]{0,3}$ ]] || (( jobs > 1000 )); then die_usage "--max-jobs takes 1 .. 1000 jobs, got '$jobs'"; fi
+  if ! [[ "$stalled" =~ ^[1-9][0-9]{0,2}$ ]] || (( stalled > 100 )); then die_usage "--max-stalled takes 1 .. 100 jobs, got '$stalled'"; fi
+  [[ "${MST_RUN_JOB:-}" =~ ^[1-9][0-9]{0,3}$ ]] || MST_RUN_JOB=1
+  export MST_CONTINUE="$jobs $stalled" MST_RUN_JOB
+}
+
+# continue_describe: the job header's and submit.sh's continue: line
+continue_describe() {
+  local jobs stalled
+  read -r jobs stalled <<< "$MST_CONTINUE"
+  printf 'job %s of at most %s (the next is queued when this one starts; the run stops when complete, on a failure a retry cannot fix, on scancel, or after %s jobs in a row without a new checkpoint)\n' \
+    "${MST_RUN_JOB:-1}" "$jobs" "$stalled"
 }
 
 run_checkpoint_every() {

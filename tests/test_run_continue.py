@@ -1,0 +1,210 @@
+"""A run that continues by itself (submit.sh --run ALIAS --continue, utils/run_next.py; docs/runs.md).
+
+On the local Slurm cluster, real MaxText on the CPU: a run whose jobs have a 1-minute time limit and
+whose steps need several jobs completes by itself, each job restoring the checkpoint the one before it
+saved, a job requeued with `scontrol requeue` (what a preemption with requeue does) goes on without a
+second successor, and the last job cancels the one queued behind it; a crash loop (every job ends
+before its first checkpoint) stops after --max-stalled jobs with the reason. Nothing runs between the
+jobs but Slurm. Bad input is refused in one line before anything is written."""
+
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, launcher_env, run
+from test_launch_input import assert_rejected, fake_sbatch  # noqa: F401 - fake_sbatch is a fixture
+
+import joblog
+from diagnosis import jobdir, runs
+from helpers.jobs import job_state, log_has, submit, summary
+from monitor import chain
+
+USER = subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout.strip()
+# a tiny model made slow enough (~30 ms a step here) that its steps need several 1-minute jobs
+SLOW = ["per_device_batch_size=4", "max_target_length=256", "checkpoint_period=100", "async_checkpointing=false"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--continue"], "--continue needs --run ALIAS"),
+        (["--run", "r1", "--continue", "--max-jobs", "0"], "--max-jobs takes 1 .. 1000 jobs, got '0'"),
+        (["--run", "r1", "--continue", "--max-jobs=many"], "--max-jobs takes 1 .. 1000 jobs, got 'many'"),
+        (["--run", "r1", "--continue", "--max-stalled", "101"], "--max-stalled takes 1 .. 100 jobs, got '101'"),
+        (["--run", "r1", "--max-jobs", "5"], "--max-jobs and --max-stalled go with --continue"),
+        (["--run", "r1", "--continue", "--max-jobs"], "--max-jobs needs a count"),
+    ],
+)
+def test_bad_continue_input_is_refused(args, message, fake_sbatch, workspace, venv):  # noqa: F811
+    res = run([str(REPO / "submit.sh"), "tiny", *args], env={**fake_sbatch, **launcher_env(workspace)})
+    assert_rejected(res, Path(fake_sbatch["SBATCH_CALLS"]), workspace, message)
+
+
+def test_the_next_job_waits_for_this_one_instead_of_the_users_dependency():
+    args = ["tiny", "-N", "2", "--run", "r1", "--continue", "--dependency=afterok:5", "-d", "after:4", "-H", "--",
+            "steps=10", "-d"]  # fmt: skip
+    assert chain.with_dependency(args, "77") == [
+        "tiny", "-N", "2", "--run", "r1", "--continue", "--dependency=afterany:77", "--", "steps=10", "-d",
+    ]  # fmt: skip
+
+
+def test_the_docs_name_the_failures_that_stop_a_run():
+    """docs/runs.md lists the classes after which a continuing run stops: chain.FINAL_CLASSES, each a class
+    of triage's registry."""
+    from diagnosis.failure_classes import REGISTRY
+
+    text = (REPO / "docs" / "runs.md").read_text()
+    para = text[text.index("the job failed in a way the same job would meet again") :].split("\n   - ", 1)[0]
+    assert re.findall(r"`([a-z_]+)`", para) == list(chain.FINAL_CLASSES)
+    assert set(chain.FINAL_CLASSES) <= {c.name for c in REGISTRY}
+
+
+def header_log(ws: Path, job_id: int, alias: str, at_start: int | None, started: str) -> None:
+    ckpt = f"latest checkpoint: step {at_start}, training goes on at step {at_start + 1}" if at_start is not None else (
+        "no checkpoint: starts from step 0")  # fmt: skip
+    (ws / f"{job_id}-JAX-tiny.log").write_text(
+        "==================== JOB ====================\n"
+        f"job: {job_id} {job_id}-JAX-tiny\nrun: {alias} {ws}/{USER}/runs/{alias} ({ckpt})\nstarted: {started}\n"
+        "=============================================\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "marks, now, stalled",
+    [
+        ([None], None, 1),  # the first job saved nothing
+        ([None], 99, 0),  # ... or a checkpoint
+        ([None, 99, 99], 99, 2),  # two jobs in a row without a new one after one that saved
+        ([None, 99, 99], 199, 0),
+        ([99, 199, 199, 199], 199, 3),
+    ],
+)
+def test_jobs_without_a_new_checkpoint_are_counted_from_the_headers(tmp_path, monkeypatch, marks, now, stalled):
+    ws = tmp_path / "ws"
+    (ws / USER / "runs" / "r1" / "checkpoints").mkdir(parents=True)
+    if now is not None:
+        (ws / USER / "runs" / "r1" / "checkpoints" / str(now)).mkdir()
+        (ws / USER / "runs" / "r1" / "checkpoints" / f"{now + 100}.orbax-checkpoint-tmp-1").mkdir()  # not saved
+    for i, m in enumerate(marks):
+        header_log(ws, 10 + i, "r1", m, f"2026-11-28T08:0{i}:00Z")
+    header_log(ws, 99, "other", None, "2026-11-28T08:09:00Z")  # another run's job
+    job_dir = ws / f"{9 + len(marks)}-JAX-tiny"
+    job_dir.mkdir()
+    for k, v in {"JOB_DIR": str(job_dir), "JOB_ID": str(9 + len(marks)), "JOB_WORKSPACE": str(ws), "MST_RUN": "r1",
+                 "MST_CONTINUE": "20 3"}.items():  # fmt: skip
+        monkeypatch.setenv(k, v)
+    assert chain.stalled(chain.Job()) == stalled
+
+
+# --- the local Slurm cluster ------------------------------------------------------------------------
+
+
+def jobs_of_run(ws: Path, alias: str) -> list[tuple[int, Path]]:
+    return sorted((int(p.name.split("-")[0]), p) for p, _ in runs.logs_of(alias, ws))
+
+
+def ours_active(cluster: dict[str, str], name: str = "JAX-tiny") -> list[str]:
+    out = run(["squeue", "-h", "-u", USER, "-n", name, "-o", "%i %T"], env=cluster).stdout
+    return out.split("\n") if out.strip() else []
+
+
+def wait_run_end(cluster: dict[str, str], ws: Path, alias: str, timeout: float) -> None:
+    """Until the run's last job has ended and nothing of the run is queued (jobs started by jobs)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        logs = jobs_of_run(ws, alias)
+        if logs and not ours_active(cluster) and "JOB SUMMARY" in logs[-1][1].read_text(errors="replace"):
+            return
+        time.sleep(2)
+    raise AssertionError(f"run {alias} still going after {timeout} s: {ours_active(cluster)}")
+
+
+def steps_in(log: Path) -> list[int]:
+    return [int(m) for m in re.findall(r"completed step: (\d+),", log.read_text(errors="replace"))]
+
+
+@pytest.mark.cluster
+def test_a_run_with_a_one_minute_limit_continues_by_itself_and_survives_a_requeue(cluster, workspace, venv):
+    alias = "cont1"
+    first, log1 = submit(cluster, workspace, "tiny", "--run", alias, "--continue", "--max-jobs", "8", "--time=1",
+                         "--", "steps=5500", *SLOW)  # fmt: skip
+    # the first job, once it saved a checkpoint, is requeued (a preemption with requeue): it runs again
+    # under its id (Slurm delays a requeued job 2 minutes; the test lets it start at once)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not any(s >= 150 for s in steps_in(log1)):
+        time.sleep(1)
+    assert any(s >= 150 for s in steps_in(log1)), log1.read_text(errors="replace")[-3000:]
+    assert run(["scontrol", "requeue", first], env=cluster).returncode == 0
+    deadline = time.monotonic() + 120
+    while job_state(cluster, first) != "PENDING" and time.monotonic() < deadline:
+        time.sleep(1)
+    run(["scontrol", "update", f"JobId={first}", "StartTime=now"], env=cluster)
+    wait_run_end(cluster, workspace, alias, 900)
+
+    jobs = jobs_of_run(workspace, alias)
+    ids = [j for j, _ in jobs]
+    text = {j: p.read_text(errors="replace") for j, p in jobs}
+    report = runs.account(alias, workspace)
+    assert report["done"] and report["highest_step"] == 5499, report
+    assert len(ids) >= 3, f"5500 steps took only {len(ids)} jobs of 1 minute: {ids}"
+    # the requeued job ran twice under its id and queued one next job only
+    assert text[ids[0]].count("==================== JOB ====================") == 2, text[ids[0]][-3000:]
+    assert f"run_next: job {ids[1]} (queued by this job's earlier run) goes on with run {alias}" in text[ids[0]]
+    queued = [int(m) for j in ids for m in re.findall(r"^run_next: queued job (\d+) ", text[j], re.M)]
+    assert queued[: len(ids) - 1] == ids[1:], (queued, ids)
+    # every job restored the checkpoint the run had when it started, and each one saved a newer one
+    marks = []
+    for j, log in jobs:
+        head = jobdir.header(log) if j != ids[0] else {}
+        if j != ids[0]:
+            mark = joblog.checkpoint_at_start(head["run"])
+            assert mark is not None and re.search(rf"restoring from this run's directory step {mark}$", text[j], re.M)
+            assert steps_in(log)[0] == mark + 1, (j, steps_in(log)[:3])
+            marks.append(mark)
+    assert marks == sorted(set(marks)), marks
+    # jobs cut by the time limit say so and go on; the last one completed and cancelled the job behind it
+    for j in ids[1:-1]:
+        s = summary(workspace / f"{j}-JAX-tiny.log")
+        assert s["status"] == "timeout", (j, s)
+        assert re.search(
+            rf"^run_next: job \d+ goes on with run {alias} \(timeout, Slurm state TIMEOUT\)$", text[j], re.M
+        )
+    assert summary(jobs[-1][1])["status"] == "completed"
+    done = f"run_next: run {alias} stops: the run is complete: MaxText trained to its steps; cancelled job"
+    m = re.search(rf"^{done} (\d+)$", text[ids[-1]], re.M)
+    assert m, text[ids[-1]][-3000:]
+    cancelled = m.group(1)
+    assert not (workspace / f"{cancelled}-JAX-tiny.log").exists() and not (workspace / f"{cancelled}-JAX-tiny").exists()
+    assert ours_active(cluster) == []
+    # for the closing note: from each job's end to the next job's first step; the run's goodput
+    gaps = []
+    for a, b in zip(report["jobs"], report["jobs"][1:], strict=False):
+        if a["started"] and a["wall_seconds"] and b["first_step_at"]:
+            gaps.append(round(b["first_step_at"] - (a["started"] + a["wall_seconds"]), 1))
+    print(f"\nrun {alias}: jobs {ids}, goodput {report['goodput']}, end-to-first-step gaps (s) {gaps}")
+
+
+@pytest.mark.cluster
+def test_a_crash_loop_stops_after_max_stalled_jobs_with_the_reason(cluster, workspace, venv):
+    """Every job ends before its first checkpoint (its train stage's limit, 8 s, is shorter than the
+    start-up): a failure worth retrying, once; the second job in a row without a new checkpoint stops
+    the run and cancels the third."""
+    alias = "loop1"
+    submit(cluster, workspace, "tiny", "--run", alias, "--continue", "--max-stalled", "2", "--", "steps=50",
+           STAGE_TIMEOUTS="train:8")  # fmt: skip
+    wait_run_end(cluster, workspace, alias, 300)
+    jobs = jobs_of_run(workspace, alias)
+    assert len(jobs) == 2, jobs
+    (j1, log1), (j2, log2) = jobs
+    assert summary(log1)["status"] == "stage_timeout" and summary(log2)["status"] == "stage_timeout"
+    assert log_has(log1, rf"^run_next: job {j2} goes on with run {alias} \(stage_timeout\)$")
+    m = re.search(
+        rf"^run_next: run {alias} stops: 2 jobs in a row saved no new checkpoint \(at most 2\); cancelled job (\d+)$",
+        log2.read_text(),
+        re.M,
+    )
+    assert m, log2.read_text()[-3000:]
+    assert not (workspace / f"{m.group(1)}-JAX-tiny.log").exists()
+    assert ours_active(cluster) == []

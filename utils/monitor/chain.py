@@ -1,0 +1,260 @@
+"""A run that continues itself (submit.sh --run ALIAS --continue; docs/runs.md).
+
+Each job of such a run queues the next one when it starts: submit.sh again, from this job's verified
+snapshot with the recorded command and `--dependency=afterany:<this job>`, so Slurm holds it until
+this job has ended, however it ends (its time limit, preemption, a node failure, a kill). At its end
+the job cancels the next one when the run should stop. Nothing outside the jobs (no login-node
+process, no monitor) has to stay alive for the run to go on.
+
+  run_next.py queue               after the job holds its run: queue the next job, unless this job is
+                                  the run's last (--max-jobs) or a requeued run of it queued one already
+  run_next.py end STATUS [STATE]  after the JOB SUMMARY: keep the next job, or cancel it and say why.
+                                  STATUS: the summary's; STATE: Slurm's job state at a stop signal
+
+The run stops (the next job is cancelled) when: the run is complete (the job completed: MaxText trained
+to its `steps`); the job failed in a way a retry cannot fix (triage's class is one of FINAL_CLASSES);
+the job was cancelled by scancel (Slurm state CANCELLED; a preemption is PREEMPTED, a requeue goes on);
+or MST_MAX_STALLED jobs in a row, this one included, saved no new checkpoint. Every decision is one
+line in the log, `run_next: ...` (docs/job-log.md); the next job's id is kept in <job dir>/next.
+Reads JOB_DIR JOB_ID JOB_WORKSPACE MST_RUN MST_CONTINUE ("MAX_JOBS MAX_STALLED") MST_RUN_JOB (this
+job's place in the chain, 1 for the first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import joblog
+from diagnosis import cli, jobdir, runs, scheduler
+from diagnosis.triage import Options, Triage
+from monitor import recover, store
+from trust import UntrustedPath
+
+PROG = "run_next.py"
+# failures that the same job would meet again: the run stops (docs/runs.md lists them)
+FINAL_CLASSES = ("config_error", "nan_loss", "oom_device", "oom_host", "python_exception", "no_steps")
+# what the job's environment holds that the launcher sets, not the user: the next job's submit.sh sets it anew
+LAUNCHER_SET = {
+    "MST_REPO", "MST_SNAPSHOT", "MST_REPO_SHA256", "MST_USER_ROOT", "MODEL", "MODEL_TAG", "MST_RUN",
+    "MST_GPU_REQUEST", "MST_SITE_APPLIED", "TRAIN_OVERRIDES", "TRAIN_ENV_OVERRIDES", "MST_OVERRIDES_IN_ENV",
+    "MST_COMMAND_TEXT", "MST_CONTAINER", "MST_PYTHON", "MST_CONTINUE", "MST_RUN_JOB", "MST_CHECKPOINT_EVERY",
+}  # fmt: skip
+KEPT_JOB_VARS = {"JOB_WORKSPACE", "JOB_GPUS_PER_NODE"}
+NEXT = "next"  # <job dir>/next: the next job's id
+DONE = 3  # run_next.py queue's status when the run is complete already
+
+
+def say(msg: str) -> None:
+    print(f"run_next: {msg}", flush=True)
+
+
+class Job:
+    """This job, from its environment."""
+
+    def __init__(self) -> None:
+        env = os.environ
+        missing = [v for v in ("JOB_DIR", "JOB_ID", "JOB_WORKSPACE", "MST_RUN", "MST_CONTINUE") if not env.get(v)]
+        if missing:
+            raise cli.InputError(f"not in a job of a continuing run: {', '.join(missing)} unset (submit.sh --continue)")
+        self.dir, self.id, self.run = Path(env["JOB_DIR"]), env["JOB_ID"], env["MST_RUN"]
+        self.workspace = Path(env["JOB_WORKSPACE"])
+        m = re.fullmatch(r"(\d+) (\d+)", env["MST_CONTINUE"])
+        if not m:
+            raise cli.InputError(f"MST_CONTINUE is '{env['MST_CONTINUE']}', not 'MAX_JOBS MAX_STALLED'")
+        self.max_jobs, self.max_stalled = int(m.group(1)), int(m.group(2))
+        self.index = int(env["MST_RUN_JOB"]) if env.get("MST_RUN_JOB", "").isdigit() else 1
+        self.jd = store.Dir.open(self.dir)
+
+    def next_job(self) -> tuple[str, str] | None:
+        """(id, name) of the next job this job (or an earlier run of it) queued."""
+        data = self.jd.read(NEXT, "the next job's record", limit=512)
+        words = (data or b"").decode(errors="replace").split()
+        if len(words) == 2 and words[0].isdigit() and words[1].startswith(f"{words[0]}-") and "/" not in words[1]:
+            return words[0], words[1]
+        return None
+
+
+def next_env(job: Job) -> dict[str, str]:
+    """The next job's submit.sh environment: this job's, less what Slurm and the launcher set in it."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not (k.startswith(("SLURM_", "SLURMD_", "SBATCH_", "SRUN_")) and k != "SLURM_CONF")
+        and not (k.startswith("JOB_") and k not in KEPT_JOB_VARS)
+        and k not in LAUNCHER_SET
+    }
+    env["JOB_WORKSPACE"] = str(job.workspace)
+    if os.environ.get("MST_VENV"):
+        env.setdefault("MAXTEXT_SLURM_VENV", os.environ["MST_VENV"])
+    env["MST_RUN_JOB"] = str(job.index + 1)
+    return env
+
+
+def with_dependency(args: list[str], job_id: str) -> list[str]:
+    """args with --dependency=afterany:JOB_ID before "--", instead of a dependency or hold of the user's."""
+    cut = args.index("--") if "--" in args else len(args)
+    out, i = [], 0
+    while i < cut:
+        a = args[i]
+        if a in ("-d", "--dependency"):
+            i += 2
+            continue
+        if not (a.startswith(("--dependency=", "-d")) or a in ("-H", "--hold")):
+            out.append(a)
+        i += 1
+    return [*out, f"--dependency=afterany:{job_id}", *args[cut:]]
+
+
+def complete(job: Job) -> str | None:
+    """Why the run needs no more training (its latest checkpoint is its last step); None when it does."""
+    planned = jobdir.planned_steps(jobdir.header(job.dir.parent / f"{job.dir.name}.log"), job.dir)
+    latest = runs.latest_checkpoint(job.run, job.workspace)
+    if planned is not None and latest is not None and latest >= planned - 1:
+        return f"run {job.run} is complete: its checkpoint of step {latest} ends its {planned} steps"
+    return None
+
+
+def queue(job: Job) -> int:
+    """0: the next job is queued (or not needed: --max-jobs); 1: it could not be; DONE: the run is complete,
+    this job trains nothing (MaxText refuses to start on a checkpoint of the last step)."""
+    if why := complete(job):
+        say(f"{why}: this job trains nothing and queues no next job")
+        return DONE
+    held = job.next_job()
+    if held and scheduler.slurm_state(held[0]) == "PENDING":  # a requeued run of this job queued it already
+        say(f"job {held[0]} (queued by this job's earlier run) goes on with run {job.run} when this job ends")
+        return 0
+    if job.index >= job.max_jobs:
+        say(f"this is job {job.index} of at most {job.max_jobs} of run {job.run} (--max-jobs): no next job is queued")
+        return 0
+    try:
+        snap = recover.verified_snapshot(job.dir, job.jd)
+        submit, args = recover.command_of(snap)
+    except recover.RecoverError as e:
+        say(f"no next job for run {job.run}: {e}")
+        return 1
+    args = with_dependency(args, job.id)
+    try:
+        res = subprocess.run([str(submit), *args], capture_output=True, text=True, env=next_env(job), timeout=900)
+    except (OSError, subprocess.SubprocessError) as e:
+        say(f"no next job for run {job.run}: submit.sh did not run: {e}")
+        return 1
+    m = re.search(r"^Submitted job (\d+) \((\S+)\)", res.stdout, re.M)
+    if res.returncode != 0 or not m:
+        last = (res.stderr.strip() or res.stdout.strip()).splitlines()
+        say(f"no next job for run {job.run}: submit.sh failed: {last[-1] if last else f'exit {res.returncode}'}")
+        return 1
+    job.jd.write(NEXT, f"{m.group(1)} {m.group(1)}-{m.group(2)}\n".encode())
+    say(
+        f"queued job {m.group(1)} (job {job.index + 1} of at most {job.max_jobs} of run {job.run}): "
+        f"it starts when this job ends, unless this job stops the run"
+    )
+    return 0
+
+
+def stalled(job: Job) -> int:
+    """How many jobs of the run in a row, this one the last, saved no new checkpoint: each job's mark is the
+    run's latest checkpoint when it started (its header), this one's is also compared with the run's now."""
+    # oldest first, this one last; headers only (a time limit leaves KillWait for this)
+    marks = [joblog.checkpoint_at_start(head.get("run", "")) for _, head in runs.logs_of(job.run, job.workspace)]
+    marks.append(runs.latest_checkpoint(job.run, job.workspace))
+    n = 0
+    for before, after in zip(reversed(marks[:-1]), reversed(marks[1:]), strict=True):
+        if (after if after is not None else -1) > (before if before is not None else -1):
+            break
+        n += 1
+    return n
+
+
+def stop_reason(job: Job, status: str, state: str | None) -> str | None:
+    """Why the run stops after this job; None: it goes on."""
+    if status == "completed":
+        return "the run is complete: MaxText trained to its steps"
+    if state == "CANCELLED" or status == "cancelled" and state is None:
+        return f"job {job.id} was cancelled (scancel); resubmit with --run {job.run} --continue to go on"
+    if status == "failed":
+        try:
+            r = Triage(job.dir.parent / f"{job.dir.name}.log", job.dir, Options()).report()
+        except Exception as e:  # noqa: BLE001  # a failed triage must not stop the run
+            say(f"triage of job {job.id} failed ({e}); the run goes on")
+            r = {}
+        cls = r.get("failure_class")
+        if cls == "oom_host" and r.get("confidence") == "low":
+            cls = "killed"  # SIGKILLed without an out-of-memory message: from outside the job (recover.plan's rule)
+        if cls in FINAL_CLASSES:
+            return f"{cls}, which a retry cannot fix: {r.get('summary', '')}"[:600]
+    n = stalled(job)
+    if n >= job.max_stalled:
+        return f"{n} jobs in a row saved no new checkpoint (at most {job.max_stalled})"
+    return None
+
+
+def end(job: Job, status: str, state: str | None) -> int:
+    held = job.next_job()
+    why = stop_reason(job, status, state)
+    if why is None:
+        if held:
+            say(f"job {held[0]} goes on with run {job.run} ({status}{f', Slurm state {state}' if state else ''})")
+        else:
+            say(f"run {job.run} is not done ({status}), but no next job was queued: resubmit it yourself")
+        return 0
+    if not held:
+        say(f"run {job.run} stops: {why}")
+        return 0
+    nxt, name = held
+    res = subprocess.run(["scancel", nxt], capture_output=True, text=True, timeout=60)
+    if res.returncode != 0:
+        say(f"run {job.run} stops: {why}; but 'scancel {nxt}' failed: {res.stderr.strip()[:300]}")
+        return 1
+    say(f"run {job.run} stops: {why}; cancelled job {nxt}")
+    remove_unstarted(job.workspace, name)
+    return 0
+
+
+def remove_unstarted(ws: Path, name: str) -> None:
+    """The log and job directory submit.sh made for a job that was cancelled before it started: removed
+    when they are still what submit.sh left (an empty log of ours; links artifact and log, snapshot.sha256)."""
+    log = ws / f"{name}.log"
+    try:
+        st = os.lstat(log)
+        if not (stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_size == 0):
+            return
+        d = store.Dir.open(ws / name)
+    except (OSError, UntrustedPath):
+        return
+    try:
+        entries = set(os.listdir(d.fd))
+        if not entries <= {"artifact", "log", "snapshot.sha256"}:
+            return
+        for e in entries:
+            os.unlink(e, dir_fd=d.fd)
+    finally:
+        d.close()
+    os.rmdir(ws / name)
+    os.unlink(log)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("queue", help="queue the next job of the run (at the job's start)")
+    e = sub.add_parser("end", help="keep or cancel the next job (at the job's end)")
+    e.add_argument("status", choices=("completed", "failed", "cancelled", "timeout", "stage_timeout"))
+    e.add_argument("state", nargs="?", help="Slurm's job state at a stop signal")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        job = Job()
+        return queue(job) if a.cmd == "queue" else end(job, a.status, a.state)
+    except (cli.InputError, UntrustedPath) as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 2
