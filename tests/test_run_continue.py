@@ -208,3 +208,26 @@ def test_a_crash_loop_stops_after_max_stalled_jobs_with_the_reason(cluster, work
     assert m, log2.read_text()[-3000:]
     assert not (workspace / f"{m.group(1)}-JAX-tiny.log").exists()
     assert ours_active(cluster) == []
+
+
+@pytest.mark.cluster
+def test_your_scancel_stops_the_run_in_the_job_queued_behind(cluster, workspace, venv):
+    """slurmctld shows a job you cancel COMPLETING when its stop signal comes, so the job queued behind it
+    asks how it ended when it starts: CANCELLED, so it trains nothing, queues nothing, and the run stops."""
+    alias = "stop1"
+    first, log1 = submit(cluster, workspace, "tiny", "--run", alias, "--continue", "--", "steps=5000", *SLOW)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not steps_in(log1):
+        time.sleep(1)
+    assert steps_in(log1), log1.read_text(errors="replace")[-3000:]
+    assert run(["scancel", first], env=cluster).returncode == 0
+    wait_run_end(cluster, workspace, alias, 300)
+    jobs = jobs_of_run(workspace, alias)
+    assert [j for j, _ in jobs][0] == int(first) and len(jobs) == 2, jobs
+    (_, log2) = jobs[1]
+    assert summary(log1)["status"] == "cancelled"
+    assert log_has(log2, rf"^run_next: run {alias} stops: job {first} before this one was cancelled \(scancel\): this "
+                   r"job trains nothing$")  # fmt: skip
+    s = summary(log2)
+    assert s["status"] == "cancelled" and s["stage"] == "none", s
+    assert not log_has(log2, "completed step") and not log_has(log2, r"^run_next: queued job")

@@ -45,6 +45,17 @@ def slurm_state(job_id: str, timeout: float = 30) -> str | None:
     return GONE if "Invalid job id" in res.stderr else None
 
 
+def final_state(job_id: str, timeout: float = 30) -> str | None:
+    """A job's state, from slurmctld while it remembers the job (MinJobAge), else from accounting
+    (`sacct -X -n -o State`: "CANCELLED by 1000" reads CANCELLED); None when neither answers."""
+    st = slurm_state(job_id, timeout)
+    if st not in (None, GONE):
+        return st
+    res = _ask(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State"], timeout)
+    words = res.stdout.split() if res is not None and res.returncode == 0 else []
+    return words[0] if words and re.fullmatch(r"[A-Z_]+", words[0]) else None
+
+
 def my_jobs(user: str | None = None) -> list[tuple[str, str]]:
     """(id, name) of each job the user (default: this one) has in Slurm's queue; [] when Slurm could
     not be asked."""

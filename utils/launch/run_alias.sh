@@ -72,18 +72,20 @@ check_checkpoint_every() {
 # check_continue ON MAX_JOBS MAX_STALLED (submit.sh's --continue, --max-jobs, --max-stalled; counts may be
 # empty: 20 and 3). With ON=1 it needs --run and counts of 1-1000 and 1-100, and exports
 # MST_CONTINUE="MAX_JOBS MAX_STALLED" and MST_RUN_JOB (this job's place in the run's chain: what the job
-# before it passed on, else 1: utils/run_next.py). With ON=0 the counts are refused, MST_RUN_JOB is unset.
+# before it passed on, else 1: utils/run_next.py; MST_RUN_AFTER, that job's id, is kept when it is one).
+# With ON=0 the counts are refused, MST_RUN_JOB and MST_RUN_AFTER are unset.
 check_continue() {
   local on=$1 jobs=${2:-20} stalled=${3:-3}
   if [[ "$on" != 1 ]]; then
     [[ -z "$2$3" ]] || die_usage "--max-jobs and --max-stalled go with --continue (and --run ALIAS)"
-    unset MST_RUN_JOB
+    unset MST_RUN_JOB MST_RUN_AFTER
     return 0
   fi
   [[ -n "${MST_RUN:-}" ]] || die_usage "--continue needs --run ALIAS: the jobs of a run restore its checkpoints"
   if ! [[ "$jobs" =~ ^[1-9][0-9]{0,3}$ ]] || (( jobs > 1000 )); then die_usage "--max-jobs takes 1 .. 1000 jobs, got '$jobs'"; fi
   if ! [[ "$stalled" =~ ^[1-9][0-9]{0,2}$ ]] || (( stalled > 100 )); then die_usage "--max-stalled takes 1 .. 100 jobs, got '$stalled'"; fi
   [[ "${MST_RUN_JOB:-}" =~ ^[1-9][0-9]{0,3}$ ]] || MST_RUN_JOB=1
+  [[ "${MST_RUN_AFTER:-}" =~ ^[0-9]{1,12}$ ]] || unset MST_RUN_AFTER
   export MST_CONTINUE="$jobs $stalled" MST_RUN_JOB
 }
 

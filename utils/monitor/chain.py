@@ -13,11 +13,13 @@ process, no monitor) has to stay alive for the run to go on.
 
 The run stops (the next job is cancelled) when: the run is complete (the job completed: MaxText trained
 to its `steps`); the job failed in a way a retry cannot fix (triage's class is one of FINAL_CLASSES);
-the job was cancelled by scancel (Slurm state CANCELLED; a preemption is PREEMPTED, a requeue goes on);
+the job was cancelled by scancel (Slurm state CANCELLED at its end, or, as slurmctld shows such a job
+COMPLETING at its stop signal, when the next job starts and finds it CANCELLED: that job trains nothing;
+a preemption is PREEMPTED, a requeue goes on);
 or MST_MAX_STALLED jobs in a row, this one included, saved no new checkpoint. Every decision is one
 line in the log, `run_next: ...` (docs/job-log.md); the next job's id is kept in <job dir>/next.
 Reads JOB_DIR JOB_ID JOB_WORKSPACE MST_RUN MST_CONTINUE ("MAX_JOBS MAX_STALLED") MST_RUN_JOB (this
-job's place in the chain, 1 for the first).
+job's place in the chain, 1 for the first) MST_RUN_AFTER (the job that queued this one).
 """
 
 from __future__ import annotations
@@ -43,11 +45,13 @@ FINAL_CLASSES = ("config_error", "nan_loss", "oom_device", "oom_host", "python_e
 LAUNCHER_SET = {
     "MST_REPO", "MST_SNAPSHOT", "MST_REPO_SHA256", "MST_USER_ROOT", "MODEL", "MODEL_TAG", "MST_RUN",
     "MST_GPU_REQUEST", "MST_SITE_APPLIED", "TRAIN_OVERRIDES", "TRAIN_ENV_OVERRIDES", "MST_OVERRIDES_IN_ENV",
-    "MST_COMMAND_TEXT", "MST_CONTAINER", "MST_PYTHON", "MST_CONTINUE", "MST_RUN_JOB", "MST_CHECKPOINT_EVERY",
+    "MST_COMMAND_TEXT", "MST_CONTAINER", "MST_PYTHON", "MST_CONTINUE", "MST_RUN_JOB", "MST_RUN_AFTER",
+    "MST_CHECKPOINT_EVERY",
 }  # fmt: skip
 KEPT_JOB_VARS = {"JOB_WORKSPACE", "JOB_GPUS_PER_NODE"}
 NEXT = "next"  # <job dir>/next: the next job's id
 DONE = 3  # run_next.py queue's status when the run is complete already
+STOPPED = 4  # ... when the job before this one was cancelled: the run stops here
 
 
 def say(msg: str) -> None:
@@ -93,6 +97,7 @@ def next_env(job: Job) -> dict[str, str]:
     if os.environ.get("MST_VENV"):
         env.setdefault("MAXTEXT_SLURM_VENV", os.environ["MST_VENV"])
     env["MST_RUN_JOB"] = str(job.index + 1)
+    env["MST_RUN_AFTER"] = job.id
     return env
 
 
@@ -126,6 +131,11 @@ def queue(job: Job) -> int:
     if why := complete(job):
         say(f"{why}: this job trains nothing and queues no next job")
         return DONE
+    # a job cancelled by you reads COMPLETING at its stop signal, not yet CANCELLED: the job after it decides
+    after = os.environ.get("MST_RUN_AFTER", "")
+    if after.isdigit() and scheduler.final_state(after) == "CANCELLED":
+        say(f"run {job.run} stops: job {after} before this one was cancelled (scancel): this job trains nothing")
+        return STOPPED
     held = job.next_job()
     if held and scheduler.slurm_state(held[0]) == "PENDING":  # a requeued run of this job queued it already
         say(f"job {held[0]} (queued by this job's earlier run) goes on with run {job.run} when this job ends")
