@@ -3,11 +3,15 @@
 On the local Slurm cluster, real MaxText on the CPU: a run whose jobs have a 1-minute time limit and
 whose steps need several jobs completes by itself, each job restoring the checkpoint the one before it
 saved, a job requeued with `scontrol requeue` (what a preemption with requeue does) goes on without a
-second successor, and the last job cancels the one queued behind it; a crash loop (every job ends
+second successor, and the last job cancels the one queued behind it; a job whose every rank froze is
+stopped by the job's watchdog (the job monitor's hang rule) and resumed on the same node; a crash loop (every job ends
 before its first checkpoint) stops after --max-stalled jobs with the reason. Nothing runs between the
 jobs but Slurm. Bad input is refused in one line before anything is written."""
 
+import json
+import os
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -18,7 +22,7 @@ from test_launch_input import assert_rejected, fake_sbatch  # noqa: F401 - fake_
 
 import joblog
 from diagnosis import jobdir, runs
-from helpers.jobs import job_state, log_has, submit, summary
+from helpers.jobs import job_state, log_has, submit, summary, trainer_pid
 from monitor import chain
 
 USER = subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout.strip()
@@ -96,6 +100,29 @@ def test_jobs_without_a_new_checkpoint_are_counted_from_the_headers(tmp_path, mo
                  "MST_CONTINUE": "20 3"}.items():  # fmt: skip
         monkeypatch.setenv(k, v)
     assert chain.stalled(chain.Job()) == stalled
+
+
+def test_the_watchdog_stopping_two_jobs_in_a_row_stops_the_run(tmp_path, monkeypatch):
+    ws = tmp_path / "ws"
+    (ws / USER / "runs" / "r1" / "checkpoints" / "500").mkdir(parents=True)
+    header_log(ws, 10, "r1", None, "2026-11-28T08:00:00Z")
+    header_log(ws, 11, "r1", 500, "2026-11-28T08:05:00Z")
+    for j in (10, 11):
+        (ws / f"{j}-JAX-tiny" / "watchdog").mkdir(parents=True, mode=0o700)
+    os.chmod(ws / "10-JAX-tiny", 0o755)
+    os.chmod(ws / "11-JAX-tiny", 0o755)
+    for k, v in {"JOB_DIR": str(ws / "11-JAX-tiny"), "JOB_ID": "11", "JOB_WORKSPACE": str(ws), "MST_RUN": "r1",
+                 "MST_CONTINUE": "20 3", "MST_RUN_AFTER": "10"}.items():  # fmt: skip
+        monkeypatch.setenv(k, v)
+    evidence = {"kind": "hang", "title": "hang: no step for 50 s after step 612", "culprits": []}
+    (ws / "11-JAX-tiny" / "watchdog" / "stopped.json").write_text(json.dumps(evidence))
+    assert chain.stop_reason(chain.Job(), "failed", None) is None  # once: the next job resumes
+    first = {**evidence, "kind": "no_first_step", "title": "no first step 6m 0s after the start"}
+    (ws / "10-JAX-tiny" / "watchdog" / "stopped.json").write_text(json.dumps(first))
+    assert chain.stop_reason(chain.Job(), "failed", None) == (
+        "the watchdog stopped two jobs in a row: job 10: no first step 6m 0s after the start; "
+        "job 11: hang: no step for 50 s after step 612"
+    )
 
 
 # --- the local Slurm cluster ------------------------------------------------------------------------
@@ -231,3 +258,54 @@ def test_your_scancel_stops_the_run_in_the_job_queued_behind(cluster, workspace,
     s = summary(log2)
     assert s["status"] == "cancelled" and s["stage"] == "none", s
     assert not log_has(log2, "completed step") and not log_has(log2, r"^run_next: queued job")
+
+
+@pytest.mark.cluster
+def test_a_hang_on_every_rank_is_stopped_and_resumed_once_on_the_same_node(cluster, workspace, venv):
+    """Every rank of the first job freezes (SIGSTOP) after a checkpoint: no host to blame. The job's watchdog
+    (the monitor's hang rule: no step for max(10 x median step, 45 s)) stops its train stage, asks Slurm to
+    run the queued next job on the same node, and that job restores the checkpoint and completes the run."""
+    alias = "hang1"
+    ckpt = ["per_device_batch_size=4", "max_target_length=256", "checkpoint_period=500", "async_checkpointing=false"]
+    # the first job runs on n2 (n1 busy meanwhile), so "the same node" is not simply the first free one
+    res = run(
+        ["sbatch", "--parsable", "--exclusive", "-w", "n1", "-J", "blocker", "-o", "/dev/null", "--wrap", "sleep 600"],
+        env=cluster,
+    )
+    assert res.returncode == 0, res.stderr
+    blocker = res.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 60
+    while job_state(cluster, blocker) != "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    first, log1 = submit(cluster, workspace, "tiny", "--run", alias, "--continue", "--", "steps=1500", *ckpt)
+    deadline = time.monotonic() + 120
+    while not jobdir.header(log1) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    run(["scancel", blocker], env=cluster)
+    assert jobdir.header(log1).get("nodes") == "1 (n2)", jobdir.header(log1)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not any(s >= 550 for s in steps_in(log1)):
+        time.sleep(0.5)
+    pid = trainer_pid(first, 0)
+    assert pid and any(s >= 550 for s in steps_in(log1)), log1.read_text(errors="replace")[-3000:]
+    os.kill(pid, signal.SIGSTOP)
+    frozen_at = time.monotonic()
+    wait_run_end(cluster, workspace, alias, 600)
+
+    jobs = jobs_of_run(workspace, alias)
+    assert len(jobs) == 2, jobs
+    (j1, log1), (j2, log2) = jobs
+    said = (r"^run_next: watchdog: hang: no step for (.+?) after step (\d+) .*: stopping the train stage; "
+            rf"job {j2} resumes from the run's latest checkpoint on the same nodes \((n\d)\)$")  # fmt: skip
+    m = re.search(said, log1.read_text(), re.M)
+    assert m, log1.read_text(errors="replace")[-3000:]
+    node = m.group(3)
+    assert node == "n2"
+    evidence = json.loads((workspace / f"{j1}-JAX-tiny" / "watchdog" / "stopped.json").read_text())
+    assert evidence["kind"] == "hang" and evidence["culprits"] == [], evidence
+    assert jobdir.header(log1)["nodes"] == f"1 ({node})" and jobdir.header(log2)["nodes"] == f"1 ({node})"
+    assert log_has(log1, rf"^run_next: job {j2} goes on with run {alias} \(failed\)$")
+    assert log_has(log2, r"restoring from this run's directory step 500$") and steps_in(log2)[0] == 501
+    assert summary(log2)["status"] == "completed" and steps_in(log2)[-1] == 1499
+    print(f"\nhang: frozen at step {m.group(2)}, stopped after {m.group(1)} without a step, "
+          f"run done {time.monotonic() - frozen_at:.0f} s after the freeze")  # fmt: skip

@@ -5,8 +5,9 @@ these are (the host bridge, before a scancel).
 One answer for a job Slurm no longer knows ("Invalid job id": it ended long enough ago, or never
 existed): GONE. None means Slurm could not be asked, or the id is not a Slurm job's (a
 run_local.sh job, local-...): try again later, or decide from the job directory alone.
-Read-only: nothing here submits or cancels. Each command runs in its own session, so that a Ctrl-C
-meant for the caller never reaches it half-way.
+Nothing here submits or cancels; the one change is `place()`, where a pending job of ours may run (a
+continuing run's watchdog, utils/monitor/chain.py). Each command runs in its own session, so that a
+Ctrl-C meant for the caller never reaches it half-way.
 """
 
 from __future__ import annotations
@@ -54,6 +55,17 @@ def final_state(job_id: str, timeout: float = 30) -> str | None:
     res = _ask(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State"], timeout)
     words = res.stdout.split() if res is not None and res.returncode == 0 else []
     return words[0] if words and re.fullmatch(r"[A-Z_]+", words[0]) else None
+
+
+def place(job_id: str, field: str, nodes: list[str], timeout: float = 60) -> str | None:
+    """`scontrol update JobId=ID FIELD=NODES` for FIELD ReqNodeList (run there) or ExcNodeList (not
+    there); None when done, else why not (one line)."""
+    if field not in ("ReqNodeList", "ExcNodeList") or not SLURM_ID.fullmatch(job_id or "") or not nodes:
+        return f"not a placement: {field} for job {job_id!r} on {nodes}"
+    res = _ask(["scontrol", "update", f"JobId={job_id}", f"{field}={','.join(nodes)}"], timeout)
+    if res is None:
+        return "scontrol could not be run"
+    return None if res.returncode == 0 else (res.stderr.strip() or f"exit {res.returncode}")[:200]
 
 
 def my_jobs(user: str | None = None) -> list[tuple[str, str]]:

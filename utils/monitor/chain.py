@@ -8,6 +8,12 @@ process, no monitor) has to stay alive for the run to go on.
 
   run_next.py queue               after the job holds its run: queue the next job, unless this job is
                                   the run's last (--max-jobs) or a requeued run of it queued one already
+  run_next.py watch STAGE_PID     while the train stage runs: the job monitor's hang and first-step rules
+                                  (monitor/watch.py, state in <job dir>/watchdog/); on a hang or no first
+                                  step it stops the stage (TERM to STAGE_PID), so the next job resumes
+                                  from the latest checkpoint: on the same nodes when no host is to blame,
+                                  without the hosts triage blames otherwise; <job dir>/watchdog/stopped.json
+                                  keeps the evidence
   run_next.py end STATUS [STATE]  after the JOB SUMMARY: keep the next job, or cancel it and say why.
                                   STATUS: the summary's; STATE: Slurm's job state at a stop signal
 
@@ -16,7 +22,8 @@ to its `steps`); the job failed in a way a retry cannot fix (triage's class is o
 the job was cancelled by scancel (Slurm state CANCELLED at its end, or, as slurmctld shows such a job
 COMPLETING at its stop signal, when the next job starts and finds it CANCELLED: that job trains nothing;
 a preemption is PREEMPTED, a requeue goes on);
-or MST_MAX_STALLED jobs in a row, this one included, saved no new checkpoint. Every decision is one
+or MST_MAX_STALLED jobs in a row, this one included, saved no new checkpoint; or the watchdog stopped
+this job and the job before it (two hangs, or jobs without a first step, in a row). Every decision is one
 line in the log, `run_next: ...` (docs/job-log.md); the next job's id is kept in <job dir>/next.
 Reads JOB_DIR JOB_ID JOB_WORKSPACE MST_RUN MST_CONTINUE ("MAX_JOBS MAX_STALLED") MST_RUN_JOB (this
 job's place in the chain, 1 for the first) MST_RUN_AFTER (the job that queued this one).
@@ -27,15 +34,18 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import joblog
 from diagnosis import cli, jobdir, runs, scheduler
 from diagnosis.triage import Options, Triage
 from monitor import recover, store
+from monitor.watch import Rules, Watch
 from trust import UntrustedPath
 
 PROG = "run_next.py"
@@ -49,9 +59,10 @@ LAUNCHER_SET = {
     "MST_CHECKPOINT_EVERY",
 }  # fmt: skip
 KEPT_JOB_VARS = {"JOB_WORKSPACE", "JOB_GPUS_PER_NODE"}
-NEXT = "next"  # <job dir>/next: the next job's id
+NEXT = "next"  # <job dir>/next: the next job's id and name
+WATCHDOG, STOPPED = "watchdog", "stopped.json"  # <job dir>/watchdog/: the watchdog's state; its evidence
 DONE = 3  # run_next.py queue's status when the run is complete already
-STOPPED = 4  # ... when the job before this one was cancelled: the run stops here
+CANCELLED_BEFORE = 4  # ... when the job before this one was cancelled: the run stops here
 
 
 def say(msg: str) -> None:
@@ -135,7 +146,7 @@ def queue(job: Job) -> int:
     after = os.environ.get("MST_RUN_AFTER", "")
     if after.isdigit() and scheduler.final_state(after) == "CANCELLED":
         say(f"run {job.run} stops: job {after} before this one was cancelled (scancel): this job trains nothing")
-        return STOPPED
+        return CANCELLED_BEFORE
     held = job.next_job()
     if held and scheduler.slurm_state(held[0]) == "PENDING":  # a requeued run of this job queued it already
         say(f"job {held[0]} (queued by this job's earlier run) goes on with run {job.run} when this job ends")
@@ -182,10 +193,44 @@ def stalled(job: Job) -> int:
     return n
 
 
+def stopped_by_watchdog(job_dir: Path) -> dict | None:
+    """The evidence the watchdog kept when it stopped that job's train stage (None: it did not)."""
+    try:
+        w = store.Dir.open(job_dir / WATCHDOG, "the watchdog directory")
+    except UntrustedPath:
+        return None
+    try:
+        got = w.read_json(STOPPED, "the watchdog's evidence")
+    except (OSError, UntrustedPath):
+        got = None
+    finally:
+        w.close()
+    return got if isinstance(got, dict) else None
+
+
+def job_dir_of(job: Job, job_id: str) -> Path | None:
+    """The directory of the run's job JOB_ID (its log in the workspace names it)."""
+    for log, _ in runs.logs_of(job.run, job.workspace):
+        if log.name.startswith(f"{job_id}-"):
+            return log.with_suffix("")
+    return None
+
+
 def stop_reason(job: Job, status: str, state: str | None) -> str | None:
     """Why the run stops after this job; None: it goes on."""
     if status == "completed":
         return "the run is complete: MaxText trained to its steps"
+    mine = stopped_by_watchdog(job.dir)
+    if mine is not None:
+        after = os.environ.get("MST_RUN_AFTER", "")
+        before_dir = job_dir_of(job, after) if after.isdigit() else None
+        before = stopped_by_watchdog(before_dir) if before_dir else None
+        if before is not None:
+            return (
+                f"the watchdog stopped two jobs in a row: job {after}: {before.get('title')}; "
+                f"job {job.id}: {mine.get('title')}"
+            )
+        return None  # one hang or stall: the next job resumes (the watchdog chose its nodes)
     if state == "CANCELLED" or status == "cancelled" and state is None:
         return f"job {job.id} was cancelled (scancel); resubmit with --run {job.run} --continue to go on"
     if status == "failed":
@@ -250,6 +295,62 @@ def remove_unstarted(ws: Path, name: str) -> None:
     os.unlink(log)
 
 
+def pin_next(job: Job, culprits: list[str]) -> str:
+    """Ask Slurm to run the queued next job on this job's nodes, or without CULPRITS; what was asked."""
+    held = job.next_job()
+    if not held:
+        return "no next job is queued"
+    nodes = os.environ.get("JOB_NODELIST", "").split()
+    blamed = [h for h in culprits if h in nodes]
+    if blamed and len(blamed) < len(nodes):
+        field, hosts, said = "ExcNodeList", blamed, f"without {' '.join(blamed)}"
+    elif nodes:
+        field, hosts, said = "ReqNodeList", nodes, f"on the same nodes ({' '.join(nodes)})"
+    else:
+        return f"job {held[0]} goes on wherever Slurm puts it"
+    why = scheduler.place(held[0], field, hosts)
+    if why:
+        return f"job {held[0]} goes on wherever Slurm puts it (scontrol update {field}: {why})"
+    return f"job {held[0]} resumes from the run's latest checkpoint {said}"
+
+
+def watch(job: Job, stage_pid: int, interval: float) -> int:
+    """The watchdog (see the module's docstring); returns when the stage has ended or was stopped."""
+    rules = Rules()
+    w = Watch(job.dir, rules, home=WATCHDOG)
+    try:
+        while _alive(stage_pid):
+            for ev in w.poll(time.time(), "RUNNING"):
+                if ev.kind not in ("hang", "no_first_step"):
+                    continue
+                culprits: list[str] = []
+                if ev.kind == "hang":
+                    try:
+                        culprits = list(w.triage(time.time(), scheduler=False).get("culprit_hosts") or [])
+                    except (OSError, UntrustedPath, ValueError):
+                        culprits = []
+                where = pin_next(job, culprits)
+                w.home.write_json(STOPPED, {"kind": ev.kind, "title": ev.title, "lines": ev.lines, "culprits": culprits,
+                                            "at": ev.at, "next": where})  # fmt: skip
+                say(f"watchdog: {ev.title} ({'; '.join(ev.lines[:1])}): stopping the train stage; {where}")
+                os.kill(stage_pid, signal.SIGTERM)
+                return 0
+            time.sleep(interval)
+    finally:
+        w.close()
+    return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -257,6 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("end", help="keep or cancel the next job (at the job's end)")
     e.add_argument("status", choices=("completed", "failed", "cancelled", "timeout", "stage_timeout"))
     e.add_argument("state", nargs="?", help="Slurm's job state at a stop signal")
+    w = sub.add_parser("watch", help="the watchdog of the train stage (its pid)")
+    w.add_argument("stage_pid", type=int)
+    w.add_argument("--interval", type=float, default=5.0, help="seconds between looks at the log (default 5)")
     return p
 
 
@@ -264,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
         job = Job()
+        if a.cmd == "watch":
+            return watch(job, a.stage_pid, a.interval)
         return queue(job) if a.cmd == "queue" else end(job, a.status, a.state)
     except (cli.InputError, UntrustedPath) as e:
         print(f"{PROG}: {e}", file=sys.stderr)

@@ -87,12 +87,14 @@ class Watch:
     """One job, by its directory: state in <job dir>/monitor/. Raises trust.UntrustedPath when the
     job directory, monitor/ or the state in it is not ours to trust."""
 
-    def __init__(self, job_dir: Path, rules: Rules) -> None:
+    def __init__(self, job_dir: Path, rules: Rules, home: str = "monitor") -> None:
+        """home: the directory in the job directory for the watch's state and events (the in-job watchdog
+        of a continuing run keeps its own, utils/run_next.py watch)."""
         self.dir = job_dir
         self.rules = rules
         self.jd = store.Dir.open(job_dir)
         try:
-            self.home = self.jd.sub("monitor", "the monitor directory")
+            self.home = self.jd.sub(home, f"the {home} directory")
         except BaseException:
             self.jd.close()
             raise
