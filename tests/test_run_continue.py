@@ -65,12 +65,13 @@ def test_the_docs_name_the_failures_that_stop_a_run():
     assert set(chain.FINAL_CLASSES) <= {c.name for c in REGISTRY}
 
 
-def header_log(ws: Path, job_id: int, alias: str, at_start: int | None, started: str) -> None:
+def header_log(ws: Path, job_id: int, alias: str, at_start: int | None, started: str, steps: int = 10000) -> None:
     ckpt = f"latest checkpoint: step {at_start}, training goes on at step {at_start + 1}" if at_start is not None else (
         "no checkpoint: starts from step 0")  # fmt: skip
     (ws / f"{job_id}-JAX-tiny.log").write_text(
         "==================== JOB ====================\n"
-        f"job: {job_id} {job_id}-JAX-tiny\nrun: {alias} {ws}/{USER}/runs/{alias} ({ckpt})\nstarted: {started}\n"
+        f"job: {job_id} {job_id}-JAX-tiny\nmodel: tiny\noverrides: steps={steps}\n"
+        f"run: {alias} {ws}/{USER}/runs/{alias} ({ckpt})\nstarted: {started}\n"
         "=============================================\n"
     )
 
@@ -125,6 +126,22 @@ def test_the_watchdog_stopping_two_jobs_in_a_row_stops_the_run(tmp_path, monkeyp
     )
 
 
+def test_a_job_cut_off_after_its_last_checkpoint_ends_the_run(tmp_path, monkeypatch):
+    """The time limit can come while MaxText ends, after it saved the last step: the run is complete, and
+    the job says so rather than queue a job that would train nothing."""
+    ws = tmp_path / "ws"
+    (ws / USER / "runs" / "r1" / "checkpoints" / "99").mkdir(parents=True)
+    header_log(ws, 10, "r1", 50, "2026-11-28T08:00:00Z", steps=100)
+    (ws / "10-JAX-tiny").mkdir()
+    for k, v in {"JOB_DIR": str(ws / "10-JAX-tiny"), "JOB_ID": "10", "JOB_WORKSPACE": str(ws), "MST_RUN": "r1",
+                 "MST_CONTINUE": "20 3"}.items():  # fmt: skip
+        monkeypatch.setenv(k, v)
+    why = "run r1 is complete: its checkpoint of step 99 ends its 100 steps"
+    assert chain.stop_reason(chain.Job(), "timeout", "TIMEOUT") == why
+    (ws / USER / "runs" / "r1" / "checkpoints" / "99").rename(ws / USER / "runs" / "r1" / "checkpoints" / "98")
+    assert chain.stop_reason(chain.Job(), "timeout", "TIMEOUT") is None  # one step to go
+
+
 # --- the local Slurm cluster ------------------------------------------------------------------------
 
 
@@ -169,42 +186,56 @@ def test_a_run_with_a_one_minute_limit_continues_by_itself_and_survives_a_requeu
         time.sleep(1)
     run(["scontrol", "update", f"JobId={first}", "StartTime=now"], env=cluster)
     wait_run_end(cluster, workspace, alias, 900)
+    assert_continued(workspace, alias)
+    assert ours_active(cluster) == []
 
+
+def assert_continued(workspace: Path, alias: str) -> None:
+    """What the one-minute run left: its jobs' logs, decisions and checkpoints (see the test)."""
     jobs = jobs_of_run(workspace, alias)
     ids = [j for j, _ in jobs]
     text = {j: p.read_text(errors="replace") for j, p in jobs}
     report = runs.account(alias, workspace)
     assert report["done"] and report["highest_step"] == 5499, report
-    assert len(ids) >= 3, f"5500 steps took only {len(ids)} jobs of 1 minute: {ids}"
+    assert len([j for j, log in jobs if steps_in(log)]) >= 3, f"5500 steps took only {ids} jobs of 1 minute"
     # the requeued job ran twice under its id and queued one next job only
     assert text[ids[0]].count("==================== JOB ====================") == 2, text[ids[0]][-3000:]
     assert f"run_next: job {ids[1]} (queued by this job's earlier run) goes on with run {alias}" in text[ids[0]]
     queued = [int(m) for j in ids for m in re.findall(r"^run_next: queued job (\d+) ", text[j], re.M)]
     assert queued[: len(ids) - 1] == ids[1:], (queued, ids)
-    # every job restored the checkpoint the run had when it started, and each one saved a newer one
+    # every job that trained restored the checkpoint the run had when it started, each one a newer one
     marks = []
-    for j, log in jobs:
-        head = jobdir.header(log) if j != ids[0] else {}
-        if j != ids[0]:
-            mark = joblog.checkpoint_at_start(head["run"])
-            assert mark is not None and re.search(rf"restoring from this run's directory step {mark}$", text[j], re.M)
-            assert steps_in(log)[0] == mark + 1, (j, steps_in(log)[:3])
-            marks.append(mark)
+    for j, log in jobs[1:]:
+        if not steps_in(log):
+            continue
+        mark = joblog.checkpoint_at_start(jobdir.header(log)["run"])
+        assert mark is not None and re.search(rf"restoring from this run's directory step {mark}$", text[j], re.M)
+        assert steps_in(log)[0] == mark + 1, (j, steps_in(log)[:3])
+        marks.append(mark)
     assert marks == sorted(set(marks)), marks
-    # jobs cut by the time limit say so and go on; the last one completed and cancelled the job behind it
-    for j in ids[1:-1]:
+    # jobs cut by the time limit say so and go on (the last one that trained may have finished its steps)
+    for j in [j for j, log in jobs[1:-1] if steps_in(log) and steps_in(log)[-1] < 5499]:
         s = summary(workspace / f"{j}-JAX-tiny.log")
         assert s["status"] == "timeout", (j, s)
         assert re.search(
             rf"^run_next: job \d+ goes on with run {alias} \(timeout, Slurm state TIMEOUT\)$", text[j], re.M
         )
-    assert summary(jobs[-1][1])["status"] == "completed"
-    done = f"run_next: run {alias} stops: the run is complete: MaxText trained to its steps; cancelled job"
-    m = re.search(rf"^{done} (\d+)$", text[ids[-1]], re.M)
-    assert m, text[ids[-1]][-3000:]
-    cancelled = m.group(1)
-    assert not (workspace / f"{cancelled}-JAX-tiny.log").exists() and not (workspace / f"{cancelled}-JAX-tiny").exists()
-    assert ours_active(cluster) == []
+    # the end: the last job that trained cancelled the job behind it, the run being complete (it completed,
+    # or the time limit came while MaxText ended, after its last checkpoint); or, when that job could not
+    # tell, the job behind it found the run complete at its start and trained nothing
+    last = summary(jobs[-1][1])
+    done = (rf"^run_next: run {alias} stops: (the run is complete: MaxText trained to its steps|run {alias} is "
+            r"complete: its checkpoint of step 5499 ends its 5500 steps); cancelled job (\d+)$")  # fmt: skip
+    m = re.search(done, text[ids[-1]], re.M)
+    if m:
+        assert last["status"] in ("completed", "timeout"), last
+        cancelled = m.group(2)
+        assert not (workspace / f"{cancelled}-JAX-tiny.log").exists()
+        assert not (workspace / f"{cancelled}-JAX-tiny").exists()
+    else:
+        found = rf"^run_next: run {alias} is complete: its checkpoint of step 5499 ends its 5500 steps: this job trains"
+        assert re.search(found, text[ids[-1]], re.M), text[ids[-1]][-3000:]
+        assert last["status"] == "completed" and last["stage"] == "none" and not steps_in(jobs[-1][1]), last
     # for the closing note: from each job's end to the next job's first step; the run's goodput
     gaps = []
     for a, b in zip(report["jobs"], report["jobs"][1:], strict=False):

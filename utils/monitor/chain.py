@@ -18,12 +18,12 @@ process, no monitor) has to stay alive for the run to go on.
                                   STATUS: the summary's; STATE: Slurm's job state at a stop signal
 
 The run stops (the next job is cancelled) when: the run is complete (the job completed: MaxText trained
-to its `steps`); the job failed in a way a retry cannot fix (triage's class is one of FINAL_CLASSES);
-the job was cancelled by scancel (Slurm state CANCELLED at its end, or, as slurmctld shows such a job
-COMPLETING at its stop signal, when the next job starts and finds it CANCELLED: that job trains nothing;
-a preemption is PREEMPTED, a requeue goes on);
-or MST_MAX_STALLED jobs in a row, this one included, saved no new checkpoint; or the watchdog stopped
-this job and the job before it (two hangs, or jobs without a first step, in a row). Every decision is one
+to its `steps`; or the run's latest checkpoint is its last step); the job failed in a way a retry cannot
+fix (triage's class is one of FINAL_CLASSES); the job was cancelled by scancel (Slurm state CANCELLED at
+its end, or, as slurmctld shows such a job COMPLETING at its stop signal, when the next job starts and
+finds it CANCELLED: that job trains nothing; a preemption is PREEMPTED, a requeue goes on); or
+MST_MAX_STALLED jobs in a row, this one included, saved no new checkpoint; or the watchdog stopped this
+job and the job before it (two hangs, or jobs without a first step, in a row). Every decision is one
 line in the log, `run_next: ...` (docs/job-log.md); the next job's id is kept in <job dir>/next.
 Reads JOB_DIR JOB_ID JOB_WORKSPACE MST_RUN MST_CONTINUE ("MAX_JOBS MAX_STALLED") MST_RUN_JOB (this
 job's place in the chain, 1 for the first) MST_RUN_AFTER (the job that queued this one).
@@ -220,6 +220,8 @@ def stop_reason(job: Job, status: str, state: str | None) -> str | None:
     """Why the run stops after this job; None: it goes on."""
     if status == "completed":
         return "the run is complete: MaxText trained to its steps"
+    if done := complete(job):  # e.g. the time limit came while MaxText ended, after its last checkpoint
+        return done
     mine = stopped_by_watchdog(job.dir)
     if mine is not None:
         after = os.environ.get("MST_RUN_AFTER", "")

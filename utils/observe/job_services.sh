@@ -13,7 +13,8 @@
 #          instead: the job trains without Ray, and this is why).
 #   fallback WHY  Ray stopped being usable after start: prints the OBSERVE block again, its Ray
 #          lines replaced by "ray: off - WHY; ...".
-#   stop   stops them (SIGTERM: Prometheus flushes its head block) and waits; a second stop does nothing.
+#   stop   stops them (SIGTERM: Prometheus flushes its head block; sent between two scrapes,
+#          utils/observe/prom_between_scrapes.py) and waits; a second stop does nothing.
 # A missing Prometheus is reported and skipped: the job still runs.
 set -uo pipefail
 [[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/../launch/lib.sh"; usage; exit; }
@@ -67,6 +68,7 @@ CONF
         done
       ) &
       echo $! > "$run_dir/supervisor.pid"
+      echo "$prom_port" > "$run_dir/prometheus.port"
       lines+=("prometheus: http://$bind:$prom_port   tunnel: ssh -N -L $prom_port:$bind:$prom_port $JOB_HOSTNAME")
     else
       echo "job_services.sh: Prometheus not found (apt-get install prometheus, or set PROMETHEUS_BIN): no TSDB for this job" >&2
@@ -98,6 +100,11 @@ CONF
     for f in prometheus tensorboard; do
       pid=$(cat "$run_dir/$f.pid" 2>/dev/null) || continue
       rm -f -- "$run_dir/$f.pid"  # a second stop (the job's cleanup after its normal end) finds none
+      kill -0 "$pid" 2>/dev/null || continue
+      # between two scrapes: one that the shutdown cancels is saved as failed and ends its target's series
+      if [[ "$f" == prometheus ]] && port=$(cat "$run_dir/prometheus.port" 2>/dev/null); then
+        "${MST_PYTHON:-python3}" "$here/prom_between_scrapes.py" "http://$bind:$port" "$interval" 2>/dev/null
+      fi
       kill -TERM "$pid" 2>/dev/null || continue
       for _ in $(seq 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
       kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
