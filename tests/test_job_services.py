@@ -24,8 +24,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, VENV, run
 
-sys.path.insert(0, str(REPO / "utils" / "observe"))
-import prom_between_scrapes as pbs  # noqa: E402
+from observe import prom_between_scrapes as pbs
 
 
 def test_a_quiet_moment_is_after_every_scrape_in_flight_and_before_the_next():
