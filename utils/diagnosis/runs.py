@@ -75,10 +75,15 @@ def _job(log: Path, scan: joblog.Scan) -> dict[str, Any]:
     }
 
 
+def run_dir(alias: str, workspace: Path) -> Path:
+    """$JOB_WORKSPACE/<user>/runs/ALIAS, the user as `id -un` names them (utils/launch/run_alias.sh run_dir)."""
+    return workspace / pwd.getpwuid(os.geteuid()).pw_name / "runs" / alias
+
+
 def latest_checkpoint(alias: str, workspace: Path) -> int | None:
     """The highest step saved in the run's checkpoint directory now (all-digit names only: Orbax renames
     a step's temporary directory to its number when it is complete; utils/launch/run_alias.sh's rule)."""
-    d = workspace / pwd.getpwuid(os.geteuid()).pw_name / "runs" / alias / "checkpoints"
+    d = run_dir(alias, workspace) / "checkpoints"
     try:
         steps = [int(e.name) for e in os.scandir(d) if e.name.isdigit() and e.is_dir(follow_symlinks=False)]
     except OSError:
@@ -89,7 +94,7 @@ def latest_checkpoint(alias: str, workspace: Path) -> int | None:
 def logs_of(alias: str, workspace: Path) -> list[tuple[Path, dict[str, str]]]:
     """The run's job logs in the workspace with their headers: logs of ours whose header's `run:` names
     the run's directory in our own root, oldest start first (their headers only are read)."""
-    mine = os.path.realpath(workspace / pwd.getpwuid(os.geteuid()).pw_name / "runs" / alias)  # as `id -un`
+    mine = os.path.realpath(run_dir(alias, workspace))
     out = []
     try:
         entries = sorted(jobdir.listing(workspace))

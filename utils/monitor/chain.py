@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 import joblog
-from diagnosis import cli, jobdir, runs, scheduler
+from diagnosis import cli, jobdir, locate, runs, scheduler
 from diagnosis.triage import Options, Triage
 from monitor import recover, store
 from monitor.watch import Rules, Watch
@@ -209,11 +209,11 @@ def stopped_by_watchdog(job_dir: Path) -> dict | None:
 
 
 def job_dir_of(job: Job, job_id: str) -> Path | None:
-    """The directory of the run's job JOB_ID (its log in the workspace names it)."""
-    for log, _ in runs.logs_of(job.run, job.workspace):
-        if log.name.startswith(f"{job_id}-"):
-            return log.with_suffix("")
-    return None
+    """The directory of job JOB_ID in this job's workspace (the tools' one lookup, diagnosis/locate.py)."""
+    try:
+        return locate.find(job_id, job.workspace).dir
+    except cli.InputError:
+        return None
 
 
 def stop_reason(job: Job, status: str, state: str | None) -> str | None:
