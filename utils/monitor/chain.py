@@ -50,7 +50,7 @@ from trust import UntrustedPath
 
 PROG = "run_next.py"
 # failures that the same job would meet again: the run stops (docs/runs.md lists them)
-FINAL_CLASSES = ("config_error", "nan_loss", "oom_device", "oom_host", "python_exception", "no_steps")
+FINAL_CLASSES = ("config_error", "nan_loss", "oom_device", "oom_host", "python_exception")
 # what the job's environment holds that the launcher sets, not the user: the next job's submit.sh sets it anew
 LAUNCHER_SET = {
     "MST_REPO", "MST_SNAPSHOT", "MST_REPO_SHA256", "MST_USER_ROOT", "MODEL", "MODEL_TAG", "MST_RUN",
