@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO, VENV
 
 from monitor import cli, recover
-from monitor.watch import Rules, Watch
+from monitor.watch import ENDED_GRACE, Rules, Watch
 
 T0 = 1795730400.0  # 2026-11-26T22:00:00Z
 HEADER = """==================== JOB ====================
@@ -374,3 +374,68 @@ def test_once_then_status(tmp_path):
     assert r.returncode == 0 and "first_step: first step (0)" in r.stdout, r.stdout + r.stderr
     r = monitor("41", "--status", JOB_WORKSPACE=ws)
     assert r.returncode == 0 and r.stdout.startswith("41-JAX-tiny: running, last step 2"), r.stdout
+
+
+def continuing_job(ws: Path, job_id: str, started: float) -> Job:
+    """A job of run r submitted with --continue (its header's continue: line)."""
+    job = Job(ws, job_id=job_id, run="r", started=started)
+    text = job.log.read_text().replace("started: ", "continue: job 1 of at most 20 (max stalled 3)\nstarted: ", 1)
+    job.log.write_text(text)
+    return job
+
+
+def test_a_continuing_run_is_followed_to_its_end_which_carries_the_runs_accounting(tmp_path):
+    """`job_monitor.py FIRST` on a run that continues by itself (--continue): each job's end says what the
+    job decided (its run_next line), the monitor goes on with the job it queued, and the run's last end
+    carries utils/run.py's accounting (jobs, steps, goodput)."""
+    ws = tmp_path / "ws"
+    first = continuing_job(ws, "41", T0)
+    for n in range(10):
+        first.step(n, 0.5)
+    first.finish("timeout")
+    first.line("run_next: job 42 goes on with run r (timeout, Slurm state TIMEOUT)")
+    (first.dir / "next").write_text("42 42-JAX-tiny\n")
+    second = continuing_job(ws, "42", T0 + 200)
+    for n in range(10, 200):
+        second.step(n, 0.5)
+    second.finish("completed")
+    second.line("run_next: run r stops: the run is complete: MaxText trained to its steps; cancelled job 43")
+    r = monitor("41", "--no-notify", "--interval", "0.1", "--linger", "0", JOB_WORKSPACE=str(ws))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "42-JAX-tiny: watching" in r.stdout, r.stdout
+    ends = {}
+    for job in (first, second):
+        events = [json.loads(x) for x in (job.dir / "monitor/events.jsonl").read_text().splitlines()]
+        ends[job.name] = next(e for e in events if e["key"] == "end")
+    e1, e2 = ends["41-JAX-tiny"], ends["42-JAX-tiny"]
+    assert e1["title"].endswith("; run r goes on as job 42") and e1["level"] == "info", e1
+    assert "run_next: job 42 goes on with run r (timeout, Slurm state TIMEOUT)" in e1["lines"]
+    assert e1["data"]["run"]["next_job_dir"] == str(second.dir) and "accounting" not in e1["data"]["run"]
+    assert e2["kind"] == "completed" and e2["title"] == "completed; run r is done" and e2["level"] == "success", e2
+    acct = e2["data"]["run"]["accounting"]
+    assert acct["jobs"] == ["41", "42"] and acct["done"] and acct["highest_step"] == 199
+    # the figures are run.py's: 200 steps of 0.5 s in 2 jobs of 100 s on 2 nodes each
+    assert acct["goodput"] == pytest.approx(200 * 0.5 * 2 / (2 * 100 * 2), abs=1e-4)
+    assert any(x.startswith("run r: 2 job(s), steps 0..199 of 200 (done)") for x in e2["lines"]), e2["lines"]
+    assert any(x.startswith("goodput: 50.0 %") for x in e2["lines"]), e2["lines"]
+
+
+def test_a_continuing_jobs_end_waits_for_its_decision(tmp_path):
+    """The JOB SUMMARY comes a moment before the job's run_next decision: the end is told with it."""
+    job = continuing_job(tmp_path / "ws", "41", T0)
+    for n in range(3):
+        job.step(n, 0.5)
+    job.finish("timeout")
+    w = Watch(job.dir, Rules())
+    assert "end" not in [e.key for e in w.poll(job.t + 1, None)]
+    job.line("run_next: run r stops: 3 jobs in a row saved no new checkpoint (at most 3); cancelled job 42")
+    (end,) = [e for e in w.poll(job.t + 2, None) if e.key == "end"]
+    assert end.title.endswith("; run r stops") and end.data["run"]["decision"] == "stops", end
+    # without a decision, the end is told ENDED_GRACE after the summary
+    other = continuing_job(tmp_path / "ws2", "51", T0)
+    other.finish("failed")
+    w = Watch(other.dir, Rules())
+    assert "end" not in [e.key for e in w.poll(T0 + 10, None)]
+    assert "end" not in [e.key for e in w.poll(T0 + 10 + ENDED_GRACE - 1, None)]
+    (end,) = [e for e in w.poll(T0 + 10 + ENDED_GRACE, None) if e.key == "end"]
+    assert "run_next" not in " ".join(end.lines) and not end.title.endswith("goes on as job 52"), end

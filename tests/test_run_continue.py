@@ -236,6 +236,18 @@ def assert_continued(workspace: Path, alias: str) -> None:
         found = rf"^run_next: run {alias} is complete: its checkpoint of step 5499 ends its 5500 steps: this job trains"
         assert re.search(found, text[ids[-1]], re.M), text[ids[-1]][-3000:]
         assert last["status"] == "completed" and last["stage"] == "none" and not steps_in(jobs[-1][1]), last
+    # run.py shows each job's decision; the job monitor, started on the first job after the run ended,
+    # follows the chain to its end, which carries the run's accounting
+    decided = [j["run_next"] or "" for j in report["jobs"]]
+    assert all(re.match(r"job \d+ goes on with run ", d) for d in decided[:-1]), decided
+    assert re.match(rf"run {alias} (stops|is complete): ", decided[-1]), decided
+    res = run([str(REPO / "utils/job_monitor.py"), str(ids[0]), "--no-notify", "--interval", "0.2", "--linger", "0",
+               "--workspace", str(workspace)], timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
+    events = [json.loads(x) for x in (workspace / f"{ids[-1]}-JAX-tiny/monitor/events.jsonl").read_text().splitlines()]
+    end = next(e for e in events if e["key"] == "end")
+    assert end["data"]["run"]["accounting"]["goodput"] == report["goodput"], end
+    assert end["title"].endswith(f"; run {alias} is done"), end
     # for the closing note: from each job's end to the next job's first step; the run's goodput
     gaps = []
     for a, b in zip(report["jobs"], report["jobs"][1:], strict=False):

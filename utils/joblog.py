@@ -84,6 +84,21 @@ RESTORE = re.compile(re.escape(_RESTORE_TEXT) + rb"(\d+)")
 # Kind "nan_loss", data: what (NaN or Inf).
 _NAN_ABORT_TEXT = b"Aborting training due to "
 NAN_ABORT = re.compile(r"Aborting training due to (NaN|Inf) loss\.")
+# A continuing run's lines (utils/run_next.py, monitor/chain.py say()), whole lines without a host prefix
+# (docs/job-log.md), "run_next: " then: at the start "queued job N ...", "job N (queued by this job's
+# earlier run) goes on with run ALIAS when this job ends", "this is job K of at most M ...", "no next job
+# for run ALIAS: ..."; while it trains "watchdog: ..."; the decision, after the JOB SUMMARY (or at the
+# start, for a job that trains nothing): "job N goes on with run ALIAS (STATUS...)", "run ALIAS stops:
+# ...[; cancelled job N]", "run ALIAS is complete: ...", "run ALIAS is not done (...), but no next job ...".
+# `run_next_decision` tells them apart (the first pattern that matches).
+_RUN_NEXT_TEXT = b"run_next: "
+_RUN_NEXT_KINDS = (
+    ("queued", re.compile(r"queued job (\d+) |job (\d+) \(queued by this job's earlier run\) .* when this job ends$")),
+    ("watchdog", re.compile(r"watchdog: ")),
+    ("goes_on", re.compile(r"job (\d+) goes on with run ")),
+    ("stops", re.compile(r"run \S+ (?:stops|is complete): (?:.*; cancelled job (\d+)$)?")),
+    ("no_next", re.compile(r"no next job for run |run \S+ is not done |this is job \d+ of at most ")),
+)
 
 # --- signatures: (kind, pattern) searched in candidate lines (after the host prefix) -----------
 # Texts are the ones the programs print: JAX/XLA 0.12 (jaxlib strings and measured runs),
@@ -331,6 +346,7 @@ class Scan:
     counts: Counter = dataclasses.field(default_factory=Counter)
     seconds: float = 0.0
     restored: Event | None = None  # MaxText's first restore line (kind "restore", data: step)
+    run_next: list[str] = dataclasses.field(default_factory=list)  # a continuing run's lines, "run_next: " cut
 
     def nodes(self) -> list[str]:
         """Node names in node-rank order, from the header (JAX task i runs on nodes()[i])."""
@@ -502,6 +518,7 @@ class _Scanner:
             s.summary, s.summary_lines, s.events, s.hosts = {}, {}, [], {}
             s.steps, s.counts, self.kept = Steps(), Counter(), Counter()
             s.step_lines_seen, self.ref_re, s.restored = False, None, None
+            s.run_next = []
             self.diverged = False
         s.runs += 1
         s.header, s.header_line = header, line
@@ -798,6 +815,14 @@ class _Scanner:
                 self.s.restored = Event("restore", host, line, rest[:600], ts, {"step": int(m.group(1))}, text[:600])
                 return
 
+    def _run_next(self, buf: bytearray, cut: int, base: int) -> None:
+        """A continuing run's decision lines of this block (after the run's header)."""
+        if buf.find(_RUN_NEXT_TEXT, 0, cut) < 0:
+            return
+        for _line, _host, _rest, text, _ts in self._lines_with(buf, cut, base, _RUN_NEXT_TEXT):
+            if text.startswith(_RUN_NEXT_TEXT.decode()):  # the whole line: no host prefix
+                self.s.run_next.append(text[len(_RUN_NEXT_TEXT) :][:1000])
+
     def _nan_abort(self, buf: bytearray, cut: int, base: int) -> None:
         """MaxText's "Aborting training due to NaN loss." lines of this block, as events of kind nan_loss."""
         for line, host, rest, text, ts in self._lines_with(buf, cut, base, _NAN_ABORT_TEXT):
@@ -837,6 +862,7 @@ class _Scanner:
                 self._examine(buf, self._candidates(buf, cut), base)
                 if s.restored is None:
                     self._restore(buf, cut, base)
+                self._run_next(buf, cut, base)
                 had = len(s.steps.loss)
                 rows = self._steps(buf, cut)
                 # MaxText aborts right after a step line whose loss is nan/inf: look for its abort line only
@@ -893,6 +919,28 @@ def run_of(s: Scan) -> dict | None:
         "restored_from_step": s.restored.data["step"] if s.restored else None,
         "restore_line": s.restored.line if s.restored else None,
     }
+
+
+def run_next_decision(text: str) -> tuple[str, str | None]:
+    """(kind, job id) of one run_next line's text ("run_next: " cut): kind queued, watchdog, goes_on,
+    stops (the run stops or is complete), no_next, or other; the id is the job queued, going on, or
+    cancelled (stops), else None."""
+    for kind, rx in _RUN_NEXT_KINDS:
+        m = rx.match(text)
+        if m:
+            return kind, next((g for g in m.groups() if g), None)
+    return "other", None
+
+
+def run_next_end(lines: list[str]) -> str | None:
+    """What a continuing run's job decided (of its run_next lines, "run_next: " cut): its last goes_on
+    or stops line, else its last no_next line; None before it decided or outside such a run."""
+    kinds = [run_next_decision(t)[0] for t in lines]
+    for want in (("goes_on", "stops"), ("no_next",)):
+        ends = [t for t, k in zip(lines, kinds, strict=True) if k in want]
+        if ends:
+            return ends[-1]
+    return None
 
 
 def looks_like_job_log(s: Scan) -> bool:
@@ -1101,8 +1149,9 @@ _FOLLOW_BLOCK = 1 << 20  # bytes per read of a growing log
 class Tick:
     """One line of interest in the new part of a growing log: kind "step" (host, step, seconds,
     tokens = Tokens/s/device or None in ramp-up, loss), "save" or "eval" (step: the train step it
-    follows), "header" (a new run of the job starts: a requeue) or "summary" (the JOB SUMMARY
-    began: the job is ending). ts: the absl stamp in epoch seconds, None without one."""
+    follows), "header" (a new run of the job starts: a requeue), "summary" (the JOB SUMMARY
+    began: the job is ending) or "run_next" (a continuing run's line; text: after "run_next: ").
+    ts: the absl stamp in epoch seconds, None without one."""
 
     kind: str
     host: str | None = None
@@ -1111,6 +1160,7 @@ class Tick:
     tokens: float | None = None
     loss: float | None = None
     ts: float | None = None
+    text: str | None = None
 
 
 class Follower:
@@ -1188,6 +1238,8 @@ class Follower:
                 self.clock = None
             elif line.startswith(b"=" * 20 + b" JOB SUMMARY "):
                 out.append(Tick("summary"))
+            elif line.startswith(_RUN_NEXT_TEXT):
+                out.append(Tick("run_next", text=line[len(_RUN_NEXT_TEXT) :][:1000].decode(errors="replace")))
             elif self.clock is None and line.startswith(b"started: "):
                 self.clock = AbslClock.for_scan(line[9:].decode(errors="replace"), time.time())
 

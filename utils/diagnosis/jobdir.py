@@ -27,6 +27,7 @@ EARLIER = re.compile(r"\.earlier-\d{8}T\d{6}Z(-\w+)?$")  # launch_lib.sh move_as
 JOB_RULE = "=" * 20 + " JOB " + "=" * 20  # the JOB header's first line (utils/launch/job_header.sh)
 SUMMARY = "summary.txt"  # the JOB SUMMARY, as the job writes it in its directory
 SUMMARY_LIMIT = 1 << 20  # bytes of it read at most
+NEXT = "next"  # a continuing run's job (--continue): "<id> <name>" of the next job it queued (utils/run_next.py)
 
 
 def log_of(job_dir: Path) -> Path | None:
@@ -63,6 +64,14 @@ def listing(workspace: Path) -> Iterator[tuple[str, Path]]:
                     yield name, Path(e.path)
             except OSError:
                 continue
+
+
+def parse_next(data: bytes | None) -> tuple[str, str] | None:
+    """(id, name) from the `next` file's content, None unless it is one id and that job's name."""
+    words = (data or b"").decode(errors="replace").split()
+    if len(words) == 2 and words[0].isdigit() and words[1].startswith(f"{words[0]}-") and "/" not in words[1]:
+        return words[0], words[1]
+    return None
 
 
 def parse_summary(data: bytes | str) -> dict[str, str]:

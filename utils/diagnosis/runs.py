@@ -11,6 +11,8 @@ logs of the workspace, yours, whose JOB header names the run (`run: ALIAS <works
   productive  MaxText's step times (the step lines' `seconds:`) of the steps no later job trained again
   redone      the step times of the steps a later job trained again (lost since the last checkpoint)
   other       the rest of its wall time (checkpoint saves between steps, a hang, the end)
+and, for a run that continues by itself (--continue), what each job decided at its end (its log's
+`run_next:` line: the next job goes on, or the run stops and why).
 Goodput is the run's productive step time over its allocated time (each job's wall time), both
 weighted by the job's node count. Exit 0 with the report; 2 with one line for bad input (no such run).
 --checkpoint-every SECONDS prints instead one line, "N WHY": the checkpoint_period in steps that
@@ -71,6 +73,7 @@ def _job(log: Path, scan: joblog.Scan) -> dict[str, Any]:
         "first_step_at": first_ts,  # unix s the first step began
         "restored_from_step": run.get("restored_from_step"),
         "checkpoint_at_start": run.get("checkpoint_at_start"),
+        "run_next": joblog.run_next_end(scan.run_next),  # --continue: what the job decided at its end
         "_seconds": seconds,
     }
 
@@ -254,6 +257,7 @@ def render(r: dict[str, Any]) -> str:
             f"{_hms(j['wall_seconds']):>8} {steps:<12} {j['steps_redone']:>6} {_hms(t['startup']):>8} "
             f"{_hms(t['productive']):>10}"
         )
+    lines += [f"{j['id']:<{w}} run_next: {j['run_next']}" for j in r["jobs"] if j["run_next"]]
     return "\n".join(lines)
 
 

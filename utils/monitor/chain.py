@@ -59,7 +59,7 @@ LAUNCHER_SET = {
     "MST_CHECKPOINT_EVERY",
 }  # fmt: skip
 KEPT_JOB_VARS = {"JOB_WORKSPACE", "JOB_GPUS_PER_NODE"}
-NEXT = "next"  # <job dir>/next: the next job's id and name
+NEXT = jobdir.NEXT  # <job dir>/next: the next job's id and name
 WATCHDOG, STOPPED = "watchdog", "stopped.json"  # <job dir>/watchdog/: the watchdog's state; its evidence
 DONE = 3  # run_next.py queue's status when the run is complete already
 CANCELLED_BEFORE = 4  # ... when the job before this one was cancelled: the run stops here
@@ -88,11 +88,7 @@ class Job:
 
     def next_job(self) -> tuple[str, str] | None:
         """(id, name) of the next job this job (or an earlier run of it) queued."""
-        data = self.jd.read(NEXT, "the next job's record", limit=512)
-        words = (data or b"").decode(errors="replace").split()
-        if len(words) == 2 and words[0].isdigit() and words[1].startswith(f"{words[0]}-") and "/" not in words[1]:
-            return words[0], words[1]
-        return None
+        return jobdir.parse_next(self.jd.read(NEXT, "the next job's record", limit=512))
 
 
 def next_env(job: Job) -> dict[str, str]:

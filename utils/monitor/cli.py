@@ -212,6 +212,9 @@ class Monitor:
                 self.tell(w, ev)
                 if w.refused is None and (ev.kind == "hang" or (ev.key == "end" and ev.kind == "failed")):
                     self.maybe_recover(w, ev)
+                nxt = (ev.data.get("run") or {}).get("next_job_dir") if ev.key == "end" else None
+                if nxt and w.refused is None:  # a continuing run goes on: watch its next job too
+                    self.add(Path(nxt), recover_left=int(w.s.get("recover_left") or 0))
             if w.refused is not None:
                 self.refused[w.dir] = w.refused
                 if not any(e.kind == "untrusted" for e in events):

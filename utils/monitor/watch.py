@@ -122,6 +122,8 @@ class Watch:
             "slow_episodes": 0,
             "ended_seen": None,
             "summary_seen": False,
+            "summary_at": None,
+            "run_next": [],  # a continuing run's lines of the job's last run (joblog.run_next_decision)
             "header": {},
         }
         try:
@@ -251,7 +253,9 @@ class Watch:
         ended = sched is not None and sched not in triage.RUNNING_STATES
         if ended and s["ended_seen"] is None:
             s["ended_seen"] = now
-        if s["summary_seen"] or (ended and now - s["ended_seen"] >= ENDED_GRACE) or sched == "GONE":
+        if s["summary_seen"] and self._deciding(now):
+            pass  # a continuing run's job writes its decision right after its JOB SUMMARY: wait for it
+        elif s["summary_seen"] or (ended and now - s["ended_seen"] >= ENDED_GRACE) or sched == "GONE":
             self._end(now, sched, out)
         elif s["phase"] == "running" and s["last_step"] is not None and not ended:
             self._check_hang(now, out)
@@ -264,8 +268,15 @@ class Watch:
         for t in ticks:
             if t.kind == "summary":
                 s["summary_seen"] = True
+                s["summary_at"] = s.get("summary_at") or now
+            elif t.kind == "run_next" and t.text is not None:
+                s["run_next"] = [*s.get("run_next", []), t.text][-20:]
             elif t.kind in ("save", "eval"):
                 s["pause_step"], s["pause_at"] = t.step, now
+            elif t.kind == "header" and s.get("run_next"):  # a requeued job's earlier run decided nothing
+                s["run_next"] = []
+                if s["last_step"] is not None:
+                    s.update(last_step=None, host=None, recent=[], window=[], steady=[], slow=False, header={})
             elif t.kind == "header" and s["last_step"] is not None:
                 # a requeued job starts a new run in the same log: count its steps afresh
                 s.update(last_step=None, host=None, recent=[], window=[], steady=[], slow=False, header={})
@@ -478,6 +489,55 @@ class Watch:
             ),
         )
 
+    def _deciding(self, now: float) -> bool:
+        """A job of a continuing run (header `continue:`) that wrote its JOB SUMMARY but not yet its
+        decision (its run_next line after it), for at most ENDED_GRACE seconds."""
+        s = self.s
+        if not (s["header"] or {}).get("continue") or joblog.run_next_end(s.get("run_next") or []):
+            return False
+        return now - (s.get("summary_at") or now) < ENDED_GRACE
+
+    def _run_end(self, rep: dict, kind: str, level: str, title: str, lines: list[str]) -> tuple[str, str, dict]:
+        """For a job of a run (--run): what its run does now. A continuing run's decision (its run_next
+        line) goes into the lines; when the run goes on, the title says so and the next job's directory is
+        in the data (the monitor watches it next); when it does not, the run's accounting (utils/run.py)
+        is added. Returns (level, title, data)."""
+        alias = ((self.s["header"] or {}).get("run") or "").split()[:1]
+        if not alias:
+            return level, title, {}
+        alias = alias[0]
+        decision = joblog.run_next_end(self.s.get("run_next") or [])
+        data: dict = {"alias": alias}
+        if decision:
+            what, job_id = joblog.run_next_decision(decision)
+            lines.append(f"run_next: {decision}")
+            data["decision"], data["decision_text"] = what, decision
+            if what == "goes_on" and job_id:
+                data["next_job_id"] = job_id
+                try:
+                    nxt = jobdir.parse_next(self.jd.read(jobdir.NEXT, "the next job's record", limit=512))
+                except OSError:
+                    nxt = None
+                if nxt and nxt[0] == job_id:
+                    data["next_job_dir"] = str(self.dir.parent / nxt[1])
+                status = self.summary().get("status") or rep.get("status")
+                level = "info" if status in ("timeout", "completed") else "warning"  # a time limit: as planned
+                return level, f"{title}; run {alias} goes on as job {job_id}", data
+        try:
+            acct = runs.account(alias, self.dir.parent)
+        except Exception as e:  # noqa: BLE001 - the end is told even when the run cannot be accounted
+            lines.append(f"run {alias}: no accounting ({e})")
+            return level, title, data
+        text = runs.render(acct).splitlines()
+        lines += text[:3]
+        data["accounting"] = {k: acct[k] for k in ("planned_steps", "highest_step", "done", "goodput", "node_seconds")}
+        data["accounting"]["jobs"] = [j["id"] for j in acct["jobs"]]
+        if acct["done"]:
+            return "success", f"{title}; run {alias} is done", data
+        if decision:
+            return level, f"{title}; run {alias} stops", data
+        return level, title, data
+
     def _end(self, now: float, sched: str | None, out: list[Event]) -> None:
         s = self.s
         s["phase"] = "ended"
@@ -514,6 +574,7 @@ class Watch:
             "completed": "completed",
             "cancelled": "cancelled",
         }.get(kind, f"failed: {rep.get('failure_class') or 'unclassified'}")
+        level, title, run = self._run_end(rep, kind, level, title, lines)
         self.emit(
             out,
             Event(
@@ -527,6 +588,7 @@ class Watch:
                     "failure_class": rep.get("failure_class"),
                     "culprit_hosts": rep.get("culprit_hosts") or [],
                     "summary": summ,
+                    **({"run": run} if run else {}),
                 },
                 now,
             ),
