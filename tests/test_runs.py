@@ -140,3 +140,72 @@ def test_a_run_of_two_jobs_is_accounted_as_by_hand(workspace, venv):
     text = run([RUN_PY, "r"], env={"JOB_WORKSPACE": str(workspace)}).stdout
     assert text.startswith(f"run r: 2 job(s), steps 0..{last1 + 3} of {last1 + 4} (done); ")
     assert f"goodput: {100 * r['goodput']:.1f} %" in text
+
+
+def requeued_log(ws: Path) -> Path:
+    """A --run job requeued once (scontrol requeue, a preemption): its first run on n1 trained steps
+    0..12 (1 s each) and was stopped; Slurm reran it under its id on n2, appending to its log, where it
+    restored the checkpoint of step 9 and trained 10..20 (0.5 s each)."""
+    user = getpass.getuser()
+
+    def run_text(node: str, started: str, hhmm: str, steps: range, seconds: float, restore: int | None,
+                 status: str, wall: int) -> str:  # fmt: skip
+        ckpt = f"latest checkpoint: step {restore}, training goes on at step {restore + 1}" if restore is not None \
+            else "no checkpoint: starts from step 0"  # fmt: skip
+        lines = [
+            "==================== JOB ====================",
+            "job: 77 77-JAX-tiny",
+            "model: tiny",
+            f"nodes: 1 ({node})",
+            "overrides: steps=21",
+            f"code: {ws}/{user}/.snapshots/20261206T095900Z-abc123/maxtext-slurm",
+            f"run: rq {ws}/{user}/runs/rq ({ckpt})",
+            f"started: {started}",
+            "=============================================",
+        ]
+        if restore is not None:
+            restored = f"restoring from this run's directory step {restore}"
+            lines.append(f"{node}: I1206 {hhmm}:20.000000 1 checkpointing.py:705] {restored}")
+        for i, n in enumerate(steps):
+            lines.append(
+                f"{node}: I1206 {hhmm}:{30 + i:02d}.000000 1 metric_logger.py:265] completed step: {n}, "
+                f"seconds: {seconds:.3f}, TFLOP/s/device: 0.001, Tokens/s/device: 64.000, loss: 5.000"
+            )
+        lines += ["==================== JOB SUMMARY ====================", f"status: {status}",
+                  f"wall_time: 00:01:{wall - 60:02d} ({wall} s)", "=" * 53]  # fmt: skip
+        return "\n".join(lines) + "\n"
+
+    log = ws / "77-JAX-tiny.log"
+    log.write_text(
+        run_text("n1", "2026-12-06T10:00:00Z", "10:00", range(13), 1.0, None, "cancelled", 70)
+        + "_job.sbatch: the log already holds an earlier run's output; this run starts at the JOB header below\n"
+        + run_text("n2", "2026-12-06T10:03:00Z", "10:03", range(10, 21), 0.5, 9, "completed", 80)
+    )
+    return log
+
+
+def test_a_requeued_jobs_runs_each_count_as_a_job(tmp_path):
+    """A requeued job's log holds two runs (the second possibly on other nodes): scan() reads the last
+    one's steps, and run.py accounts for both, the first one's steps after the restored checkpoint as
+    redone, as a person would from the log."""
+    import joblog
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    log = requeued_log(ws)
+    last = joblog.scan(log)
+    assert last.runs == 2 and last.steps.host == "n2" and list(last.steps.step) == list(range(10, 21))
+    res = run([RUN_PY, "rq", "--json"], env={"JOB_WORKSPACE": str(ws)})
+    assert res.returncode == 0, res.stderr
+    r = json.loads(res.stdout)
+    j1, j2 = r["jobs"]
+    assert (j1["id"], j1["attempt"], j1["attempts"], j1["nodes"]) == ("77", 1, 2, ["n1"])
+    assert (j2["id"], j2["attempt"], j2["attempts"], j2["nodes"]) == ("77", 2, 2, ["n2"])
+    assert j1["steps"] == [0, 12] and j1["steps_redone"] == 3 and j1["status"] == "cancelled"
+    assert j2["steps"] == [10, 20] and j2["restored_from_step"] == 9 and j2["status"] == "completed"
+    assert j1["time"]["productive"] == pytest.approx(10.0) and j1["time"]["redone"] == pytest.approx(3.0)
+    assert r["goodput"] == pytest.approx((10 * 1.0 + 11 * 0.5) / (70 + 80), abs=1e-4) and r["done"]
+    # queued: from the submission (09:59:00) to the start; the rerun from the first run's end (10:01:10)
+    assert j1["time"]["queued"] == pytest.approx(60.0) and j2["time"]["queued"] == pytest.approx(110.0)
+    text = run([RUN_PY, "rq"], env={"JOB_WORKSPACE": str(ws)}).stdout
+    assert re.search(r"^77#1 +cancelled ", text, re.M) and re.search(r"^77#2 +completed ", text, re.M), text

@@ -499,8 +499,9 @@ class _Scanner:
     line, the first included, starts right after a '\n'; buf[:n] holds data, buf[:cut] is the part
     processed now (whole lines, with at least LOOKAHEAD bytes after it unless at the end)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, start: int = 0, end: int | None = None) -> None:
         self.s = Scan(path=str(path))
+        self.start, self.end = start, end  # the bytes of the log read (scan_runs: one run of a requeued job)
         self.known: set[str] = set()
         self.clock: AbslClock | None = None
         self.ref_re: re.Pattern[bytes] | None = None
@@ -528,8 +529,9 @@ class _Scanner:
         s.steps.clock = self.clock
 
     def _learn_format(self, buf: bytearray, cut: int) -> None:
-        """From the first step line: host prefix? absl prefix? which host is the reference."""
-        i = buf.find(b"completed step: ", 0, cut)
+        """From the first step line of the run (after the block's last JOB header, when it holds one: a
+        requeued job's rerun may be on other nodes): host prefix? absl prefix? which host is the reference."""
+        i = buf.find(b"completed step: ", max(0, buf.rfind(_HEADER_OPEN, 0, cut)), cut)
         if i < 0:
             return
         a = buf.rfind(b"\n", 0, i) + 1
@@ -837,7 +839,8 @@ class _Scanner:
         st = path.stat()
         s.size, s.mtime = st.st_size, st.st_mtime
         base = 0
-        with path.open("rb", buffering=0) as f:
+        with path.open("rb", buffering=0) as raw:
+            f = _Slice(raw, self.start, self.end)
             head = f.read(4096)
             if b"\0" in head:
                 raise NotALog(f"{path} is binary, not a job log")
@@ -890,9 +893,62 @@ class _Scanner:
         return s
 
 
+class _Slice:
+    """The bytes START .. END of an open file, read as the scanner reads a whole one."""
+
+    def __init__(self, f: BinaryIO, start: int, end: int | None) -> None:
+        self.f, self.left = f, None if end is None else max(0, end - start)
+        if start:
+            f.seek(start)
+
+    def _room(self, n: int) -> int:
+        return n if self.left is None else min(n, self.left)
+
+    def read(self, n: int) -> bytes:
+        data = self.f.read(self._room(n)) or b""
+        if self.left is not None:
+            self.left -= len(data)
+        return data
+
+    def readinto(self, mv: memoryview) -> int:
+        room = self._room(len(mv))
+        got = self.f.readinto(mv[:room]) if room else 0
+        if self.left is not None:
+            self.left -= got or 0
+        return got or 0
+
+
 def scan(path: str | Path) -> Scan:
     """Stream the job log once and return what it holds (see the module docstring)."""
     return _Scanner(Path(path)).run()
+
+
+def run_starts(path: str | Path) -> list[int]:
+    """The byte offsets where each run of the log begins (its JOB header's first line): one for a job
+    that ran once, one more for each requeue (Slurm reruns the job under its id, appending to its log)."""
+    rule = _HEADER_OPEN[1:]
+    out: list[int] = []
+    with Path(path).open("rb") as f:
+        pos, tail = 0, b"\n"  # the file's start counts as a line start
+        while chunk := f.read(BLOCK):
+            buf = tail + chunk
+            i = buf.find(b"\n" + rule)
+            while i >= 0:
+                out.append(pos - len(tail) + i + 1)
+                i = buf.find(b"\n" + rule, i + 1)
+            tail = buf[-len(rule) :]
+            pos += len(chunk)
+    return sorted(set(out))
+
+
+def scan_runs(path: str | Path) -> list[Scan]:
+    """One Scan per run of the log, oldest first (a requeued job's log holds several; scan() keeps the
+    last one only). Lines before the first header, if any, belong to the first run."""
+    starts = run_starts(path)
+    if len(starts) <= 1:
+        return [scan(path)]
+    bounds = [0, *starts[1:], None]
+    return [_Scanner(Path(path), a, b).run() for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
 def checkpoint_at_start(run_line: str) -> int | None:

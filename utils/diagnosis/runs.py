@@ -12,7 +12,8 @@ logs of the workspace, yours, whose JOB header names the run (`run: ALIAS <works
   redone      the step times of the steps a later job trained again (lost since the last checkpoint)
   other       the rest of its wall time (checkpoint saves between steps, a hang, the end)
 and, for a run that continues by itself (--continue), what each job decided at its end (its log's
-`run_next:` line: the next job goes on, or the run stops and why).
+`run_next:` line: the next job goes on, or the run stops and why). A requeued job (Slurm reran it
+under its id, appending to its log) counts each of its runs as a job: ID#1, ID#2, ...
 Goodput is the run's productive step time over its allocated time (each job's wall time), both
 weighted by the job's node count. Exit 0 with the report; 2 with one line for bad input (no such run).
 --checkpoint-every SECONDS prints instead one line, "N WHY": the checkpoint_period in steps that
@@ -123,9 +124,15 @@ def logs_of(alias: str, workspace: Path) -> list[tuple[Path, dict[str, str]]]:
 
 
 def jobs_of(alias: str, workspace: Path) -> list[dict[str, Any]]:
-    """The run's jobs in the workspace (logs of ours whose header names the run), oldest first."""
-    out = [_job(path, joblog.scan(path)) for path, _ in logs_of(alias, workspace)]
-    out.sort(key=lambda j: (j["started"] or 0, int(j["id"]) if str(j["id"]).isdigit() else 0))
+    """The run's jobs in the workspace (logs of ours whose header names the run), oldest first; a
+    requeued job's runs (Slurm reran it under its id, in the same log) each count as a job of their
+    own, with `attempt` K of `attempts`."""
+    out = []
+    for path, _ in logs_of(alias, workspace):
+        scans = joblog.scan_runs(path)
+        for k, scan in enumerate(scans, 1):
+            out.append({**_job(path, scan), "attempt": k, "attempts": len(scans)})
+    out.sort(key=lambda j: (j["started"] or 0, int(j["id"]) if str(j["id"]).isdigit() else 0, j["attempt"]))
     return out
 
 
@@ -232,6 +239,11 @@ def _hms(s: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
+def _label(j: dict[str, Any]) -> str:
+    """The job's id; ID#K for the K-th run of a requeued job."""
+    return f"{j['id']}#{j['attempt']}" if j["attempts"] > 1 else str(j["id"])
+
+
 def render(r: dict[str, Any]) -> str:
     planned = f" of {r['planned_steps']}" if r["planned_steps"] is not None else ""
     highest = "none" if r["highest_step"] is None else f"0..{r['highest_step']}"
@@ -243,7 +255,7 @@ def render(r: dict[str, Any]) -> str:
         + " (productive step time / allocated node time)",
         "node time: " + ", ".join(f"{k} {_hms(v)}" for k, v in r["node_seconds"].items()),
     ]
-    w = max([3] + [len(str(j["id"])) for j in r["jobs"]])
+    w = max([3] + [len(_label(j)) for j in r["jobs"]])
     lines.append(
         f"{'job':<{w}} {'status':<18} {'nodes':>5} {'started (UTC)':<20} {'queued':>8} {'wall':>8} "
         f"{'steps':<12} {'redone':>6} {'start-up':>8} {'productive':>10}"
@@ -253,11 +265,11 @@ def render(r: dict[str, Any]) -> str:
         steps = f"{j['steps'][0]}..{j['steps'][1]}" if j["steps"] else "none"
         t = j["time"]
         lines.append(
-            f"{j['id']:<{w}} {j['status']:<18} {len(j['nodes']):>5} {started:<20} {_hms(t['queued']):>8} "
+            f"{_label(j):<{w}} {j['status']:<18} {len(j['nodes']):>5} {started:<20} {_hms(t['queued']):>8} "
             f"{_hms(j['wall_seconds']):>8} {steps:<12} {j['steps_redone']:>6} {_hms(t['startup']):>8} "
             f"{_hms(t['productive']):>10}"
         )
-    lines += [f"{j['id']:<{w}} run_next: {j['run_next']}" for j in r["jobs"] if j["run_next"]]
+    lines += [f"{_label(j):<{w}} run_next: {j['run_next']}" for j in r["jobs"] if j["run_next"]]
     return "\n".join(lines)
 
 
