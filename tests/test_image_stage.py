@@ -605,12 +605,13 @@ def test_a_stage_timeout_ends_the_container(image, tmp_path):
 def test_a_stop_signal_while_the_container_starts_leaves_no_container(image, tmp_path):
     """A cancel or a stage timeout can land at any moment of `podman run`'s start-up, where podman's own
     signal proxy loses it (podman 4.3, measured: TERMed then, it exits 0 and leaves the container created;
-    a CI run's stage timeout left one running). Whenever the TERM lands, _container.sh returns non-zero
-    and the job's label marks no container, running or not, once it has returned."""
+    a CI run's stage timeout left one running; TERMed at 0.1-0.15 s, before it wrote the ID file, it left
+    one created). Whenever the TERM lands, _container.sh returns non-zero and the job's label marks no
+    container, running or not, once it has returned."""
     write_records(tmp_path / "job", {"n1": f"runtime=podman image={image['name']} digest={image['id']} source=local"})
     script = "echo started; exec sleep 300"
     results = []
-    for i, delay in enumerate((0.1, 0.25, 0.4, 0.5, 0.6, 0.7, 0.85, 1.0, 1.5, 2.5)):
+    for i, delay in enumerate((0.1, 0.15, 0.2, 0.25, 0.4, 0.5, 0.6, 0.7, 0.85, 1.0, 1.5, 2.5)):
         job_id = f"start-{i}-{tmp_path.name}"
         env = {**os.environ, **image["env"], "JOB_DIR": str(tmp_path / "job"), "JOB_HOSTNAME": "n1",
                "JOB_ID": job_id, "JOB_WORKSPACE": str(tmp_path), "JOB_SCHEDULER": "local"}  # fmt: skip
