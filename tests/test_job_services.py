@@ -9,6 +9,7 @@ each time the last saved scrape is a successful one. The window arithmetic has i
 
 from __future__ import annotations
 
+import base64
 import http.server
 import json
 import os
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,23 +56,35 @@ def test_bad_input_is_one_line():
 
 
 class Slow(http.server.BaseHTTPRequestHandler):
+    """A metrics endpoint: BODY after DELAY seconds."""
+
+    body, delay = b"slow_metric 1\n", 0.45
+
     def do_GET(self) -> None:  # noqa: N802
-        time.sleep(0.45)
-        body = b"slow_metric 1\n"
+        time.sleep(self.delay)
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(len(self.body)))
         self.end_headers()
-        self.wfile.write(body)
+        self.wfile.write(self.body)
 
     def log_message(self, *args: object) -> None:
         pass
 
 
+class Fast(Slow):
+    body, delay = b"# TYPE hw_load1 gauge\nhw_load1 0.5\n", 0.0
+
+
+def serve(handler: type[Slow]) -> http.server.ThreadingHTTPServer:
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
 @pytest.fixture()
 def slow_target() -> Iterator[str]:
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    srv = serve(Slow)
     yield f"127.0.0.1:{srv.server_address[1]}"
     srv.shutdown()
 
@@ -131,3 +145,150 @@ def stop_between_scrapes(job_dir: Path, env: dict[str, str], i: int) -> None:
     time.sleep(0.73 * i)
     res = run([str(REPO / "utils/observe/job_services.sh"), "stop"], env=env, timeout=60)
     assert res.returncode == 0, res.stderr
+
+
+# --- remote write (METRICS_REMOTE_WRITE_URL) to a second, real Prometheus ----------------------------
+
+
+@pytest.fixture()
+def receiver(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """A second Prometheus with its remote-write receiver on, behind basic auth (user mst, a bcrypt hash of
+    the password, as Prometheus' web configuration takes it): (its base URL, the password)."""
+    import warnings
+
+    from helpers.promfixture import binary
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import crypt  # the system's crypt(3): bcrypt ($2b$), which Prometheus' web config accepts
+
+    password = "s3cret-" + os.urandom(6).hex()
+    d = tmp_path / "central"
+    d.mkdir()
+    (d / "prometheus.yml").write_text("global:\n  scrape_interval: 1h\n")
+    hashed = crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))
+    (d / "web.yml").write_text(f"basic_auth_users:\n  mst: '{hashed}'\n")
+    port = free_port()
+    proc = subprocess.Popen(
+        [binary("prometheus") or "prometheus", f"--config.file={d / 'prometheus.yml'}",
+         f"--storage.tsdb.path={d / 'db'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--web.enable-remote-write-receiver",
+         f"--web.config.file={d / 'web.yml'}"],
+        stdout=subprocess.DEVNULL, stderr=(d / "log").open("w"),
+    )  # fmt: skip
+    try:
+        yield f"http://127.0.0.1:{port}", password
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def central_series(base: str, password: str, promql: str) -> list[dict]:
+    req = urllib.request.Request(f"{base}/api/v1/query?query={urllib.parse.quote(promql)}")
+    req.add_header("Authorization", "Basic " + base64.b64encode(f"mst:{password}".encode()).decode())
+    try:
+        with urllib.request.urlopen(req, timeout=2) as r:
+            return json.load(r)["data"]["result"]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def start_services(job_dir: Path, target: str, extra: dict[str, str]) -> tuple[dict[str, str], str]:
+    from helpers.promfixture import binary
+
+    job_dir.mkdir(mode=0o700)
+    env = {**os.environ, "JOB_DIR": str(job_dir), "JOB_HOSTNAME": "n1", "JOB_ID": "4242", "MODEL": "tiny",
+           "METRICS_INTERVAL": "1", "PROMETHEUS_BIN": binary("prometheus") or "prometheus",
+           "MST_PYTHON": str(VENV / "bin/python"), "DASHBOARD_BIND": "127.0.0.1", **extra}  # fmt: skip
+    (job_dir / "metrics" / "targets").mkdir(parents=True, mode=0o700)
+    (job_dir / "metrics" / "targets" / "n1.json").write_text(
+        json.dumps([{"targets": [target], "labels": {"host": "n1"}}])
+    )
+    out = job_dir / "services.out"
+    with out.open("w") as f:
+        rc = subprocess.run([str(REPO / "utils/observe/job_services.sh"), "start"], env=env, stdout=f,
+                            stderr=subprocess.STDOUT, timeout=60).returncode  # fmt: skip
+    assert rc == 0, out.read_text()
+    return env, out.read_text()
+
+
+@pytest.mark.slow
+def test_remote_write_delivers_the_jobs_series_with_its_labels_and_only_with_the_secret(tmp_path, receiver):
+    """A job's Prometheus with METRICS_REMOTE_WRITE_URL sends what it scrapes to a central Prometheus (its
+    remote-write receiver, basic auth) with job_id, user and model; the password is read from a mode 600
+    file by Prometheus itself (in no argv, configuration or log); with a wrong password nothing arrives."""
+    import getpass
+
+    base, password = receiver
+    srv = serve(Fast)
+    target = f"127.0.0.1:{srv.server_address[1]}"
+    good, bad = tmp_path / "good.secret", tmp_path / "bad.secret"
+    for f, text in ((good, password), (bad, "wrong")):
+        f.write_text(text)
+        f.chmod(0o600)
+    runs = {}
+    try:
+        for name, secret in (("right", good), ("wrong", bad)):
+            env, observe = start_services(tmp_path / name, target, {
+                "METRICS_REMOTE_WRITE_URL": f"{base}/api/v1/write", "METRICS_REMOTE_WRITE_USER": "mst",
+                "METRICS_REMOTE_WRITE_CREDENTIALS": str(secret)})  # fmt: skip
+            runs[name] = env
+            assert (f"remote_write: {base}/api/v1/write   labels: job_id=4242 user={getpass.getuser()} model=tiny   "
+                    f"auth: basic, user mst, password file {secret}") in observe, observe  # fmt: skip
+            if name == "right":
+                got: list = []
+                deadline = time.monotonic() + 45
+                while time.monotonic() < deadline and not got:
+                    got = central_series(base, password, 'hw_load1{job_id="4242"}')
+                    time.sleep(0.5)
+                assert got, (tmp_path / name / "metrics/prometheus.log").read_text()[-2000:]
+                labels = got[0]["metric"]
+                assert (labels["job_id"], labels["user"], labels["model"], labels["host"]) == (
+                    "4242", getpass.getuser(), "tiny", "n1")  # fmt: skip
+                run([str(REPO / "utils/observe/job_services.sh"), "stop"], env=env, timeout=60)
+                central_count = len(central_series(base, password, "count_over_time(hw_load1[1h])"))
+            else:  # refused by the receiver: what arrived is only the first job's
+                log_file, deadline = tmp_path / name / "metrics/prometheus.log", time.monotonic() + 45
+                while time.monotonic() < deadline and "401" not in log_file.read_text():
+                    time.sleep(0.5)  # the remote write starts once its WAL is replayed (~6 s)
+                log = log_file.read_text()
+                assert "401 Unauthorized" in log, log[-2000:]
+                assert len(central_series(base, password, "count_over_time(hw_load1[1h])")) == central_count
+        for name in runs:
+            conf = (tmp_path / name / "metrics/prometheus.yml").read_text()
+            assert password not in conf and "password_file: '" in conf
+            assert password not in (tmp_path / name / "metrics/prometheus.log").read_text()
+    finally:
+        for env in runs.values():
+            run([str(REPO / "utils/observe/job_services.sh"), "stop"], env=env, timeout=60)
+        srv.shutdown()
+
+
+def test_a_refused_remote_write_setting_is_one_observe_line_and_no_remote_write(tmp_path):
+    """On the node a credentials file that others can read (or a URL with credentials in it) turns remote
+    write off with the reason in the OBSERVE block; the job's own Prometheus runs as always."""
+    loose = tmp_path / "loose.secret"
+    loose.write_text("token")
+    loose.chmod(0o644)
+    cases = {
+        "loose": (
+            {
+                "METRICS_REMOTE_WRITE_URL": "https://central.example/api/v1/write",
+                "METRICS_REMOTE_WRITE_CREDENTIALS": str(loose),
+            },
+            "has mode 644: others can read",
+        ),  # fmt: skip
+        "userinfo": (
+            {"METRICS_REMOTE_WRITE_URL": "https://me:pw@central.example/api/v1/write"},
+            "must be http(s)://HOST[:PORT]/PATH",
+        ),  # fmt: skip
+    }
+    for name, (extra, says) in cases.items():
+        env, observe = start_services(tmp_path / name, "127.0.0.1:1", {**extra, "PROMETHEUS_BIN": "/nonexistent"})
+        try:
+            line = next(x for x in observe.splitlines() if x.startswith("remote_write:"))
+            assert line.startswith("remote_write: off - ") and says in line, line
+            assert "\nremote_write:" not in (tmp_path / name / "metrics/prometheus.yml").read_text()
+            assert "pw@" not in observe  # the password put in the URL is not shown
+        finally:
+            run([str(REPO / "utils/observe/job_services.sh"), "stop"], env=env, timeout=60)

@@ -13,7 +13,9 @@ from conftest import REPO, launcher_env, run
 TABLE = REPO / "utils" / "launch" / "settings.tsv"
 CONTRACT = REPO / "docs" / "env-contract.md"
 COLUMNS = ("name", "default", "check", "site", "container", "reserved", "doc")
-CHECK = re.compile(r"-|bool|int:\d+:\d+|abspath|plainpath|loopback|exe|enum:[a-z,]+|fn:[a-z_]+|renamed:[A-Z_0-9]+")
+CHECK = re.compile(
+    r"-|bool|int:\d+:\d+|abspath|plainname|plainpath|loopback|exe|enum:[a-z,]+|fn:[a-z_]+|renamed:[A-Z_0-9]+"
+)
 
 
 def rows() -> list[dict[str, str]]:
@@ -163,6 +165,7 @@ BAD = {
     "int": "x1",
     "abspath": "rel/path",
     "plainpath": "rel",
+    "plainname": "a b",
     "loopback": "0.0.0.0",
     "exe": "/nonexistent/bin",
     "enum": "bogus",
@@ -235,3 +238,34 @@ def test_one_secret_name_pattern():
     names = ["HF_TOKEN", "github_pat", "SENTRY_DSN", "PATH", "KEYBOARD", "TOKENIZER_PATH"]
     shown = bash('for n in "$@"; do is_secret_env "$n" && echo "$n"; done', *names).stdout.split()
     assert shown == [n for n in names if SECRET_NAME.search(n.upper())] == ["HF_TOKEN", "github_pat", "SENTRY_DSN"]
+
+
+@pytest.mark.parametrize(
+    "env, says",
+    [
+        ({"METRICS_REMOTE_WRITE_URL": "ftp://central/x"}, "METRICS_REMOTE_WRITE_URL='ftp://central/x' must be http(s)"),
+        (
+            {"METRICS_REMOTE_WRITE_URL": "https://me:hunter2@central/api/v1/write"},
+            "METRICS_REMOTE_WRITE_URL='https://<credentials>@central/api/v1/write' must be",
+        ),  # fmt: skip
+        ({"METRICS_REMOTE_WRITE_URL": "https://central/it's"}, "must be http(s)://HOST[:PORT]/PATH"),
+        ({"METRICS_REMOTE_WRITE_CREDENTIALS": "token.txt"}, "must be an absolute path"),
+        ({"METRICS_REMOTE_WRITE_CREDENTIALS": "/nonexistent/token"}, "is not a file"),
+        ({"METRICS_REMOTE_WRITE_USER": "me and you"}, "must be a name of letters, digits and . _ @ + -"),
+    ],
+)
+def test_remote_write_settings_are_checked_at_launch_in_one_line(env, says):
+    res = bash("check_settings", env=env)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 1 and len(lines) == 1 and says in lines[0], res.stderr
+    assert "hunter2" not in res.stderr
+
+
+def test_a_remote_write_secret_others_can_read_is_refused(tmp_path):
+    f = tmp_path / "token"
+    f.write_text("t0ken")
+    f.chmod(0o640)
+    res = bash("check_settings", env={"METRICS_REMOTE_WRITE_CREDENTIALS": str(f)})
+    assert res.returncode == 1 and "has mode 640: others can read your remote write secret; chmod 600 it" in res.stderr
+    f.chmod(0o600)
+    assert bash("check_settings", env={"METRICS_REMOTE_WRITE_CREDENTIALS": str(f)}).returncode == 0

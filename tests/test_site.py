@@ -149,7 +149,12 @@ def test_the_example_documents_every_site_setting(fake, tmp_path, venv):
     names every setting a site file may set (the site column of utils/launch/settings.tsv)."""
     example = (REPO / "configs" / "site.env.sh.example").read_text()
     on = re.sub(r"^#export ", "export ", example, flags=re.M)
-    out = dry_run({**fake, "MST_SITE_FILE": site_file(tmp_path, on)})
+    home = tmp_path / "home"  # the example's remote-write secret, a file of the user's, mode 600
+    secret = home / ".config/maxtext-slurm/remote-write.secret"
+    secret.parent.mkdir(parents=True)
+    secret.write_text("t0ken")
+    secret.chmod(0o600)
+    out = dry_run({**fake, "HOME": str(home), "MST_SITE_FILE": site_file(tmp_path, on)})
     rows = [line.split("\t") for line in (REPO / "utils/launch/settings.tsv").read_text().splitlines()]
     names = {row[0] for row in rows if not row[0].startswith("#") and row[3] == "yes"}
     assert names == set(re.findall(r"^export (\w+)=", on, re.M))

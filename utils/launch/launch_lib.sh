@@ -75,6 +75,7 @@ check_settings() {
           want="must be a whole number from $lo to $hi"
         fi ;;
       abspath) [[ "$v" == /* ]] || want="must be an absolute path (a file every node sees)" ;;
+      plainname) [[ "$v" =~ ^[A-Za-z0-9._@+-]{1,128}$ ]] || want="must be a name of letters, digits and . _ @ + -" ;;
       plainpath) [[ "$v" =~ ^/[A-Za-z0-9._/+@,=-]*$ ]] ||
         want="must be an absolute path of letters, digits and . _ / + @ , = -" ;;
       loopback) [[ "$v" =~ ^(127\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}|::1|localhost)$ ]] ||

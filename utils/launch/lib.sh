@@ -58,6 +58,24 @@ port_in_use() {
   return 1
 }
 
+# check_remote_write_url URL (check_settings at launch; job_services.sh again on the node):
+# http(s)://HOST[:PORT]/PATH without credentials or quotes (it is written into the job's Prometheus
+# configuration; the secret goes in METRICS_REMOTE_WRITE_CREDENTIALS).
+check_remote_write_url() {
+  local re='^https?://[][A-Za-z0-9.:-]+(/[A-Za-z0-9._~/%+=-]*)?$' shown=$1  # host: a name, IPv4, or [IPv6]
+  [[ "$1" =~ $re ]] && return 0
+  # the message never shows credentials put in the URL (it goes to the terminal or the job's log)
+  [[ "$shown" =~ ^([a-z]+://)[^/]*@(.*)$ ]] && shown="${BASH_REMATCH[1]}<credentials>@${BASH_REMATCH[2]}"
+  die "METRICS_REMOTE_WRITE_URL='$shown' must be http(s)://HOST[:PORT]/PATH (letters, digits, . _ ~ / % + = -), e.g. https://prom.example.org/api/v1/write; credentials go in METRICS_REMOTE_WRITE_CREDENTIALS"
+}
+# check_remote_write_credentials PATH: an absolute path to a file that group and others cannot read.
+check_remote_write_credentials() {
+  [[ "$1" == /* ]] || die "METRICS_REMOTE_WRITE_CREDENTIALS='$1' must be an absolute path (a file the job's first node sees)"
+  [[ -f "$1" ]] || die "METRICS_REMOTE_WRITE_CREDENTIALS='$1' is not a file"
+  (( (8#$(stat -L -c %a "$1") & 8#077) == 0 )) ||
+    die "METRICS_REMOTE_WRITE_CREDENTIALS='$1' has mode $(stat -L -c %a "$1"): others can read your remote write secret; chmod 600 it"
+}
+
 free_port() {
   local port=$1 tries=${2:-100}
   while (( tries-- > 0 )); do

@@ -10,7 +10,11 @@
 #          (URLs, SSH tunnel commands, where the TSDB is, how to browse it later; with
 #          RAY_DASHBOARD_PORT the Ray dashboard, and with MST_RAY_TOKEN_FILE where its token is:
 #          the path, never the value; with MST_RAY_FALLBACK=WHY the line "ray: off - WHY; ..."
-#          instead: the job trains without Ray, and this is why).
+#          instead: the job trains without Ray, and this is why). With METRICS_REMOTE_WRITE_URL,
+#          Prometheus also sends every series it scrapes there (remote write) with the labels
+#          job_id, user and model, authenticated with METRICS_REMOTE_WRITE_CREDENTIALS (a mode 600
+#          file: the password for METRICS_REMOTE_WRITE_USER, else a bearer token; Prometheus reads
+#          it itself); the OBSERVE block says where, or why not ("remote_write: off - WHY").
 #   fallback WHY  Ray stopped being usable after start: prints the OBSERVE block again, its Ray
 #          lines replaced by "ray: off - WHY; ...".
 #   stop   stops them (SIGTERM: Prometheus flushes its head block; sent between two scrapes,
@@ -38,19 +42,52 @@ observe() {  # LINE...: print the OBSERVE block with these lines, then where the
   echo "================================================="
 }
 
+label() { printf '%s' "${1//[^A-Za-z0-9._:@+-]/_}"; }  # a label value safe in single quotes
+# remote_write: for METRICS_REMOTE_WRITE_URL, sets rw_global (the external labels, under global:),
+# rw_section (remote_write:) and rw_line (the OBSERVE line: where to, or why not); all empty when unset.
+rw_global="" rw_section="" rw_line=""
+remote_write() {
+  local url=${METRICS_REMOTE_WRITE_URL:-} cred=${METRICS_REMOTE_WRITE_CREDENTIALS:-} user=${METRICS_REMOTE_WRITE_USER:-}
+  local why="" auth="none" job model me
+  [[ -n "$url" ]] || return 0
+  if ! why=$( (check_remote_write_url "$url") 2>&1 ) ||
+    { [[ -n "$cred" ]] && ! why=$( (check_remote_write_credentials "$cred") 2>&1 ); }; then
+    rw_line="remote_write: off - ${why#*: }"
+    return 0
+  fi
+  if [[ -n "$user" && ! "$user" =~ ^[A-Za-z0-9._@+-]{1,128}$ ]]; then
+    rw_line="remote_write: off - METRICS_REMOTE_WRITE_USER='$user' must be a name of letters, digits and . _ @ + -"
+    return 0
+  fi
+  job=$(label "${JOB_ID:-}") model=$(label "${MODEL:-}") me=$(label "$(id -un)")
+  rw_global=$'  external_labels:\n'"    job_id: '$job'"$'\n'"    user: '$me'"$'\n'"    model: '$model'"
+  rw_section=$'remote_write:\n'"  - url: '$url'"
+  if [[ -n "$cred" && -n "$user" ]]; then
+    rw_section+=$'\n    basic_auth:\n'"      username: '$user'"$'\n'"      password_file: '$cred'"
+    auth="basic, user $user, password file $cred"
+  elif [[ -n "$cred" ]]; then
+    rw_section+=$'\n    authorization:\n      type: Bearer\n'"      credentials_file: '$cred'"
+    auth="bearer token file $cred"
+  fi
+  rw_line="remote_write: $url   labels: job_id=$job user=$me model=$model   auth: $auth"
+}
+
 case "${1:-}" in
   start)
     for d in "$JOB_DIR/metrics" "$JOB_DIR/metrics/targets" "$run_dir" "$JOB_DIR/prometheus"; do own_dir "$d"; done
+    remote_write
     cat > "$JOB_DIR/metrics/prometheus.yml" <<CONF
 global:
   scrape_interval: ${interval}s
   scrape_timeout: $(( interval > 1 ? interval - 1 : 1 ))s
+$rw_global
 scrape_configs:
   - job_name: job
     honor_labels: true
     file_sd_configs:
       - files: ['$JOB_DIR/metrics/targets/*.json']
         refresh_interval: ${interval}s
+$rw_section
 CONF
     prom=${PROMETHEUS_BIN:-$(command -v prometheus || true)}
     lines=()
@@ -73,6 +110,7 @@ CONF
     else
       echo "job_services.sh: Prometheus not found (apt-get install prometheus, or set PROMETHEUS_BIN): no TSDB for this job" >&2
     fi
+    [[ -z "$rw_line" ]] || lines+=("$rw_line")
     tb_port=$(free_port 6006)
     "${MST_PYTHON:-python3}" -m tensorboard.main --logdir "$JOB_DIR" --host "$bind" --port "$tb_port" \
       >> "$JOB_DIR/metrics/tensorboard.log" 2>&1 &
