@@ -292,3 +292,53 @@ def test_a_refused_remote_write_setting_is_one_observe_line_and_no_remote_write(
             assert "pw@" not in observe  # the password put in the URL is not shown
         finally:
             run([str(REPO / "utils/observe/job_services.sh"), "stop"], env=env, timeout=60)
+
+
+# --- a node not scraped for a while: diagnose says so (missing data, not a healthy node) -------------
+
+
+class Host(Slow):
+    body, delay = b"# TYPE hw_procs_running gauge\nhw_procs_running 3\n# TYPE hw_load1 gauge\nhw_load1 0.5\n", 0.0
+
+
+@pytest.mark.slow
+def test_diagnose_shows_a_node_that_was_not_scraped_as_missing_data(tmp_path):
+    """A job's Prometheus (job_services.sh, 1 s scrapes) scrapes n1 and n2; n2's endpoint is gone for ~10 s
+    (its exporter killed), and n3 of the header never answers. diagnose names n2's gap with its times and
+    n3 as missing for the whole job, in the JSON and the summary, instead of taking them for healthy hosts."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    job_dir = ws / "4242-JAX-tiny"
+    n1, n2 = serve(Host), serve(Host)
+    port2 = n2.server_address[1]
+    env, _ = start_services(job_dir, f"127.0.0.1:{n1.server_address[1]}", {})
+    try:
+        sd = [{"targets": [f"127.0.0.1:{port2}"], "labels": {"host": "n2"}}]
+        (job_dir / "metrics/targets/n2.json").write_text(json.dumps(sd))
+        time.sleep(12)
+        n2.shutdown()
+        n2.server_close()
+        gone = time.time()
+        time.sleep(10)
+        n2 = http.server.ThreadingHTTPServer(("127.0.0.1", port2), Host)
+        threading.Thread(target=n2.serve_forever, daemon=True).start()
+        back = time.time()
+        time.sleep(10)
+    finally:
+        run([str(REPO / "utils/observe/job_services.sh"), "stop"], env=env, timeout=60)
+        n1.shutdown()
+        n2.shutdown()
+    log = ws / "4242-JAX-tiny.log"
+    log.write_text("==================== JOB ====================\njob: 4242 4242-JAX-tiny\nnodes: 3 (n1 n2 n3)\n"
+                   "=============================================\n")  # fmt: skip
+    (job_dir / "log").symlink_to(log)
+    res = run([str(REPO / "utils/diagnose.py"), str(job_dir), "--json"], timeout=300)
+    assert res.returncode == 0, res.stderr
+    r = json.loads(res.stdout)
+    gaps = {g["host"]: g for g in r["data_gaps"]}
+    assert set(gaps) == {"n2", "n3"}, r["data_gaps"]
+    assert gaps["n2"]["start"] == pytest.approx(gone, abs=3) and gaps["n2"]["end"] == pytest.approx(back, abs=3)
+    assert gaps["n3"]["seconds"] >= 25  # never scraped: the whole window
+    assert "no data from n2 for " in r["summary"] and "n3 for " in r["summary"], r["summary"]
+    text = run([str(REPO / "utils/diagnose.py"), str(job_dir)], timeout=300).stdout
+    assert "Missing data: n2 " in text and "not scraped" in text, text

@@ -44,7 +44,8 @@ from pathlib import Path
 
 import numpy as np
 
-from diagnosis import baseline, cli, tsdb
+import joblog
+from diagnosis import baseline, cli, jobdir, tsdb
 from diagnosis import locate as lookup
 from diagnosis.checks import (
     NEEDS,
@@ -72,6 +73,7 @@ from diagnosis.evidence import (
     utc,
 )
 from diagnosis.load import (
+    data_gaps,
     load,
     nice_step,
 )
@@ -548,6 +550,7 @@ def _diagnose(target: Target, vs: Target | None) -> dict:
             return _empty(target, t0)
         d = load(target, prom)
         rep = Report(d)
+        rep.gaps = data_gaps(d, _nodes(target))
         run_all(d, rep, prom)
         with contextlib.ExitStack() as stack:
             against = None
@@ -566,6 +569,21 @@ def _diagnose(target: Target, vs: Target | None) -> dict:
     return _assemble(rep, n, time.monotonic() - t0)
 
 
+def _nodes(target: Target) -> list[str]:
+    """The job's hosts from its log header (nodes: N (h1 h2 ...)), [] without a log."""
+    if target.log is None:
+        return []
+    return joblog.Scan(path="", header=jobdir.header(target.log)).nodes()
+
+
+def _gaps_said(gaps: list[dict]) -> str:
+    """'n2 for 3m20s, n3 for 45s' (each host's total)."""
+    total: dict[str, float] = {}
+    for g in gaps:
+        total[g["host"]] = total.get(g["host"], 0.0) + g["seconds"]
+    return ", ".join(f"{h} for {dur(s)}" for h, s in total.items())
+
+
 def _empty(target: Target, t0: float) -> dict:
     return {
         "schema": SCHEMA,
@@ -582,6 +600,7 @@ def _empty(target: Target, t0: float) -> dict:
         "findings": [],
         "ruled_out": [],
         "missing": ["hw_*", "tb_*"],
+        "data_gaps": [],
         "skipped": [],
         "hosts": [],
         "phases": [],
@@ -617,6 +636,8 @@ def _assemble(rep: Report, n_queries: int, seconds: float) -> dict:
             if hb
             else "no incident found: every check with data came out clean"
         ) + (f" (no data for: {', '.join(sorted(rep.missing))})" if rep.missing else "")
+    if rep.gaps:  # a host not scraped for a while is missing data, not a healthy host
+        summary += f"; no data from {_gaps_said(rep.gaps)} (not scraped then: what happened there is not known)"
     return {
         "schema": SCHEMA,
         "job_id": lookup.job_id_of(d.target.name),
@@ -636,6 +657,7 @@ def _assemble(rep: Report, n_queries: int, seconds: float) -> dict:
         "findings": [f.as_json() for f in rep.findings],
         "ruled_out": rep.ruled_out,
         "missing": sorted(rep.missing),
+        "data_gaps": rep.gaps,
         "skipped": rep.skipped,
         "vs": _jsonable(rep.vs),
         "notes": rep.notes,
@@ -715,6 +737,9 @@ def render(r: dict) -> str:
         )
     if r["missing"]:
         lines.append("Missing families: " + ", ".join(r["missing"]))
+    for g in r.get("data_gaps") or []:
+        when = f"{utc(g['start'])} .. {utc(g['end'])}"
+        lines.append(f"Missing data: {g['host']} {when} ({dur(g['seconds'])}): not scraped, nothing known of it then")
     for n in r.get("notes", []):
         lines.append(f"Note: {n}")
     lines.append(f"({r['queries_run']} queries, {r['seconds']:.1f} s)")

@@ -133,6 +133,7 @@ class Report:
     skipped: list[dict] = dataclasses.field(default_factory=list)
     missing: set[str] = dataclasses.field(default_factory=set)
     notes: list[str] = dataclasses.field(default_factory=list)
+    gaps: list[dict] = dataclasses.field(default_factory=list)  # load.data_gaps: hosts without samples, when
     vs: dict | None = None
 
     def clean(self, check: str, detail: str, families: Iterable[str]) -> None:

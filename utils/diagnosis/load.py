@@ -201,11 +201,41 @@ def load(target: Target, prom: tsdb.Served) -> Data:
     for fam in (d.gauges, d.gpu_min, d.rates):
         for per in fam.values():
             hosts.update(per)
-    d.hosts = sorted(hosts, key=lambda h: [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", h)])
+    d.hosts = sorted(hosts, key=natural)
     d.n_queries = prom.queries
     d.train = train_window(d)
     d.phases = phases(d)
     return d
+
+
+def natural(host: str) -> list:
+    """n2 before n10."""
+    return [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", host)]
+
+
+GAP_INTERVALS = 3  # a host without samples for this many scrape intervals (and >= 2 grid points) has a gap
+
+
+def data_gaps(d: Data, nodes: list[str]) -> list[dict]:
+    """Where a host of the job has no samples of its host plugin (hw_procs_running, else hw_load1) in the
+    training window (else the data's): its exporter was not scraped (down, killed, its node unreachable), so
+    the checks saw nothing of it then. NODES: the job's hosts from its log header (a node never scraped at
+    all is a gap over the whole window). [{host, start, end, seconds}], by host then time."""
+    ref = d.gauges.get("hw_procs_running") or d.gauges.get("hw_load1")
+    if not ref or not d.grid.size:
+        return []
+    m = d.mask()
+    least = max(2 * d.step, GAP_INTERVALS * d.interval)
+    out = []
+    for h in sorted(set(d.hosts) | set(nodes), key=natural):
+        v = ref.get(h)
+        hole = m & (~np.isfinite(v) if v is not None else np.ones(d.grid.size, bool))
+        edges = np.flatnonzero(np.diff(np.concatenate(([0], hole.astype(np.int8), [0]))))
+        for a, b in zip(edges[::2], edges[1::2], strict=True):
+            start, end = float(d.grid[a]), float(d.grid[b - 1])
+            if end - start + d.step >= least:
+                out.append({"host": h, "start": start, "end": end, "seconds": round(end - start + d.step, 1)})
+    return out
 
 
 def train_window(d: Data) -> tuple[float, float] | None:
