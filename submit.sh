@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: submit.sh MODEL[:TAG] [-N NODES] [--ignore-min-nodes] [--run ALIAS [--checkpoint-every TIME] [--continue [--max-jobs N] [--max-stalled N]]] [--notify] [--auto-recover N] [--dry-run] [SBATCH_FLAG ...] [-- KEY=VALUE ... _env_NAME=VALUE ...]
+# Usage: submit.sh MODEL[:TAG] [-N NODES] [--ignore-min-nodes] [--run ALIAS [--checkpoint-every TIME] [--continue [--max-jobs N] [--max-stalled N]]] [--notify] [--auto-recover N [--recover-slowdowns]] [--dry-run] [SBATCH_FLAG ...] [-- KEY=VALUE ... _env_NAME=VALUE ...]
 #
 # Submits MaxText training of configs/MODEL.yml to Slurm from a login node.
 #   MODEL     a config name: exact, else a short name a config declares ("# Aliases: 70b" in
@@ -32,6 +32,8 @@
 #             site file) does the same for every job; MST_NOTIFY=0 turns that off
 #   --auto-recover N  the monitor resubmits the job without the nodes triage blames for a failure
 #             or hang (node, GPU, heartbeat, collective faults), at most N times; implies --notify
+#   --recover-slowdowns  also for a slowdown that diagnose pins on some nodes (RAY=1: from the job's
+#             TSDB; a verdict scoped to hosts, never the model's own); with --auto-recover N (default 1)
 #   --dry-run check everything and print what would be submitted; submit and write nothing
 #   after --  KEY=VALUE is a MaxText override (checked against MaxText's schema); _env_NAME=VALUE
 #             sets NAME in the trainer's environment (wins over the launcher defaults and
@@ -65,13 +67,14 @@ esac
 model_arg=$1; shift
 command_text="submit.sh $(printf '%q' "$model_arg")$(shown_args "$@")"
 
-nodes=1 sbatch_flags=() dry_run=0 user_hold=0 notify="" recover=0 ignore_min=0 every="" continue=0 max_jobs="" max_stalled=""
+nodes=1 sbatch_flags=() dry_run=0 user_hold=0 notify="" recover=0 slowdowns=0 ignore_min=0 every="" continue=0 max_jobs="" max_stalled=""
 while (( $# )); do
   case "$1" in
     --) shift; break ;;
     --dry-run) dry_run=1; shift ;;
     --ignore-min-nodes) ignore_min=1; shift ;;
     --notify) notify=flag; shift ;;
+    --recover-slowdowns) slowdowns=1 notify=flag; shift ;;
     --auto-recover|--auto-recover=*)
       if [[ "$1" == *=* ]]; then recover=${1#*=}; shift; else (( $# >= 2 )) || die_usage "--auto-recover needs a count, e.g. --auto-recover 2"; recover=$2; shift 2; fi
       [[ "$recover" =~ ^([1-9]|10)$ ]] || die_usage "--auto-recover takes 1 .. 10 resubmissions, got '$recover'"
@@ -137,7 +140,7 @@ if (( dry_run )); then
   echo "env_overrides: $(shown_list env <<< "$TRAIN_ENV_OVERRIDES")"
   [[ -z "${MST_RUN:-}" ]] || echo "run: $(run_describe)"
   [[ -z "${MST_CONTINUE:-}" ]] || echo "continue: $(continue_describe)"
-  [[ -z "$notify" ]] || echo "monitor: ${monitor_cmd[*]} <job id> --detach$( (( recover )) && echo " --auto-recover $recover")"
+  [[ -z "$notify" ]] || echo "monitor: ${monitor_cmd[*]} <job id> --detach$( (( recover || slowdowns )) && echo " --auto-recover $(( recover ? recover : 1 ))")$( (( slowdowns )) && echo " --recover-slowdowns")"
   exit 0
 fi
 
@@ -188,7 +191,9 @@ EOM
 [[ -z "${MST_CONTINUE:-}" ]] || echo "  continue: $(continue_describe)"
 if [[ -n "$notify" ]]; then
   monitor_cmd+=("$job_id" --detach)
+  (( ! slowdowns || recover )) || recover=1
   if (( recover )); then monitor_cmd+=(--auto-recover "$recover"); fi
+  (( ! slowdowns )) || monitor_cmd+=(--recover-slowdowns)
   if out=$(MST_NOTIFY=0 "${monitor_cmd[@]}" 2>&1); then
     echo "  monitor: $(sed -n 's/^monitor started: //p' <<< "$out"), log $JOB_WORKSPACE/$name/monitor/monitor.log"
   else

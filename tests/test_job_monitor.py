@@ -439,3 +439,40 @@ def test_a_continuing_jobs_end_waits_for_its_decision(tmp_path):
     assert "end" not in [e.key for e in w.poll(T0 + 10 + ENDED_GRACE - 1, None)]
     (end,) = [e for e in w.poll(T0 + 10 + ENDED_GRACE, None) if e.key == "end"]
     assert "run_next" not in " ".join(end.lines) and not end.title.endswith("goes on as job 52"), end
+
+
+@pytest.mark.parametrize("family, seed", [("gpu_thermal", 2), ("healthy", 1)])
+def test_recover_slowdowns_resubmits_without_the_hosts_diagnose_pins(tmp_path, monkeypatch, family, seed):
+    """--recover-slowdowns: a slowdown event makes the monitor diagnose the running job's TSDB (the corpus'
+    incident, a real Prometheus serving it); a verdict scoped to some hosts cancels the job and resubmits
+    it without them; a healthy job's slowdown (no host to blame) resubmits nothing and says why."""
+    from diagnosis import jobdir
+    from helpers import corpus
+    from monitor.watch import Event
+
+    ws = tmp_path / "ws"
+    inc = corpus.build(family, ws, seed)
+    calls: list = []
+    monkeypatch.setattr(cli, "cancel", lambda job_id: calls.append(("cancel", job_id)))
+    monkeypatch.setattr(cli.scheduler, "slurm_state", lambda *a, **k: "CANCELLED")
+    (ws / "99-JAX-next").mkdir()
+
+    def resubmit(job_dir, jd, exclude, header):
+        calls.append(("resubmit", exclude))
+        return {"job_id": "99", "job_dir": str(ws / "99-JAX-next"), "command": "submit.sh ... --exclude=..."}
+
+    monkeypatch.setattr(cli.recover, "resubmit", resubmit)
+    a = cli.build_parser().parse_args([inc.job_dir.name, "--auto-recover", "1", "--recover-slowdowns", "--no-notify"])
+    mon = cli.Monitor(a, ws, None)
+    mon.add(inc.job_dir)
+    w = mon.watches[inc.job_dir]
+    w.s["header"] = jobdir.header(inc.log)
+    mon.maybe_recover(w, Event("slowdown:1", "slowdown", "warning", "throughput fell", [], at=T0))
+    events = [json.loads(x) for x in (inc.job_dir / "monitor/events.jsonl").read_text().splitlines()]
+    (rec,) = [e for e in events if e["kind"] == "recovery"]
+    if family == "healthy":
+        assert calls == [] and rec["title"].startswith("not recovering: "), rec
+    else:
+        assert calls == [("cancel", w.job_id), ("resubmit", inc.culprits)], calls
+        assert rec["title"] == f"resubmitted as job 99 without {','.join(inc.culprits)} (0 more allowed)", rec
+        assert rec["data"]["failure_class"] == "slowdown" and any("diagnose: gpu_thermal" in x for x in rec["lines"])

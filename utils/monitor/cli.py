@@ -31,13 +31,14 @@ this monitor's log, to <job dir>/monitor/events.jsonl and, when a notification c
 the destinations in it (Apprise URLs; docs/notifications.md). Each event is sent once: a restarted
 monitor goes on from <job dir>/monitor/state.json. JOB: a job id, job name, job dir or log.
 --auto-recover N: a job that failed or hung because of specific nodes (triage: node_failure,
-gpu_health, heartbeat_timeout, collective_error, hang with a culprit) is cancelled if still running
-and resubmitted from its snapshot without those nodes (restoring its run's latest checkpoint), at
-most N times, and only from the snapshot recorded at submit (<job dir>/snapshot.sha256) when its
-content hash still matches. The monitor acts on a job only while its directory, monitor/ and log
-are yours and writable by you only; otherwise it stops watching that job with one line naming the
-path. Exit: 0 when every watched job has ended (or after --stop), 1 when a job was not trusted,
-2 on bad input."""
+gpu_health, heartbeat_timeout, collective_error, hang with a culprit), and with --recover-slowdowns
+one slowed down by specific nodes (diagnose on its TSDB: a verdict scoped to some hosts), is
+cancelled if still running and resubmitted from its snapshot without those nodes (restoring its
+run's latest checkpoint), at most N times, and only from the snapshot recorded at submit
+(<job dir>/snapshot.sha256) when its content hash still matches. The monitor acts on a job only
+while its directory, monitor/ and log are yours and writable by you only; otherwise it stops
+watching that job with one line naming the path. Exit: 0 when every watched job has ended (or
+after --stop), 1 when a job was not trusted, 2 on bad input."""
 
 
 def say(msg: str) -> None:
@@ -91,6 +92,11 @@ OPTIONS = (
         must="0 .. 10 resubmissions",
         metavar="N",
         note="",
+    ),
+    cli.Option(
+        "recover_slowdowns",
+        "--auto-recover also a slowdown that diagnose pins on some nodes (RAY=1 jobs: from their TSDB)",
+        bool,
     ),
     cli.Option("detach", "run in the background (pid file and log in the monitor dir)", bool),
     cli.Option("stop", "stop the detached monitor of these jobs (or of --all)", bool),
@@ -210,7 +216,8 @@ class Monitor:
             events = w.poll(now, scheduler.slurm_state(w.job_id))
             for ev in events:
                 self.tell(w, ev)
-                if w.refused is None and (ev.kind == "hang" or (ev.key == "end" and ev.kind == "failed")):
+                slow = ev.kind == "slowdown" and self.a.recover_slowdowns
+                if w.refused is None and (ev.kind == "hang" or slow or (ev.key == "end" and ev.kind == "failed")):
                     self.maybe_recover(w, ev)
                 nxt = (ev.data.get("run") or {}).get("next_job_dir") if ev.key == "end" else None
                 if nxt and w.refused is None:  # a continuing run goes on: watch its next job too
@@ -237,6 +244,8 @@ class Monitor:
                 rep = {"status": "running", "failure_class": None, "summary": f"triage failed: {e}"}
             if rep.get("failure_class") in (None, "hang") and not rep.get("culprit_hosts"):
                 rep = {**rep, "failure_class": "hang"}
+        elif ev.kind == "slowdown":
+            rep = slowdown_report(w)
         else:
             rep = w.report or {}
         nodes = locate_nodes(w)
@@ -248,7 +257,7 @@ class Monitor:
                 self.tell(w, e)
             w.save()
             return
-        if ev.kind == "hang":
+        if ev.kind in ("hang", "slowdown"):  # still running: stop it first
             cancel(w.job_id)
             end = time.time() + 120
             settled = (None, scheduler.GONE, "CANCELLED", "FAILED", "COMPLETED")
@@ -323,6 +332,30 @@ class Monitor:
                 time.sleep(min(0.5, t - time.time()))
         say("stopped")
         return 0
+
+
+# diagnose's verdicts that name a node's own fault (a slowdown pinned there); never training_dynamics
+# (the model), heartbeat_false_positive (the accused were healthy) or none
+NODE_VERDICTS = ("network", "gpu_thermal", "gpu_power", "gpu_hardware", "cpu_contention", "io_pressure", "memory")
+
+
+def slowdown_report(w: Watch) -> dict:
+    """--recover-slowdowns: diagnose on the running job's TSDB (a private copy of it), as a report
+    recover.plan reads: class `slowdown` with the culprits of a verdict scoped to some hosts, else none."""
+    from diagnosis import diagnose  # numpy and the checks: loaded only when a slowdown asks for it
+
+    try:
+        r = diagnose.diagnose(diagnose.locate(str(w.dir)))
+    except Exception as e:  # noqa: BLE001 - no TSDB (RAY=0), or it cannot be served: no recovery
+        return {"failure_class": None, "status": "slow", "summary": f"diagnose could not run: {e}"}
+    pinned = r.get("verdict") in NODE_VERDICTS and r.get("scope") == "hosts" and r.get("culprit_hosts")
+    return {
+        "failure_class": "slowdown" if pinned else None,
+        "status": f"slow ({r.get('verdict')})",
+        "scope": r.get("scope"),
+        "culprit_hosts": r.get("culprit_hosts") or [],
+        "summary": f"diagnose: {r.get('summary')}",
+    }
 
 
 def locate_nodes(w: Watch) -> list[str]:

@@ -24,7 +24,8 @@ from trust import UntrustedPath
 
 # classes that name nodes at fault rather than the job itself (docs/triage.md); never config
 # errors, out of memory, NaN loss or the job's own exceptions
-NODE_CLASSES = ("node_failure", "gpu_health", "gpu_error", "heartbeat_timeout", "collective_error", "hang")
+NODE_CLASSES = ("node_failure", "gpu_health", "gpu_error", "heartbeat_timeout", "collective_error", "hang", "slowdown")
+# (slowdown: not triage's; job_monitor.py --recover-slowdowns sets it for a diagnose verdict scoped to some hosts)
 
 
 class RecoverError(RuntimeError):
@@ -136,12 +137,12 @@ def command_of(snap: Path) -> tuple[Path, list[str]]:
 
 
 def without_monitor(args: list[str]) -> list[str]:
-    """args less --notify and --auto-recover N (before "--"): the monitor that resubmits watches
-    the new job itself, with what is left of its budget."""
+    """args less --notify, --auto-recover N and --recover-slowdowns (before "--"): the monitor that
+    resubmits watches the new job itself, with what is left of its budget."""
     cut = args.index("--") if "--" in args else len(args)
     out, i = [], 0
     while i < cut:
-        if args[i] == "--notify" or args[i].startswith("--auto-recover="):
+        if args[i] in ("--notify", "--recover-slowdowns") or args[i].startswith("--auto-recover="):
             i += 1
         elif args[i] == "--auto-recover":
             i += 2
