@@ -243,13 +243,9 @@ class Watch:
             self.emit(out, Event("running", "running", "info", "running", [f"log: {log}"], at=now))
         if self.follower is not None:
             ticks = self.follower.read()
-            if ticks and not s["header"] and log is not None:
-                try:
-                    with self.open_log(log) as f:
-                        s["header"] = jobdir.read_header(f)
-                except FileNotFoundError:
-                    pass
+            self._header(ticks, log)
             self._ticks(ticks, now, out)
+            self._header(ticks, log)  # a requeued job's new run cleared it
         ended = sched is not None and sched not in triage.RUNNING_STATES
         if ended and s["ended_seen"] is None:
             s["ended_seen"] = now
@@ -262,6 +258,15 @@ class Watch:
         elif s["phase"] == "running" and s["last_step"] is None and not ended:
             self._check_first_step(now, out)
         self.save()
+
+    def _header(self, ticks: list[joblog.Tick], log: Path | None) -> None:
+        """The job's JOB header (its first), once the log has lines."""
+        if ticks and not self.s["header"] and log is not None:
+            try:
+                with self.open_log(log) as f:
+                    self.s["header"] = jobdir.read_header(f)
+            except FileNotFoundError:
+                pass
 
     def _ticks(self, ticks: list[joblog.Tick], now: float, out: list[Event]) -> None:
         s, r = self.s, self.rules
