@@ -476,3 +476,25 @@ def test_recover_slowdowns_resubmits_without_the_hosts_diagnose_pins(tmp_path, m
         assert calls == [("cancel", w.job_id), ("resubmit", inc.culprits)], calls
         assert rec["title"] == f"resubmitted as job 99 without {','.join(inc.culprits)} (0 more allowed)", rec
         assert rec["data"]["failure_class"] == "slowdown" and any("diagnose: gpu_thermal" in x for x in rec["lines"])
+
+
+def test_a_requeued_continuing_jobs_end_still_says_its_decision(tmp_path):
+    """A continuing run's first job requeued once: its log holds two runs; the end (read after both)
+    still knows the run and says the decision of the last run."""
+    ws = tmp_path / "ws"
+    job = continuing_job(ws, "41", T0)
+    head = job.log.read_text()
+    for n in range(5):
+        job.step(n, 0.5)
+    job.finish("cancelled")
+    job.line("run_next: job 42 goes on with run r (cancelled, Slurm state COMPLETING)")
+    job.line(head.rstrip("\n"))  # Slurm reran it under its id: a second JOB header
+    job.line("run_next: job 42 (queued by this job's earlier run) goes on with run r when this job ends")
+    for n in range(3, 9):
+        job.step(n, 0.5)
+    job.finish("timeout")
+    job.line("run_next: job 42 goes on with run r (timeout, Slurm state TIMEOUT)")
+    (job.dir / "next").write_text("42 42-JAX-tiny\n")
+    (end,) = [e for e in Watch(job.dir, Rules()).poll(job.t + 1, None) if e.key == "end"]
+    assert end.title.endswith("; run r goes on as job 42"), end
+    assert end.lines[-1] == "run_next: job 42 goes on with run r (timeout, Slurm state TIMEOUT)", end.lines
