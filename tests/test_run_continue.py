@@ -355,3 +355,17 @@ def test_a_hang_on_every_rank_is_stopped_and_resumed_once_on_the_same_node(clust
     assert summary(log2)["status"] == "completed" and steps_in(log2)[-1] == 1499
     print(f"\nhang: frozen at step {m.group(2)}, stopped after {m.group(1)} without a step, "
           f"run done {time.monotonic() - frozen_at:.0f} s after the freeze")  # fmt: skip
+
+
+def test_the_watchdog_takes_its_settings_and_defaults_to_the_monitors_rules():
+    """MST_WATCHDOG_* (utils/launch/settings.tsv, site-settable) set the watchdog's rules; their table
+    defaults are the job monitor's own."""
+    from monitor.watch import Rules
+
+    rows = [ln.split("\t") for ln in (REPO / "utils/launch/settings.tsv").read_text().splitlines() if ln[:1] != "#"]
+    table = {r[0]: r[1] for r in rows}
+    assert {n: float(table[n]) for n in chain.WATCHDOG_SETTINGS} == {
+        n: getattr(Rules(), f) for n, f in chain.WATCHDOG_SETTINGS.items()
+    }
+    r = chain.watchdog_rules({"MST_WATCHDOG_HANG_FLOOR": "300", "MST_WATCHDOG_PAUSE_GRACE": "0"})
+    assert (r.hang_floor, r.pause_grace, r.first_step_limit, r.hang_factor) == (300.0, 0.0, 1800.0, 10.0)

@@ -39,6 +39,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import joblog
@@ -312,9 +313,28 @@ def pin_next(job: Job, culprits: list[str]) -> str:
     return f"job {held[0]} resumes from the run's latest checkpoint {said}"
 
 
+# the watchdog's settings (utils/launch/settings.tsv, checked at launch) -> Rules fields
+WATCHDOG_SETTINGS = {
+    "MST_WATCHDOG_HANG_FLOOR": "hang_floor",
+    "MST_WATCHDOG_PAUSE_GRACE": "pause_grace",
+    "MST_WATCHDOG_FIRST_STEP_LIMIT": "first_step_limit",
+}
+
+
+def watchdog_rules(env: Mapping[str, str]) -> Rules:
+    """The job monitor's rules, with the watchdog's settings where set (a bad value keeps the default:
+    submit.sh refused it already)."""
+    given = {}
+    for name, field in WATCHDOG_SETTINGS.items():
+        v = env.get(name, "")
+        if v.isdigit():
+            given[field] = float(v)
+    return Rules(**given)
+
+
 def watch(job: Job, stage_pid: int, interval: float) -> int:
     """The watchdog (see the module's docstring); returns when the stage has ended or was stopped."""
-    rules = Rules()
+    rules = watchdog_rules(os.environ)
     w = Watch(job.dir, rules, home=WATCHDOG)
     try:
         while _alive(stage_pid):
