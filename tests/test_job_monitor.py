@@ -498,3 +498,14 @@ def test_a_requeued_continuing_jobs_end_still_says_its_decision(tmp_path):
     (end,) = [e for e in Watch(job.dir, Rules()).poll(job.t + 1, None) if e.key == "end"]
     assert end.title.endswith("; run r goes on as job 42"), end
     assert end.lines[-1] == "run_next: job 42 goes on with run r (timeout, Slurm state TIMEOUT)", end.lines
+
+
+def test_a_continuing_job_stopped_by_its_watchdog_says_so_at_its_end(tmp_path):
+    job = continuing_job(tmp_path / "ws", "41", T0)
+    job.line("run_next: watchdog: no first step 1 min 0 s after the start (threshold 1 min 0 s): stopping the train "
+             "stage; job 42 resumes from the run's latest checkpoint on the same nodes (n1 n2)")  # fmt: skip
+    job.finish("failed")
+    job.line("run_next: job 42 goes on with run r (failed)")
+    (end,) = [e for e in Watch(job.dir, Rules()).poll(job.t + 1, None) if e.key == "end"]
+    assert end.lines[-2].startswith("run_next: watchdog: no first step 1 min 0 s after the start"), end.lines
+    assert end.data["run"]["watchdog"].startswith("watchdog: no first step") and end.level == "warning", end

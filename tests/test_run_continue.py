@@ -357,6 +357,38 @@ def test_a_hang_on_every_rank_is_stopped_and_resumed_once_on_the_same_node(clust
           f"run done {time.monotonic() - frozen_at:.0f} s after the freeze")  # fmt: skip
 
 
+@pytest.mark.cluster
+def test_a_trainer_that_never_reaches_step_0_is_stopped_within_the_limit_and_resumed(cluster, workspace, venv):
+    """The first job's trainer freezes (SIGSTOP) before its first step (stuck in start-up: distributed
+    init, compilation). With MST_WATCHDOG_FIRST_STEP_LIMIT=60 the job's watchdog stops the train stage
+    about a minute after the start, the job queued behind it runs on the same node and completes the run."""
+    alias = "nofirst1"
+    first, log1 = submit(cluster, workspace, "tiny", "--run", alias, "--continue", "--", "steps=30",
+                         MST_WATCHDOG_FIRST_STEP_LIMIT="60")  # fmt: skip
+    deadline, pid = time.monotonic() + 180, None
+    while time.monotonic() < deadline and not (pid := trainer_pid(first, 0)):
+        time.sleep(0.2)
+    assert pid, log1.read_text(errors="replace")[-3000:]
+    os.kill(pid, signal.SIGSTOP)
+    assert not steps_in(log1), "the trainer reached a step before it was frozen"
+    wait_run_end(cluster, workspace, alias, 420)
+
+    jobs = jobs_of_run(workspace, alias)
+    assert len(jobs) == 2, jobs
+    (j1, log1), (j2, log2) = jobs
+    said = (r"^run_next: watchdog: no first step (.+?) after the start .*: stopping the train stage; "
+            rf"job {j2} resumes from the run's latest checkpoint on the same nodes \((n\d)\)$")  # fmt: skip
+    m = re.search(said, log1.read_text(), re.M)
+    assert m, log1.read_text(errors="replace")[-3000:]
+    evidence = json.loads((workspace / f"{j1}-JAX-tiny" / "watchdog" / "stopped.json").read_text())
+    assert evidence["kind"] == "no_first_step" and evidence["culprits"] == [], evidence
+    started = jobdir.started(jobdir.header(log1))
+    assert started and 60 <= evidence["at"] - started <= 60 + 30, (evidence["at"], started)  # within the limit
+    assert not steps_in(log1) and jobdir.header(log2)["nodes"] == jobdir.header(log1)["nodes"]
+    assert summary(log2)["status"] == "completed" and steps_in(log2)[-1] == 29
+    print(f"\nno first step: stopped {evidence['at'] - started:.0f} s after the start ({m.group(1)})")
+
+
 def test_the_watchdog_takes_its_settings_and_defaults_to_the_monitors_rules():
     """MST_WATCHDOG_* (utils/launch/settings.tsv, site-settable) set the watchdog's rules; their table
     defaults are the job monitor's own."""

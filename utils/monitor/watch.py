@@ -511,8 +511,13 @@ class Watch:
         if not alias:
             return level, title, {}
         alias = alias[0]
-        decision = joblog.run_next_end(self.s.get("run_next") or [])
+        said = self.s.get("run_next") or []
+        decision = joblog.run_next_end(said)
         data: dict = {"alias": alias}
+        stopped = [x for x in said if joblog.run_next_decision(x)[0] == "watchdog"]
+        if stopped:  # the job's own watchdog stopped it (a hang or no first step): why, before what came of it
+            lines.append(f"run_next: {stopped[-1]}")
+            data["watchdog"] = stopped[-1]
         if decision:
             what, job_id = joblog.run_next_decision(decision)
             lines.append(f"run_next: {decision}")
