@@ -309,10 +309,11 @@ def test_your_scancel_stops_the_run_in_the_job_queued_behind(cluster, workspace,
 @pytest.mark.cluster
 def test_a_hang_on_every_rank_is_stopped_and_resumed_once_on_the_same_node(cluster, workspace, venv):
     """Every rank of the first job freezes (SIGSTOP) after a checkpoint: no host to blame. The job's watchdog
-    (the monitor's hang rule: no step for max(10 x median step, 45 s)) stops its train stage, asks Slurm to
-    run the queued next job on the same node, and that job restores the checkpoint and completes the run."""
+    (the monitor's hang rule: no step for max(10 x median step, MST_WATCHDOG_HANG_FLOOR), 15 s here) stops
+    its train stage, asks Slurm to run the queued next job on the same node, and that job restores the
+    checkpoint and completes the run."""
     alias = "hang1"
-    ckpt = ["per_device_batch_size=4", "max_target_length=256", "checkpoint_period=500", "async_checkpointing=false"]
+    ckpt = ["per_device_batch_size=4", "max_target_length=256", "checkpoint_period=100", "async_checkpointing=false"]
     # the first job runs on n2 (n1 busy meanwhile), so "the same node" is not simply the first free one
     res = run(
         ["sbatch", "--parsable", "--exclusive", "-w", "n1", "-J", "blocker", "-o", "/dev/null", "--wrap", "sleep 600"],
@@ -323,17 +324,18 @@ def test_a_hang_on_every_rank_is_stopped_and_resumed_once_on_the_same_node(clust
     deadline = time.monotonic() + 60
     while job_state(cluster, blocker) != "RUNNING" and time.monotonic() < deadline:
         time.sleep(0.5)
-    first, log1 = submit(cluster, workspace, "tiny", "--run", alias, "--continue", "--", "steps=1500", *ckpt)
+    first, log1 = submit(cluster, workspace, "tiny", "--run", alias, "--continue", "--", "steps=300", *ckpt,
+                         MST_WATCHDOG_HANG_FLOOR="15")  # fmt: skip
     deadline = time.monotonic() + 120
     while not jobdir.header(log1) and time.monotonic() < deadline:
         time.sleep(0.5)
     run(["scancel", blocker], env=cluster)
     assert jobdir.header(log1).get("nodes") == "1 (n2)", jobdir.header(log1)
     deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and not any(s >= 550 for s in steps_in(log1)):
+    while time.monotonic() < deadline and not any(s >= 150 for s in steps_in(log1)):
         time.sleep(0.5)
     pid = trainer_pid(first, 0)
-    assert pid and any(s >= 550 for s in steps_in(log1)), log1.read_text(errors="replace")[-3000:]
+    assert pid and any(s >= 150 for s in steps_in(log1)), log1.read_text(errors="replace")[-3000:]
     os.kill(pid, signal.SIGSTOP)
     frozen_at = time.monotonic()
     wait_run_end(cluster, workspace, alias, 600)
@@ -351,8 +353,9 @@ def test_a_hang_on_every_rank_is_stopped_and_resumed_once_on_the_same_node(clust
     assert evidence["kind"] == "hang" and evidence["culprits"] == [], evidence
     assert jobdir.header(log1)["nodes"] == f"1 ({node})" and jobdir.header(log2)["nodes"] == f"1 ({node})"
     assert log_has(log1, rf"^run_next: job {j2} goes on with run {alias} \(failed\)$")
-    assert log_has(log2, r"restoring from this run's directory step 500$") and steps_in(log2)[0] == 501
-    assert summary(log2)["status"] == "completed" and steps_in(log2)[-1] == 1499
+    mark = int(m.group(2)) // 100 * 100  # the checkpoint before the freeze (every 100 steps)
+    assert log_has(log2, rf"restoring from this run's directory step {mark}$") and steps_in(log2)[0] == mark + 1
+    assert summary(log2)["status"] == "completed" and steps_in(log2)[-1] == 299
     print(f"\nhang: frozen at step {m.group(2)}, stopped after {m.group(1)} without a step, "
           f"run done {time.monotonic() - frozen_at:.0f} s after the freeze")  # fmt: skip
 
