@@ -946,7 +946,7 @@ def test_a_hung_job_is_cancelled_and_retried_once_real(cluster, workspace, venv)
     monitor's rule (no step for 45 s), cancels it long before --timeout, retries it once, and the
     retry completes."""
     p = subprocess.Popen(
-        [str(VENV / "bin" / "python"), TOOL, "batch", "tiny", "--values", "1", "--steps", "1500", "--json", *FAST],
+        [str(VENV / "bin" / "python"), TOOL, "batch", "tiny", "--values", "1", "--steps", "300", "--json", *FAST],
         env={**os.environ, **launcher_env(workspace), **cluster},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
