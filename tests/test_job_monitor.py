@@ -509,3 +509,39 @@ def test_a_continuing_job_stopped_by_its_watchdog_says_so_at_its_end(tmp_path):
     (end,) = [e for e in Watch(job.dir, Rules()).poll(job.t + 1, None) if e.key == "end"]
     assert end.lines[-2].startswith("run_next: watchdog: no first step 1 min 0 s after the start"), end.lines
     assert end.data["run"]["watchdog"].startswith("watchdog: no first step") and end.level == "warning", end
+
+
+def test_a_requeued_job_is_watched_through_its_next_run(tmp_path):
+    """Slurm requeues the job (preemption, scontrol requeue): its JOB SUMMARY comes while Slurm says
+    COMPLETING, then PENDING. The monitor tells `requeued` once and goes on watching; the next run (a new
+    JOB header in the same log) ends the watch. A cancel (COMPLETING, then CANCELLED) ends it as before."""
+    job = Job(tmp_path / "ws")
+    head = job.log.read_text()
+    w = Watch(job.dir, Rules())
+    w.poll(T0, "PENDING")  # queued at first
+    for n in range(5):
+        job.step(n, 0.5)
+    job.finish("cancelled")
+    assert "end" not in [e.key for e in w.poll(job.t + 1, "COMPLETING")]
+    got = w.poll(job.t + 2, "PENDING") + w.poll(job.t + 30, "PENDING") + w.poll(job.t + 400, "PENDING")
+    assert kinds(got) == ["requeued"] and got[0].title.startswith("requeued by Slurm (run 1 of the job ended"), got
+    job.line(head.rstrip("\n"))
+    for n in range(3, 9):
+        job.step(n, 0.5)
+    job.finish("completed")
+    (end,) = [e for e in w.poll(job.t + 1, "COMPLETED") if e.key == "end"]
+    assert end.kind == "completed" and w.ended
+    # a cancel: COMPLETING at the summary, then CANCELLED: the end, no requeue
+    other = Job(tmp_path / "ws2", job_id="51")
+    w2 = Watch(other.dir, Rules())
+    other.step(0, 0.5)
+    other.finish("cancelled")
+    assert "end" not in [e.key for e in w2.poll(other.t + 1, "COMPLETING")]
+    got = w2.poll(other.t + 3, "CANCELLED")
+    assert [e.kind for e in got if e.key == "end"] == ["cancelled"] and "requeued" not in kinds(got), got
+    # COMPLETING that lasts: the end after ENDED_GRACE all the same
+    third = Job(tmp_path / "ws3", job_id="61")
+    w3 = Watch(third.dir, Rules())
+    third.finish("cancelled")
+    assert "end" not in [e.key for e in w3.poll(third.t + 1, "COMPLETING")]
+    assert "end" in [e.key for e in w3.poll(third.t + 1 + ENDED_GRACE, "COMPLETING")]

@@ -29,6 +29,7 @@ from monitor import store
 from trust import UntrustedPath
 
 ENDED_GRACE = 60.0  # seconds to wait for the JOB SUMMARY once Slurm says the job has ended
+REQUEUED_STATES = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}  # after a JOB SUMMARY: requeued
 RECENT = 50  # step times kept for the hang threshold and the slowdown window
 FIRST_STEP_FACTOR = 3.0  # a run's job: no first step for 3 x the longest start-up of its earlier jobs ...
 FIRST_STEP_FLOOR = 120.0  # ... and at least this many seconds
@@ -55,7 +56,7 @@ class Rules:
 @dataclasses.dataclass
 class Event:
     """One thing to tell: kind (queued, running, first_step, milestone, hang, resumed, slowdown,
-    recovered, completed, failed, cancelled, recovery, ...), level (info, success, warning,
+    recovered, requeued, completed, failed, cancelled, recovery, ...), level (info, success, warning,
     failure), a one-line title and the evidence lines."""
 
     key: str
@@ -249,8 +250,10 @@ class Watch:
         ended = sched is not None and sched not in triage.RUNNING_STATES
         if ended and s["ended_seen"] is None:
             s["ended_seen"] = now
-        if s["summary_seen"] and self._deciding(now):
-            pass  # a continuing run's job writes its decision right after its JOB SUMMARY: wait for it
+        if s["summary_seen"] and sched in REQUEUED_STATES:
+            self._requeued(now, sched, out)  # Slurm queued it again: its next run goes on in the same log
+        elif s["summary_seen"] and (self._deciding(now) or self._settling(now, sched)):
+            pass  # its decision (a continuing run's) or Slurm's word on how it ended is a moment away
         elif s["summary_seen"] or (ended and now - s["ended_seen"] >= ENDED_GRACE) or sched == "GONE":
             self._end(now, sched, out)
         elif s["phase"] == "running" and s["last_step"] is not None and not ended:
@@ -278,8 +281,8 @@ class Watch:
                 s["run_next"] = [*s.get("run_next", []), t.text][-20:]
             elif t.kind in ("save", "eval"):
                 s["pause_step"], s["pause_at"] = t.step, now
-            elif t.kind == "header" and s.get("run_next"):  # a requeued job's earlier run decided nothing
-                s["run_next"] = []
+            elif t.kind == "header" and (s.get("run_next") or s["summary_seen"]):  # a requeued job's next run
+                s.update(run_next=[], summary_seen=False, summary_at=None, requeue_told=False)
                 if s["last_step"] is not None:
                     s.update(last_step=None, host=None, recent=[], window=[], steady=[], slow=False, header={})
             elif t.kind == "header" and s["last_step"] is not None:
@@ -490,6 +493,34 @@ class Watch:
                     f"find the cause: utils/triage.py {self.job_id or self.dir}",
                 ],
                 {"quiet_seconds": round(quiet, 1), "threshold_seconds": round(limit, 1)},
+                now,
+            ),
+        )
+
+    def _settling(self, now: float, sched: str | None) -> bool:
+        """The JOB SUMMARY is written and Slurm still says COMPLETING (a cancel, a time limit or a
+        requeue: which one shows a moment later), for at most ENDED_GRACE seconds."""
+        return sched == "COMPLETING" and now - (self.s.get("summary_at") or now) < ENDED_GRACE
+
+    def _requeued(self, now: float, sched: str, out: list[Event]) -> None:
+        """Told once per requeue: the job ended a run and Slurm queued it again (preemption with requeue,
+        scontrol requeue); the watch goes on with its next run (a new JOB header in the same log)."""
+        s = self.s
+        if s.get("requeue_told"):  # this requeue's (a new JOB header clears it)
+            return
+        n = int(s.get("requeues") or 0) + 1
+        s["requeues"], s["requeue_told"] = n, True
+        summ = self.summary()
+        self.emit(
+            out,
+            Event(
+                f"requeued:{n}",
+                "requeued",
+                "warning",
+                f"requeued by Slurm (run {n} of the job ended: {summ.get('status') or 'no summary'})",
+                [f"Slurm state {sched}: it runs again under its id, appending to its log; still watching"]
+                + [f"{k}: {summ[k]}" for k in ("stage", "steps", "wall_time") if k in summ],
+                {"requeues": n, "status": summ.get("status")},
                 now,
             ),
         )
