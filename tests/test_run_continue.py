@@ -306,6 +306,21 @@ def test_your_scancel_stops_the_run_in_the_job_queued_behind(cluster, workspace,
     assert not log_has(log2, "completed step") and not log_has(log2, r"^run_next: queued job")
 
 
+def watchdog_stopped(workspace: Path, alias: str, title: str, kind: str) -> tuple:
+    """The two jobs of a run whose watchdog stopped the first: ((j1, log1), (j2, log2), the match of the first
+    job's watchdog line, TITLE a regex of its title, and its stopped.json, of KIND and blaming no host)."""
+    jobs = jobs_of_run(workspace, alias)
+    assert len(jobs) == 2, jobs
+    (j1, log1), (j2, log2) = jobs
+    said = (rf"^run_next: watchdog: {title} .*: stopping the train stage; "
+            rf"job {j2} resumes from the run's latest checkpoint on the same nodes \((n\d)\)$")  # fmt: skip
+    m = re.search(said, log1.read_text(), re.M)
+    assert m, log1.read_text(errors="replace")[-3000:]
+    evidence = json.loads((workspace / f"{j1}-JAX-tiny" / "watchdog" / "stopped.json").read_text())
+    assert evidence["kind"] == kind and evidence["culprits"] == [], evidence
+    return (j1, log1), (j2, log2), m, evidence
+
+
 @pytest.mark.cluster
 def test_a_hang_on_every_rank_is_stopped_and_resumed_once_on_the_same_node(cluster, workspace, venv):
     """Every rank of the first job freezes (SIGSTOP) after a checkpoint: no host to blame. The job's watchdog
@@ -340,17 +355,11 @@ def test_a_hang_on_every_rank_is_stopped_and_resumed_once_on_the_same_node(clust
     frozen_at = time.monotonic()
     wait_run_end(cluster, workspace, alias, 600)
 
-    jobs = jobs_of_run(workspace, alias)
-    assert len(jobs) == 2, jobs
-    (j1, log1), (j2, log2) = jobs
-    said = (r"^run_next: watchdog: hang: no step for (.+?) after step (\d+) .*: stopping the train stage; "
-            rf"job {j2} resumes from the run's latest checkpoint on the same nodes \((n\d)\)$")  # fmt: skip
-    m = re.search(said, log1.read_text(), re.M)
-    assert m, log1.read_text(errors="replace")[-3000:]
+    (j1, log1), (j2, log2), m, _ = watchdog_stopped(
+        workspace, alias, r"hang: no step for (.+?) after step (\d+)", "hang"
+    )
     node = m.group(3)
     assert node == "n2"
-    evidence = json.loads((workspace / f"{j1}-JAX-tiny" / "watchdog" / "stopped.json").read_text())
-    assert evidence["kind"] == "hang" and evidence["culprits"] == [], evidence
     assert jobdir.header(log1)["nodes"] == f"1 ({node})" and jobdir.header(log2)["nodes"] == f"1 ({node})"
     assert log_has(log1, rf"^run_next: job {j2} goes on with run {alias} \(failed\)$")
     mark = int(m.group(2)) // 100 * 100  # the checkpoint before the freeze (every 100 steps)
@@ -376,15 +385,9 @@ def test_a_trainer_that_never_reaches_step_0_is_stopped_within_the_limit_and_res
     assert not steps_in(log1), "the trainer reached a step before it was frozen"
     wait_run_end(cluster, workspace, alias, 420)
 
-    jobs = jobs_of_run(workspace, alias)
-    assert len(jobs) == 2, jobs
-    (j1, log1), (j2, log2) = jobs
-    said = (r"^run_next: watchdog: no first step (.+?) after the start .*: stopping the train stage; "
-            rf"job {j2} resumes from the run's latest checkpoint on the same nodes \((n\d)\)$")  # fmt: skip
-    m = re.search(said, log1.read_text(), re.M)
-    assert m, log1.read_text(errors="replace")[-3000:]
-    evidence = json.loads((workspace / f"{j1}-JAX-tiny" / "watchdog" / "stopped.json").read_text())
-    assert evidence["kind"] == "no_first_step" and evidence["culprits"] == [], evidence
+    (_, log1), (_, log2), m, evidence = watchdog_stopped(
+        workspace, alias, r"no first step (.+?) after the start", "no_first_step"
+    )
     started = jobdir.started(jobdir.header(log1))
     assert started and 60 <= evidence["at"] - started <= 60 + 30, (evidence["at"], started)  # within the limit
     assert not steps_in(log1) and jobdir.header(log2)["nodes"] == jobdir.header(log1)["nodes"]
