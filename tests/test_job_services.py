@@ -14,6 +14,7 @@ import http.server
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -342,3 +343,90 @@ def test_diagnose_shows_a_node_that_was_not_scraped_as_missing_data(tmp_path):
     assert "no data from n2 for " in r["summary"] and "n3 for " in r["summary"], r["summary"]
     text = run([str(REPO / "utils/diagnose.py"), str(job_dir)], timeout=300).stdout
     assert "Missing data: n2 " in text and "not scraped" in text, text
+
+
+# --- a job dir on NFS: the TSDB on node-local disk, copied into the job dir ------------------------------
+
+
+def saved_samples(tsdb: Path) -> tuple[float, float]:
+    """(samples of hw_load1, time of the last one) in a saved TSDB, read as a user would (prometheus.sh)."""
+    out = run([str(REPO / "utils/prometheus.sh"), "query", str(tsdb),
+               "count_over_time(hw_load1[1h]) and on() timestamp(hw_load1)"], timeout=120).stdout  # fmt: skip
+    res = json.loads(out)["data"]["result"]
+    count = float(res[0]["value"][1]) if res else 0.0
+    last = json.loads(run([str(REPO / "utils/prometheus.sh"), "query", str(tsdb), "timestamp(hw_load1)"],
+                          timeout=120).stdout)["data"]["result"]  # fmt: skip
+    return count, float(last[0]["value"][1]) if last else 0.0
+
+
+@pytest.mark.slow
+def test_a_tsdb_on_nfs_is_written_on_node_local_disk_and_copied_into_the_job_dir(tmp_path):
+    """MST_TSDB_FSTYPE=nfs (this machine cannot serve NFS: its kernel has no nfsd, /proc/filesystems lists no
+    nfs) stands for `stat -f` saying nfs. Prometheus then writes in a private directory of the node's TMPDIR,
+    tsdb_mirror.py copies it into <job dir>/prometheus every METRICS_TSDB_COPY_INTERVAL s, and stop copies
+    it a last time and removes it. A SIGKILL of every process keeps what the last copy held."""
+    srv = serve(Host)
+    node = tmp_path / "node"
+    node.mkdir()
+    extra = {"MST_TSDB_FSTYPE": "nfs", "METRICS_TSDB_COPY_INTERVAL": "5", "TMPDIR": str(node)}
+    try:
+        # 1. stopped at the end: everything scraped is in the job dir, nothing is left on the node
+        job = tmp_path / "done"
+        env, observe = start_services(job, f"127.0.0.1:{srv.server_address[1]}", extra)
+        local = [x for x in observe.splitlines() if x.startswith("tsdb_local: ")]
+        assert len(local) == 1 and "the job dir is on nfs, which Prometheus does not support" in local[0], observe
+        store = Path(local[0].split()[1])
+        assert store.parent.parent == node and stat.S_IMODE(store.parent.stat().st_mode) == 0o700
+        time.sleep(12)
+        assert (store / "queries.active").exists() and not (job / "prometheus/queries.active").exists()  # runs there
+        assert (job / "prometheus/wal").is_dir(), "no copy after 12 s with a copy every 5 s"
+        assert saved_samples(job / "prometheus")[0] > 0, "the job dir's copy holds no sample while the job runs"
+        stop = run([str(REPO / "utils/observe/job_services.sh"), "stop"], env=env, timeout=60)
+        stopped = time.time()
+        assert "tsdb: the last copy from this node's disk is in" in stop.stdout, stop.stdout + stop.stderr
+        assert not store.parent.exists(), "the node-local TSDB was left on the node"
+        count, last = saved_samples(job / "prometheus")
+        assert count >= 8 and stopped - last < 2.5, (count, stopped - last)  # scraped every 1 s from ~5 s on
+        copies = (job / "metrics/tsdb-copy.log").read_text().splitlines()
+        assert len(copies) >= 3 and all(" tsdb_mirror: copied " in x for x in copies), copies
+
+        # 2. SIGKILL of everything (what a node crash does): the job dir keeps what the last copy held
+        job = tmp_path / "killed"
+        env, observe = start_services(job, f"127.0.0.1:{srv.server_address[1]}", extra)
+        log = job / "metrics/tsdb-copy.log"
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 2):
+            time.sleep(0.2)
+        copied = time.time()  # the second copy just ended: it held everything scraped until now
+        time.sleep(3)
+        run_dir = job / "metrics/run"
+        for f in ("supervisor", "mirror", "prometheus"):
+            os.kill(int((run_dir / f"{f}.pid").read_text()), 9)
+        killed = time.time()
+        count, last = saved_samples(job / "prometheus")
+        assert count >= 5 and copied - last < 1.5, (count, copied - last)
+        # what was lost: the samples after the last copy (here ~3 s of 1 s scrapes; at most the copy
+        # interval plus one scrape interval), still on the node's disk, in the private directory
+        assert killed - last < 5 + 1 + 1, killed - last
+        print(f"SIGKILL: the job dir's last sample {killed - last:.1f} s before the kill")
+        (node_local,) = [p for p in node.glob("mst.*") if (p / "tsdb").is_dir()]
+        assert saved_samples(node_local / "tsdb")[1] > last
+
+        # 3. SIGTERM to every process (scancel, the time limit; the job's cleanup may never run): the
+        # copier waits for Prometheus to stop, copies a last time and removes the node's copy
+        job = tmp_path / "cancelled"
+        env, observe = start_services(job, f"127.0.0.1:{srv.server_address[1]}", extra)
+        store = Path(next(x for x in observe.splitlines() if x.startswith("tsdb_local: ")).split()[1])
+        time.sleep(9)  # the first scrape comes after ~5.5 s
+        run_dir = job / "metrics/run"
+        for f in ("supervisor", "mirror", "prometheus"):
+            os.kill(int((run_dir / f"{f}.pid").read_text()), 15)
+        termed = time.time()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and store.parent.exists():
+            time.sleep(0.2)
+        assert not store.parent.exists(), "the node-local TSDB was left on the node"
+        count, last = saved_samples(job / "prometheus")
+        assert count >= 2 and termed - last < 2, (count, termed - last)
+    finally:
+        srv.shutdown()

@@ -165,9 +165,12 @@ def test_ray_job_is_private_authenticated_and_leaves_a_tsdb(cluster, workspace, 
     secret = f"PRIVATE-{uuid.uuid4().hex}".encode()
     (victim / "secret.txt").write_bytes(secret)
     (victim / "secret.txt").chmod(0o600)
+    # the job dir taken to be on NFS (MST_TSDB_FSTYPE: this machine cannot serve NFS): the TSDB is written
+    # on n1's disk and copied into the job dir; every check of the saved TSDB below reads that copy
     job_id, log = submit(
-        cluster, workspace, "tiny", "-N", "2", "--hold", "--", "steps=40", "log_period=5", RAY="1", TMPDIR=str(node_tmp)
-    )
+        cluster, workspace, "tiny", "-N", "2", "--hold", "--", "steps=40", "log_period=5",
+        RAY="1", TMPDIR=str(node_tmp), MST_TSDB_FSTYPE="nfs", METRICS_TSDB_COPY_INTERVAL="5",
+    )  # fmt: skip
     traps: list[Path] = []
     try:
         traps = plant_old_scratch(node_tmp, job_id)
@@ -200,7 +203,14 @@ def test_ray_job_is_private_authenticated_and_leaves_a_tsdb(cluster, workspace, 
         assert back_after <= 10, back_after
 
         # each node's private scratch: ours, 0700, holding Ray's temp dir, job.env and the exporter's state
-        scratch = {(s / "job").read_text().split()[2]: s for s in node_tmp.glob("mst.*") if not (s / "repo").exists()}
+        tsdb_local = [s for s in node_tmp.glob("mst.*") if (s / "tsdb").is_dir()]
+        assert [s.name for s in tsdb_local] and (tsdb_local[0] / "job").read_text().split()[2] == "n1", tsdb_local
+        assert stat.S_IMODE(tsdb_local[0].stat().st_mode) == 0o700
+        scratch = {
+            (s / "job").read_text().split()[2]: s
+            for s in node_tmp.glob("mst.*")
+            if not (s / "repo").exists() and s not in tsdb_local
+        }
         assert sorted(scratch) == ["n1", "n2"], scratch
         for s in scratch.values():
             st = s.lstat()
@@ -232,6 +242,10 @@ def test_ray_job_is_private_authenticated_and_leaves_a_tsdb(cluster, workspace, 
     assert log_has(log, r"^n1: ray_dashboard: http://127\.0\.0\.1:\d+ ")
     assert log_has(log, rf"^n1: ray_token: {re.escape(str(job_dir / 'ray/auth/token'))} ")  # where, never what
     assert log_has(log, r"^n1: tsdb: .*/prometheus$")
+    assert log_has(log, r"^tsdb: node_local \(nfs; Prometheus does not support it\): .* every 5 s and at the end$")
+    assert log_has(log, rf"^n1: tsdb_local: {re.escape(str(node_tmp))}/mst\.\w+/tsdb +\(the job dir is on nfs, ")
+    assert log_has(log, r"^n1: tsdb: the last copy from this node's disk is in .*/prometheus \(copied ")
+    assert not (job_dir / "prometheus" / "queries.active").exists()  # Prometheus never ran in the job dir
     # afterwards: the scratch dirs and the token are gone, the token was never written anywhere
     assert leftovers == [], "scratch dirs left behind"
     assert not (job_dir / "ray" / "auth").exists()
@@ -285,8 +299,15 @@ def test_ray_job_is_private_authenticated_and_leaves_a_tsdb(cluster, workspace, 
     assert t["status"] == "completed" and t["progress"]["last_step"] == 39 and t["tgs"]["steady"] > 0, t["summary"]
 
 
-def test_sigkill_of_the_whole_job_keeps_every_scraped_sample(cluster, workspace, venv):
-    job_id, log = submit(cluster, workspace, "tiny", "-N", "2", "--", "steps=1000000", RAY="1", METRICS_INTERVAL="1")
+@pytest.mark.parametrize("place", ["in_place", "node_local"])
+def test_sigkill_of_the_whole_job_keeps_every_scraped_sample(cluster, workspace, venv, place):
+    """In place, the saved TSDB keeps every sample scraped before the kill (Prometheus' WAL). On node-local
+    disk (the job dir taken to be on NFS, MST_TSDB_FSTYPE), it keeps what the last copy held: the samples
+    scraped after it are lost (printed)."""
+    extra = {"MST_TSDB_FSTYPE": "nfs", "METRICS_TSDB_COPY_INTERVAL": "5"} if place == "node_local" else {}
+    job_id, log = submit(
+        cluster, workspace, "tiny", "-N", "2", "--", "steps=1000000", RAY="1", METRICS_INTERVAL="1", **extra
+    )
     port = wait_for(
         lambda: (
             log_has(log, r"^n1: prometheus: http://127\.0\.0\.1:(\d+)")
@@ -322,7 +343,8 @@ def test_sigkill_of_the_whole_job_keeps_every_scraped_sample(cluster, workspace,
     tsdb = log.with_suffix("") / "prometheus"
 
     def prometheus_pid() -> int | None:
-        out = subprocess.run(["pgrep", "-f", f"storage.tsdb.path={tsdb}"], capture_output=True, text=True).stdout
+        conf = tsdb.parent / "metrics/prometheus.yml"
+        out = subprocess.run(["pgrep", "-f", f"config.file={conf}"], capture_output=True, text=True).stdout
         return int(out.split()[0]) if out.split() else None
 
     first_pid = prometheus_pid()
@@ -332,6 +354,11 @@ def test_sigkill_of_the_whole_job_keeps_every_scraped_sample(cluster, workspace,
     after_restart = wait_for(lambda: live_count(), 30, "Prometheus to answer again")
     wait_for(lambda: live_count() > after_restart, 30, "scrapes after the restart")
     before = live_count()
+    if place == "node_local":  # a copy into the job dir after that count
+        copies = tsdb.parent / "metrics/tsdb-copy.log"
+        seen = len(copies.read_text().splitlines())
+        wait_for(lambda: len(copies.read_text().splitlines()) > seen, 30, "a copy into the job dir")
+    at_kill = live_count()
     # SIGKILL every process of the job (what a node crash does), Prometheus included; found by the
     # job dir in their environment (a job id alone may be another local cluster's job on this machine)
     killed = []
@@ -345,8 +372,9 @@ def test_sigkill_of_the_whole_job_keeps_every_scraped_sample(cluster, workspace,
     run(["scancel", job_id], env=cluster)
     wait_job_end(cluster, job_id, 60)
     assert (tsdb / "wal").is_dir()
-    saved = query(tsdb, "sum(count_over_time(hw_procs_running[1h]))")
-    assert float(saved[0]["value"][1]) >= before
+    saved = float(query(tsdb, "sum(count_over_time(hw_procs_running[1h]))")[0]["value"][1])
+    assert saved >= before
+    print(f"{place}: hw_procs_running samples (2 nodes, 1 s): {at_kill:.0f} live before the kill, {saved:.0f} saved")
 
 
 def test_falls_back_to_the_plain_launch_when_ray_cannot_start(cluster, workspace, venv):
@@ -387,7 +415,8 @@ def test_falls_back_to_the_plain_launch_when_ray_cannot_start(cluster, workspace
 def test_killed_rank_stops_the_ray_job_fast(cluster, workspace, venv):
     """RAY=1: the actor of the node whose trainer dies reports it at once and the driver stops the
     other nodes' trainers: the job ends within 30 s, the JOB SUMMARY names the node."""
-    job_id, log = submit(cluster, workspace, "tiny", "-N", "2", "--", "steps=1000000", RAY="1")
+    # the job dir taken to be on NFS: the cancel's cleanup also copies the node-local TSDB into the job dir
+    job_id, log = submit(cluster, workspace, "tiny", "-N", "2", "--", "steps=1000000", RAY="1", MST_TSDB_FSTYPE="nfs")
     wait_for(lambda: log_has(log, r"^n2: .*completed step: 3,"), 240, "n2 to train")
     pid = trainer_pid(job_id, 1)
     assert pid, "rank 1 trainer not found"
@@ -441,11 +470,13 @@ def test_frozen_rank_hang_then_heartbeat_timeout(cluster, workspace, venv):
 def test_scancel_leaves_nothing_of_a_ray_job_running(cluster, workspace, venv):
     """Ray's daemons leave the job's process tree (Slurm's own kill does not reach them): a cancelled
     RAY=1 job must still stop every trainer, Ray process and service it started, on every node."""
-    job_id, log = submit(cluster, workspace, "tiny", "-N", "2", "--", "steps=1000000", RAY="1")
+    # the job dir taken to be on NFS: the cancel's cleanup also copies the node-local TSDB into the job dir
+    job_id, log = submit(cluster, workspace, "tiny", "-N", "2", "--", "steps=1000000", RAY="1", MST_TSDB_FSTYPE="nfs")
     wait_for(lambda: log_has(log, r"^n2: .*completed step: 3,"), 240, "n2 to train")
     job_dir = log.with_suffix("")
     assert job_processes(job_dir), "the job's processes were not found"
     run(["scancel", job_id], env=cluster)
+    cancelled = time.time()
     assert wait_job_end(cluster, job_id, 60) == "CANCELLED"
     deadline = time.monotonic() + 30
     while (left := job_processes(job_dir)) and time.monotonic() < deadline:
@@ -453,3 +484,15 @@ def test_scancel_leaves_nothing_of_a_ray_job_running(cluster, workspace, venv):
     assert not left, f"the job's processes still ran 30 s after it ended: {left}"
     assert trainer_pid(job_id, 0) is None and trainer_pid(job_id, 1) is None
     assert summary(log)["status"] == "cancelled"
+    # the node-local TSDB: copied into the job dir up to the cancel (a copy every 60 s would hold
+    # none of this short job; Slurm's SIGTERM reached the copier, which copied once Prometheus had
+    # stopped), then removed from the node
+    last = query(job_dir / "prometheus", "max(timestamp(hw_procs_running))")
+    assert last and cancelled - float(last[0]["value"][1]) < 10, (last, cancelled)
+    assert " tsdb_mirror: copied " in (job_dir / "metrics/tsdb-copy.log").read_text()
+    left = [
+        p.parent
+        for p in Path(tempfile.gettempdir()).glob("mst.*/tsdb")
+        if str(workspace) in (p.parent / "job").read_text()
+    ]
+    assert left == [], left

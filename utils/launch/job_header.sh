@@ -7,7 +7,8 @@
 # (MST_SNAPSHOT, MST_REPO_SHA256), the environment MST_VENV with its versions of JAX, jaxlib, the GPU
 # plugin and MaxText (its .mst-versions record, written by utils/setup_env.sh; read now when it has
 # none), overrides (secrets redacted), paths; for a run (--run, MST_RUN) its alias, run
-# directory and the checkpoint step it resumes from.
+# directory and the checkpoint step it resumes from; for RAY=1 where the TSDB is written (lib.sh
+# tsdb_place: in the job dir, or on node-local disk and copied into it).
 # Reads the generic JOB_* variables and the launch variables of docs/env-contract.md.
 set -euo pipefail
 [[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"; usage; exit; }
@@ -27,6 +28,15 @@ if [[ -z "$gpus" ]]; then
   [[ -z "${JOB_GPUS_PER_NODE:-}" ]] || gpus="$JOB_GPUS_PER_NODE per node (JOB_GPUS_PER_NODE); preflight fails a node that shows fewer"
 fi
 [[ -z "${MST_RUN:-}" ]] || run_line="run: $(run_describe)"$'\n'
+tsdb_line=""
+if [[ "${RAY:-0}" == 1 ]]; then
+  read -r place fs <<< "$(tsdb_place "${JOB_DIR:-.}")"
+  if [[ "$place" == node_local ]]; then
+    tsdb_line="tsdb: node_local ($fs; Prometheus does not support it): written on the first node's disk, copied into the job dir every ${METRICS_TSDB_COPY_INTERVAL:-60} s and at the end"$'\n'
+  else
+    tsdb_line="tsdb: in_place ($fs)"$'\n'
+  fi
+fi
 [[ -z "${MST_RUN:-}" || -z "${MST_CONTINUE:-}" ]] || run_line+="continue: $(continue_describe)"$'\n'
 cat <<HEADER
 ==================== JOB ====================
@@ -40,7 +50,7 @@ stage_timeouts: $timeouts (defaults $STAGE_TIMEOUT_DEFAULTS; set STAGE_TIMEOUTS)
 container: ${CONTAINER_RUNTIME:-auto} ${CONTAINER_IMAGE:-localhost/maxtext-slurm:latest}
 site: ${MST_SITE_APPLIED:-none}
 ray: ${RAY:-0}
-environment: $environment
+${tsdb_line}environment: $environment
 code: ${MST_SNAPSHOT:-${MST_REPO:-?}}
 code_sha256: ${MST_REPO_SHA256:-?} (each node runs a private copy checked against it)
 overrides: $(shown_list maxtext <<< "${TRAIN_OVERRIDES:-}")

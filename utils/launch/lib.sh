@@ -76,6 +76,20 @@ check_remote_write_credentials() {
     die "METRICS_REMOTE_WRITE_CREDENTIALS='$1' has mode $(stat -L -c %a "$1"): others can read your remote write secret; chmod 600 it"
 }
 
+# tsdb_place DIR: where a RAY=1 job's Prometheus writes its TSDB for a job directory DIR, as
+# "in_place FSTYPE" or "node_local FSTYPE" (FSTYPE as `stat -f -c %T` names DIR's file system).
+# Prometheus does not support NFS and other non-POSIX storage (network and FUSE file systems) for its
+# TSDB: there it is written on node-local disk and copied into DIR (utils/observe/job_services.sh);
+# local disks, Lustre and GPFS take it in place. MST_TSDB_FSTYPE, a test hook, stands for stat's answer.
+tsdb_place() {
+  local fs=${MST_TSDB_FSTYPE:-}
+  [[ -n "$fs" ]] || fs=$(stat -f -c %T -- "$1" 2>/dev/null) || fs=unknown
+  case $fs in
+    nfs* | cifs | smb* | fuse* | 9p | v9fs | afs | coda | ncp* | sshfs) printf 'node_local %s\n' "$fs" ;;
+    *) printf 'in_place %s\n' "$fs" ;;
+  esac
+}
+
 free_port() {
   local port=$1 tries=${2:-100}
   while (( tries-- > 0 )); do

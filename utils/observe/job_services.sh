@@ -18,7 +18,14 @@
 #   fallback WHY  Ray stopped being usable after start: prints the OBSERVE block again, its Ray
 #          lines replaced by "ray: off - WHY; ...".
 #   stop   stops them (SIGTERM: Prometheus flushes its head block; sent between two scrapes,
-#          utils/observe/prom_between_scrapes.py) and waits; a second stop does nothing.
+#          utils/observe/prom_between_scrapes.py) and waits; a TSDB on node-local disk is copied
+#          into the job dir a last time and removed from the node; a second stop does nothing.
+# Where the job dir's file system is one Prometheus does not support (NFS and the like: lib.sh
+# tsdb_place; MST_TSDB_FSTYPE forces the type for tests), Prometheus writes the TSDB in a private
+# directory on this node's disk (in TMPDIR) and utils/observe/tsdb_mirror.py copies it into
+# $JOB_DIR/prometheus every METRICS_TSDB_COPY_INTERVAL seconds (default 60) and at the end (here, or
+# by the copier itself on the SIGTERM Slurm sends every process of a cancelled job); the OBSERVE block
+# says so ("tsdb_local: ..."). A job killed with SIGKILL keeps what the last copy held.
 # A missing Prometheus is reported and skipped: the job still runs.
 set -uo pipefail
 [[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/../launch/lib.sh"; usage; exit; }
@@ -29,6 +36,8 @@ PROG=job_services.sh
 run_dir="$JOB_DIR/metrics/run"
 bind=${DASHBOARD_BIND:-127.0.0.1}
 interval=${METRICS_INTERVAL:-5}
+copy_every=${METRICS_TSDB_COPY_INTERVAL:-60}
+py=${MST_PYTHON:-python3}
 
 ray_off() {  # WHY: the OBSERVE line of a RAY=1 job that trains without Ray
   printf 'ray: off - %s; training with the plain launch (metrics, Prometheus and TensorBoard stay on)\n' "${1//$'\n'/ }"
@@ -40,6 +49,25 @@ observe() {  # LINE...: print the OBSERVE block with these lines, then where the
   echo "tsdb: $JOB_DIR/prometheus"
   echo "browse_later: utils/prometheus.sh view $JOB_DIR"
   echo "================================================="
+}
+
+# tsdb_store: sets store, the directory Prometheus writes the TSDB in, and tsdb_line, the OBSERVE line
+# about it (empty when in place). On a file system Prometheus does not support (lib.sh tsdb_place) it is a
+# private directory on this node's disk (lib.sh job_scratch, in TMPDIR), named in
+# $run_dir/tsdb.local for `stop`, which copies it into the job dir a last time and removes it.
+store="$JOB_DIR/prometheus" tsdb_line=""
+tsdb_store() {
+  local place fs scratch
+  read -r place fs <<< "$(tsdb_place "$JOB_DIR")"
+  if [[ "$place" == node_local ]]; then
+    if scratch=$(job_scratch 2> "$run_dir/tsdb.err") && mkdir -- "$scratch/tsdb"; then
+      printf '%s\n' "$scratch" > "$run_dir/tsdb.local"
+      store="$scratch/tsdb"
+      tsdb_line="tsdb_local: $store   (the job dir is on $fs, which Prometheus does not support: written on this node's disk, copied to the tsdb every $copy_every s and at the end; metrics/tsdb-copy.log)"
+      return 0
+    fi
+    tsdb_line="tsdb_local: none - $(head -c 300 "$run_dir/tsdb.err" | tr '\n' ' '); written in place on $fs, which Prometheus does not support"
+  fi
 }
 
 label() { printf '%s' "${1//[^A-Za-z0-9._:@+-]/_}"; }  # a label value safe in single quotes
@@ -93,10 +121,13 @@ CONF
     lines=()
     if [[ -n "$prom" && -x "$prom" ]]; then
       prom_port=$(free_port 9190)
+      tsdb_store
+      lines+=("prometheus: http://$bind:$prom_port   tunnel: ssh -N -L $prom_port:$bind:$prom_port $JOB_HOSTNAME")
+      [[ -z "$tsdb_line" ]] || lines+=("$tsdb_line")
       # supervise: restart Prometheus if it dies, until the stop file appears
       (
         while [[ ! -e "$run_dir/stop" ]]; do
-          "$prom" --config.file="$JOB_DIR/metrics/prometheus.yml" --storage.tsdb.path="$JOB_DIR/prometheus" \
+          "$prom" --config.file="$JOB_DIR/metrics/prometheus.yml" --storage.tsdb.path="$store" \
             --storage.tsdb.retention.time=100y --web.listen-address="$bind:$prom_port" \
             >> "$JOB_DIR/metrics/prometheus.log" 2>&1 &
           echo $! > "$run_dir/prometheus.pid"
@@ -106,7 +137,11 @@ CONF
       ) &
       echo $! > "$run_dir/supervisor.pid"
       echo "$prom_port" > "$run_dir/prometheus.port"
-      lines+=("prometheus: http://$bind:$prom_port   tunnel: ssh -N -L $prom_port:$bind:$prom_port $JOB_HOSTNAME")
+      if [[ "$store" != "$JOB_DIR/prometheus" ]]; then
+        "$py" "$here/tsdb_mirror.py" "$store" "$JOB_DIR/prometheus" --every "$copy_every" --stop-file "$run_dir/stop" \
+          --pid-file "$run_dir/prometheus.pid" --remove "${store%/tsdb}" >> "$JOB_DIR/metrics/tsdb-copy.log" 2>&1 &
+        echo $! > "$run_dir/mirror.pid"
+      fi
     else
       echo "job_services.sh: Prometheus not found (apt-get install prometheus, or set PROMETHEUS_BIN): no TSDB for this job" >&2
     fi
@@ -135,6 +170,12 @@ CONF
     ;;
   stop)
     touch "$run_dir/stop" 2>/dev/null
+    # the TSDB's copier ends its pass and exits (it looks for the stop file every second)
+    if pid=$(cat "$run_dir/mirror.pid" 2>/dev/null); then
+      rm -f -- "$run_dir/mirror.pid"
+      for _ in $(seq 240); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+      kill -KILL "$pid" 2>/dev/null
+    fi
     for f in prometheus tensorboard; do
       pid=$(cat "$run_dir/$f.pid" 2>/dev/null) || continue
       rm -f -- "$run_dir/$f.pid"  # a second stop (the job's cleanup after its normal end) finds none
@@ -148,6 +189,18 @@ CONF
       kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
     done
     sup=$(cat "$run_dir/supervisor.pid" 2>/dev/null) && wait "$sup" 2>/dev/null
+    # a TSDB on node-local disk: the last copy into the job dir, then the node's copy is removed
+    # (unless the copier made it already: a SIGTERM from Slurm to every process of the job)
+    if scratch=$(cat "$run_dir/tsdb.local" 2>/dev/null) && [[ -d "$scratch/tsdb" ]]; then
+      rm -f -- "$run_dir/tsdb.local"
+      if out=$("$py" "$here/tsdb_mirror.py" "$scratch/tsdb" "$JOB_DIR/prometheus" --final 2>&1); then
+        printf '%s\n' "$out" >> "$JOB_DIR/metrics/tsdb-copy.log"
+        rm -rf -- "$scratch"
+        echo "tsdb: the last copy from this node's disk is in $JOB_DIR/prometheus (${out#* tsdb_mirror: })"
+      else
+        echo "job_services.sh: ${out#tsdb_mirror.py: }" >&2
+      fi
+    fi
     ;;
   *) die_usage "unknown command '${1:-}': use start or stop (see --help)" ;;
 esac
