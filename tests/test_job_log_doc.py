@@ -20,8 +20,8 @@ def doc_keys(section: str) -> set[str]:
 
 def test_header_keys_are_documented():
     script = (REPO / "utils/launch/job_header.sh").read_text()
-    printed = set(re.findall(r"^(?:\$\{run_line\})?([a-z_]+): ", script, re.M))
-    printed |= set(re.findall(r'run_line\+?="([a-z_]+): ', script))
+    printed = set(re.findall(r"^(?:\$\{\w+_line\})?([a-z_]+): ", script, re.M))
+    printed |= set(re.findall(r'\w+_line\+?="([a-z_]+): ', script))
     assert {"job", "nodes", "started", "site", "run"} <= printed, printed
     assert printed == doc_keys("JOB header")
 

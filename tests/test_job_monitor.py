@@ -545,3 +545,38 @@ def test_a_requeued_job_is_watched_through_its_next_run(tmp_path):
     third.finish("cancelled")
     assert "end" not in [e.key for e in w3.poll(third.t + 1, "COMPLETING")]
     assert "end" in [e.key for e in w3.poll(third.t + 1 + ENDED_GRACE, "COMPLETING")]
+
+
+def test_an_alert_of_the_jobs_prometheus_is_an_event_with_its_host_and_query_once(tmp_path):
+    """utils/observe/alert_relay.py's lines (docs/job-log.md): a firing alert is one warning event naming the
+    host, what it means and the query; its end one info event; the same alert firing again later is told
+    again; a restarted monitor repeats nothing."""
+    from diagnosis import alerts
+
+    rule = alerts.RULES["TCPRetransmitsStandOut"]
+    query = alerts.query(rule)
+    job = Job(tmp_path, steps=200)
+    w = Watch(job.dir, Rules())
+    w.poll(T0, "RUNNING")
+    ev, now = run_steps(w, job, range(0, 10), 0.5, T0 + 30)
+    firing = f"n1: alert: firing {rule.alert} host=n2 check=network value=48.2: n2 retransmits 48.2 TCP segments/s, 4x its peers or more: packet loss on its NIC, cable or switch port; query: {query}"  # noqa: E501
+    job.line(firing)
+    job.line("n1: alerting about nothing: not an alert line")
+    ev, now = run_steps(w, job, range(10, 20), 0.5, now)
+    alert = [e for e in ev if e.kind == "alert"]
+    assert len(alert) == 1 and alert[0].level == "warning" and alert[0].title == f"{rule.alert} on n2", ev
+    assert alert[0].lines[:2] == [
+        "n2 retransmits 48.2 TCP segments/s, 4x its peers or more: packet loss on its NIC, cable or switch port",
+        f"query: {query}",
+    ]
+    assert alert[0].data["job_id"] == "41" and alert[0].data["host"] == "n2"
+    assert alert[0].data["check"] == "network" and alert[0].data["value"] == "48.2"
+    job.line(f"n1: alert: resolved {rule.alert} host=n2 check=network after 45 s")
+    job.line(firing)
+    ev, now = run_steps(w, job, range(20, 30), 0.5, now)
+    assert [(e.kind, e.title) for e in ev if e.kind.startswith("alert")] == [
+        ("alert_resolved", f"{rule.alert} on n2 resolved after 45 s"),
+        ("alert", f"{rule.alert} on n2"),
+    ]
+    again = Watch(job.dir, Rules())
+    assert [e for e in again.poll(now + 1, "RUNNING") if e.kind.startswith("alert")] == []

@@ -18,6 +18,7 @@ import pytest
 from conftest import REPO, run
 
 from helpers.jobs import job_state, log_has, submit, triage, wait_for, wait_job_end
+from helpers.webhook import Receiver, notify_conf
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -116,15 +117,36 @@ def answers(cluster: dict[str, str], venv: Path, job_id: str, log: Path, name: s
     return d, t
 
 
-def test_packet_loss_on_one_node_is_a_network_incident_there(netns_cluster, workspace, venv):
+def test_packet_loss_on_one_node_is_a_network_incident_there(netns_cluster, workspace, venv, tmp_path):
     """5 % of what n2 sends dropped for 20 s: the job slows down, n2 retransmits, n1 does not;
+    the job's Prometheus fires TCPRetransmitsStandOut for n2 while it happens, and the job monitor
+    delivers it to a webhook (utils/diagnosis/alerts.tsv, utils/observe/alert_relay.py);
     diagnose blames the network on n2; the job itself completes (triage: completed)."""
     job_id, log = start(netns_cluster, workspace, 1000)
-    drill(netns_cluster, "net", "--loss", "5", "--node", "n2")
+    hook = Receiver()
+    mon = subprocess.Popen(
+        [str(REPO / "utils/job_monitor.py"), job_id, "--interval", "2",
+         "--notify-config", str(notify_conf(tmp_path, hook.port))],
+        env={**os.environ, **netns_cluster, "JOB_WORKSPACE": str(workspace)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
     try:
-        time.sleep(20)
+        drill(netns_cluster, "net", "--loss", "5", "--node", "n2")
+        began = time.time()
+        try:
+            time.sleep(20)
+        finally:
+            drill(netns_cluster, "clear")
+        fired = wait_for(lambda: hook.first(job_id, "TCPRetransmitsStandOut on n2"), 120, "the alert at the webhook")
+        print(f"\nlive alert: at the webhook {fired['at'] - began:.0f} s after the loss began")
     finally:
-        drill(netns_cluster, "clear")
+        if mon.poll() is None:
+            mon.terminate()
+        said = mon.communicate(timeout=60)[0]
+        hook.server.shutdown()
+    assert "query: sum by (host) (rate(hw_tcp_retransmits_total[1m]))" in fired["message"], fired
+    assert log_has(log, r"^n1: alert: firing TCPRetransmitsStandOut host=n2 check=network value=[0-9.e+]+: n2 "), said
+    assert not log_has(log, r"^n1: alert: firing \S+ host=n1 "), "an alert about the healthy node"
     d, t = answers(netns_cluster, venv, job_id, log, "net --loss 5")
     assert d["verdict"] == "network" and d["culprit_hosts"] == ["n2"], findings(d)
     net = next(f for f in d["findings"] if f["kind"] == "network")

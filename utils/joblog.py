@@ -92,6 +92,39 @@ NAN_ABORT = re.compile(r"Aborting training due to (NaN|Inf) loss\.")
 # ...[; cancelled job N]", "run ALIAS is complete: ...", "run ALIAS is not done (...), but no next job ...".
 # `run_next_decision` tells them apart (the first pattern that matches).
 _RUN_NEXT_TEXT = b"run_next: "
+# The job's alerts (utils/observe/alert_relay.py, on node rank 0: with that node's prefix), docs/job-log.md:
+#   <node>: alert: firing ALERT host=HOST check=CHECK value=VALUE: SUMMARY; query: QUERY
+#   <node>: alert: resolved ALERT host=HOST check=CHECK after SECONDS s
+# `alert` parses the text after "alert: ".
+_ALERT_TEXT = b"alert: "
+_ALERT = re.compile(
+    r"(firing|resolved) (\S+) host=(\S+) check=(\S+)(?: value=(\S+): (.*?)(?:; query: (.*))?| after (\d+) s)"
+)
+
+
+@dataclasses.dataclass
+class Alert:
+    """One alert line: state firing or resolved, the alert, the host it is about, the diagnose check of
+    the same signal; firing: value, summary, query; resolved: seconds it fired."""
+
+    state: str
+    name: str
+    host: str
+    check: str
+    value: str | None = None
+    summary: str | None = None
+    query: str | None = None
+    seconds: int | None = None
+
+
+def alert(text: str) -> Alert | None:
+    """The alert line's fields (text: after "alert: "), None when it is not one."""
+    m = _ALERT.fullmatch(text)
+    if not m:
+        return None
+    return Alert(m[1], m[2], m[3], m[4], m[5], m[6], m[7], int(m[8]) if m[8] else None)
+
+
 _RUN_NEXT_KINDS = (
     ("queued", re.compile(r"queued job (\d+) |job (\d+) \(queued by this job's earlier run\) .* when this job ends$")),
     ("watchdog", re.compile(r"watchdog: ")),
@@ -1206,7 +1239,8 @@ class Tick:
     """One line of interest in the new part of a growing log: kind "step" (host, step, seconds,
     tokens = Tokens/s/device or None in ramp-up, loss), "save" or "eval" (step: the train step it
     follows), "header" (a new run of the job starts: a requeue), "summary" (the JOB SUMMARY
-    began: the job is ending) or "run_next" (a continuing run's line; text: after "run_next: ").
+    began: the job is ending), "run_next" (a continuing run's line; text: after "run_next: ") or "alert"
+    (an alert line, `alert` parses its text, after "alert: "; host: the node that printed it).
     ts: the absl stamp in epoch seconds, None without one."""
 
     kind: str
@@ -1296,6 +1330,11 @@ class Follower:
                 out.append(Tick("summary"))
             elif line.startswith(_RUN_NEXT_TEXT):
                 out.append(Tick("run_next", text=line[len(_RUN_NEXT_TEXT) :][:1000].decode(errors="replace")))
+            elif _ALERT_TEXT in line[:80]:
+                head, _, rest = line.partition(_ALERT_TEXT)
+                if not head or (head.endswith(b": ") and b" " not in head[:-2]):  # "alert: " or "<node>: alert: "
+                    out.append(Tick("alert", host=head[:-2].decode(errors="replace") or None,
+                                    text=rest[:2000].decode(errors="replace")))  # fmt: skip
             elif self.clock is None and line.startswith(b"started: "):
                 self.clock = AbslClock.for_scan(line[9:].decode(errors="replace"), time.time())
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from diagnosis import jobdir, tsdb
+from diagnosis.alerts import RULES
 from diagnosis.evidence import (
     Data,
     Finding,
@@ -38,6 +39,15 @@ except ImportError:  # pragma: no cover - joblog is part of the repo; without it
     joblog = None
 
 HB_TIMEOUT = 100.0  # JAX's default heartbeat timeout, seconds
+# The numbers a check shares with the job's alert rules (alerts.tsv: one row per signal)
+TCP, LINK = RULES["TCPRetransmitsStandOut"], RULES["IBLinkErrorsStandOut"]
+RDMA_REQ, RDMA_RESP = RULES["RDMARequesterRetransmitsStandOut"], RULES["RDMAResponderErrorsStandOut"]
+PEER_RATIO = TCP.peer or 4.0  # a host stands out at this many times its peers' rate
+HOT_ABOVE_PEERS = RULES["GPUHotterThanPeers"].value  # degrees C
+GPU_SEVERE_ERRORS = RULES["GPUUncorrectableErrors"].value  # uncorrectable or kernel GPU errors: this many is enough
+RUNQ = RULES["CPURunQueueAbovePeers"]  # run queue above peers: value tasks and peer x their level
+IO_FULL, IO_SOME = RULES["IOStall"].value, RULES["IOPressure"].value  # PSI percent
+OOM_KILLS = RULES["OOMKill"].value
 TRAIN_COST_PCT = 5.0  # a training-scalar spike is an incident when tokens/s fell by more than this from it on
 
 # The checks and the families each needs (any one of them is enough to run it).
@@ -291,17 +301,18 @@ def _network_signals(d: Data) -> list[_Signal]:
         name = key.split("{")[0]
         counter = re.search(r'counter="([^"]+)"', key)
         if name in ("hw_tcp_retransmits_total", "hw_tcp_timeouts_total"):
-            out.append(_Signal(key, per, 5.0, "sender"))
+            out.append(_Signal(key, per, TCP.value, "sender"))
         elif name == "hw_ib_port_transport_errors_total" and counter and is_rdma_retransmit(counter.group(1)):
             sides[side_of(counter.group(1)) or "requester"][counter.group(1)] = per
         elif name == "hw_ib_port_errors_total":
-            out.append(_Signal(key, per, 0.05, "link"))
+            out.append(_Signal(key, per, LINK.value, "link"))
     for side, counters in sides.items():
         if counters:
             hosts = {h for per in counters.values() for h in per}
             per = {h: _nansum([c[h] for c in counters.values() if h in c]) for h in hosts}
             names = "|".join(sorted(counters))
-            out.append(_Signal(f'hw_ib_port_transport_errors_total{{counter=~"{names}"}}', per, 0.5, side, counters))
+            floor = (RDMA_REQ if side == "requester" else RDMA_RESP).value
+            out.append(_Signal(f'hw_ib_port_transport_errors_total{{counter=~"{names}"}}', per, floor, side, counters))
     return out
 
 
@@ -312,7 +323,7 @@ def _nansum(xs: list[np.ndarray]) -> np.ndarray:
 
 
 def _network_bursts(d: Data, per: dict[str, np.ndarray], floor: float, m: np.ndarray) -> dict[str, np.ndarray]:
-    """Hosts whose rate was at least the floor and 4x the median of the other hosts at the same
+    """Hosts whose rate was at least the floor and PEER_RATIO x the median of the other hosts at the same
     moments, for 3 or more grid points of the training window: a fault for part of the run (no
     throughput phases found, the whole-run mean diluted). host -> those grid points."""
     out = {}
@@ -323,7 +334,7 @@ def _network_bursts(d: Data, per: dict[str, np.ndarray], floor: float, m: np.nda
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             om = np.nan_to_num(np.nanmedian(np.vstack(rest), axis=0))
-        hit = m & (np.nan_to_num(v) >= np.maximum(floor, 4 * om))
+        hit = m & (np.nan_to_num(v) >= np.maximum(floor, PEER_RATIO * om))
         if hit.sum() >= 3:
             out[h] = hit
     return out if len(out) <= max(1, len(per) // 2) else {}
@@ -366,7 +377,7 @@ def _stand_out(d: Data, sig: _Signal, pw: tuple[dict, dict] | None) -> _StandOut
             h
             for h in d.hosts
             if h in r_slow
-            and r_slow[h] >= max(floor, 4 * np.nan_to_num(others[h]))
+            and r_slow[h] >= max(floor, PEER_RATIO * np.nan_to_num(others[h]))
             and r_slow[h] >= 4 * np.nan_to_num(r_fast.get(h, 0)) + floor / 2
             and (z[h] >= 4 or len(per) < 3)
         ]
@@ -779,7 +790,7 @@ def check_gpu_thermal(d: Data, rep: Report) -> None:
     for key, per in temps.items():
         if "mem" in key:
             continue
-        for h, f in deviation_fraction(per, m, lambda v, p: v >= p + 10).items():
+        for h, f in deviation_fraction(per, m, lambda v, p: v >= p + HOT_ABOVE_PEERS).items():
             hot[h] = max(hot.get(h, 0.0), f)
     slow = deviation_fraction(clock, m, lambda v, p: v <= 0.9 * p) if clock else {}
     thr_frac = {h: float(np.nanmean(np.nan_to_num(v[m]) > 0)) for h, v in thr.items()} if thr else {}
@@ -904,7 +915,7 @@ def check_gpu_hardware(d: Data, rep: Report) -> None:
         severe = "{ue}" in key or "{fatal}" in key or "{nonfatal}" in key or key.startswith("hw_gpu_kernel_errors")
         peer = nanmed(list(per.values()))
         for h, inc in per.items():
-            if (severe and inc >= 1) or (not severe and inc >= max(100, 10 * peer)):
+            if (severe and inc >= GPU_SEVERE_ERRORS) or (not severe and inc >= max(100, 10 * peer)):
                 bad.setdefault(h, []).append(f"{key} +{inc:g}")
     m = d.mask()
     if width:
@@ -944,7 +955,7 @@ def check_cpu(d: Data, rep: Report) -> None:
     if not procs:
         return rep.skipped.append({"check": "cpu_contention", "needs": ["hw_procs_running"]})
     m = d.mask()
-    frac = deviation_fraction(procs, m, lambda v, p: v - p >= np.maximum(8, 0.5 * p))
+    frac = deviation_fraction(procs, m, lambda v, p: v - p >= np.maximum(RUNQ.value, (RUNQ.peer or 0) * p))
     bad = [h for h in d.hosts if frac.get(h, 0) >= 0.2]
     pw = _phase_windows(d)
     if not bad and pw and len(procs) >= 2:
@@ -1028,9 +1039,9 @@ def check_io(d: Data, rep: Report) -> None:
         f, s = full.get(h), some.get(h)
         hit = np.zeros(d.grid.size, bool)
         if f is not None:
-            hit |= np.nan_to_num(f) >= 25
+            hit |= np.nan_to_num(f) >= IO_FULL
         if s is not None:
-            hit |= np.nan_to_num(s) >= 50
+            hit |= np.nan_to_num(s) >= IO_SOME
         if (hit & m).sum() >= 2:
             hit_of[h] = hit & m
     if not hit_of:
@@ -1077,7 +1088,7 @@ def check_memory(d: Data, rep: Report) -> None:
     mfull = d.peaks.get("hw_memory_pressure_full_pct", {})
     if not kills and not avail and not mfull:
         return rep.skipped.append({"check": "memory", "needs": list(NEEDS["memory"])})
-    killed = [h for h in d.hosts if kills.get(h, 0) >= 1]
+    killed = [h for h in d.hosts if kills.get(h, 0) >= OOM_KILLS]
     low = []
     for h in d.hosts:
         if h in avail and h in total and np.isfinite(avail[h]).any():

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from diagnosis import tsdb
+from diagnosis.alerts import RULES
 from diagnosis.evidence import (
     Data,
     PerHost,
@@ -213,7 +214,8 @@ def natural(host: str) -> list:
     return [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", host)]
 
 
-GAP_INTERVALS = 3  # a host without samples for this many scrape intervals (and >= 2 grid points) has a gap
+# a host without samples for this many scrape intervals (and >= 2 grid points) has a gap (alerts.tsv NodeNotScraped)
+GAP_INTERVALS = int(RULES["NodeNotScraped"].value)
 
 
 def data_gaps(d: Data, nodes: list[str]) -> list[dict]:

@@ -44,6 +44,23 @@ def _sides() -> tuple[re.Pattern[str], tuple[tuple[re.Pattern[str], str], ...]]:
     return re.compile("|".join(fnmatch.translate(g) for g in globs)), tuple(sided)
 
 
+def side_globs(side: str) -> list[str]:
+    """The retransmit counter globs the table gives SIDE (requester or responder), in its order, once each."""
+    out: list[str] = []
+    header: list[str] = []
+    for line in TABLE.read_text().splitlines():
+        if line.startswith("# pci_driver\t"):
+            header = line[2:].split("\t")
+        if not line.strip() or line.startswith("#"):
+            continue
+        cells = dict(zip(header, line.split("\t"), strict=False))
+        for e in cells.get("sides", "-").split():
+            g, _, s = e.partition("=")
+            if s == side and g not in out:
+                out.append(g)
+    return out
+
+
 def is_rdma_retransmit(counter: str) -> bool:
     """True when the hw_counters file `counter` counts retransmits (or ACK timeouts, NAKs, sequence errors)."""
     return _sides()[0].fullmatch(counter) is not None

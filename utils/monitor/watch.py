@@ -56,8 +56,8 @@ class Rules:
 @dataclasses.dataclass
 class Event:
     """One thing to tell: kind (queued, running, first_step, milestone, hang, resumed, slowdown,
-    recovered, requeued, completed, failed, cancelled, recovery, ...), level (info, success, warning,
-    failure), a one-line title and the evidence lines."""
+    recovered, requeued, alert, alert_resolved, completed, failed, cancelled, recovery, ...), level (info,
+    success, warning, failure), a one-line title and the evidence lines."""
 
     key: str
     kind: str
@@ -271,6 +271,26 @@ class Watch:
             except FileNotFoundError:
                 pass
 
+    def _alert(self, a: joblog.Alert | None, now: float, out: list[Event]) -> None:
+        """An alert of the job's Prometheus (utils/observe/alert_rules.yml) started or stopped firing:
+        event `alert` (warning: the host, what it means, the query) or `alert_resolved` (info)."""
+        if a is None:
+            return
+        fired = self.s.setdefault("alerts", {})
+        key = f"{a.name}:{a.host}"
+        if a.state == "firing":
+            fired[key] = fired.get(key, 0) + 1
+            lines = [a.summary or "", f"query: {a.query}" if a.query else "",
+                     f"then: utils/diagnose.py {self.dir} (its {a.check} check reads the same signal)"]  # fmt: skip
+            data = {"alert": a.name, "host": a.host, "check": a.check, "value": a.value, "query": a.query}
+            ev = Event(f"alert:{key}:{fired[key]}", "alert", "warning", f"{a.name} on {a.host}",
+                       [x for x in lines if x], data, now)  # fmt: skip
+        else:
+            ev = Event(f"alert_resolved:{key}:{fired.get(key, 0)}", "alert_resolved", "info",
+                       f"{a.name} on {a.host} resolved after {a.seconds} s", [], {"alert": a.name, "host": a.host,
+                       "check": a.check, "seconds": a.seconds}, now)  # fmt: skip
+        self.emit(out, ev)
+
     def _ticks(self, ticks: list[joblog.Tick], now: float, out: list[Event]) -> None:
         s, r = self.s, self.rules
         for t in ticks:
@@ -279,6 +299,8 @@ class Watch:
                 s["summary_at"] = s.get("summary_at") or now
             elif t.kind == "run_next" and t.text is not None:
                 s["run_next"] = [*s.get("run_next", []), t.text][-20:]
+            elif t.kind == "alert" and t.text is not None:
+                self._alert(joblog.alert(t.text), now, out)
             elif t.kind in ("save", "eval"):
                 s["pause_step"], s["pause_at"] = t.step, now
             elif t.kind == "header" and (s.get("run_next") or s["summary_seen"]):  # a requeued job's next run

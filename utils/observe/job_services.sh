@@ -10,7 +10,9 @@
 #          (URLs, SSH tunnel commands, where the TSDB is, how to browse it later; with
 #          RAY_DASHBOARD_PORT the Ray dashboard, and with MST_RAY_TOKEN_FILE where its token is:
 #          the path, never the value; with MST_RAY_FALLBACK=WHY the line "ray: off - WHY; ..."
-#          instead: the job trains without Ray, and this is why). With METRICS_REMOTE_WRITE_URL,
+#          instead: the job trains without Ray, and this is why). Prometheus evaluates the alert rules
+#          utils/observe/alert_rules.yml (from utils/diagnosis/alerts.tsv); utils/observe/alert_relay.py
+#          prints a line into the job log when one starts or stops firing ("alert: firing ..."). With METRICS_REMOTE_WRITE_URL,
 #          Prometheus also sends every series it scrapes there (remote write) with the labels
 #          job_id, user and model, authenticated with METRICS_REMOTE_WRITE_CREDENTIALS (a mode 600
 #          file: the password for METRICS_REMOTE_WRITE_USER, else a bearer token; Prometheus reads
@@ -108,7 +110,9 @@ case "${1:-}" in
 global:
   scrape_interval: ${interval}s
   scrape_timeout: $(( interval > 1 ? interval - 1 : 1 ))s
+  evaluation_interval: ${interval}s
 $rw_global
+rule_files: ['$here/alert_rules.yml']
 scrape_configs:
   - job_name: job
     honor_labels: true
@@ -137,6 +141,9 @@ CONF
       ) &
       echo $! > "$run_dir/supervisor.pid"
       echo "$prom_port" > "$run_dir/prometheus.port"
+      # firing alerts (utils/observe/alert_rules.yml) become lines of the job log (alert_relay.py)
+      "$py" "$here/alert_relay.py" "http://$bind:$prom_port" --every "$interval" --stop-file "$run_dir/stop" &
+      echo $! > "$run_dir/relay.pid"
       if [[ "$store" != "$JOB_DIR/prometheus" ]]; then
         "$py" "$here/tsdb_mirror.py" "$store" "$JOB_DIR/prometheus" --every "$copy_every" --stop-file "$run_dir/stop" \
           --pid-file "$run_dir/prometheus.pid" --remove "${store%/tsdb}" >> "$JOB_DIR/metrics/tsdb-copy.log" 2>&1 &
