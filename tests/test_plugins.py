@@ -92,7 +92,7 @@ def test_kernel_log_gpu_errors_are_counted_once_each(tmp_path):
     kmsg, state = tmp_path / "kmsg", tmp_path / "state"
     state.mkdir()
     kmsg.write_text((FIX / "host/kmsg").read_text())
-    env = {**host_fixture_env(), "METRICS_KMSG": str(kmsg), "METRICS_STATE_DIR": str(state)}
+    env = {**host_fixture_env(), "METRICS_KMSG": str(kmsg), "METRICS_STATE_DIR": str(state), "METRICS_KMSG_EVERY": "0"}
     got = samples(run_plugin("host", env).stdout)
     assert val(got, "hw_gpu_kernel_log_readable") == 1
     assert "hw_gpu_kernel_errors_total" not in names(got)  # in the log before the job: not the job's
@@ -112,6 +112,26 @@ def test_kernel_log_gpu_errors_are_counted_once_each(tmp_path):
         assert val(got, "hw_gpu_kernel_errors_total", code="gpu_reset") == 1  # no amdgpu card here: no gpu label
         assert val(got, "hw_gpu_kernel_errors_total", code="ras_uncorrectable") == 1
         assert not any(n == "hw_gpu_kernel_errors_total" and dict(lb).get("code") == "79" for n, lb in got)
+
+
+def test_the_kernel_log_is_read_at_most_every_kmsg_every_seconds(tmp_path):
+    """Reading /dev/kmsg costs a read(2) per record: within METRICS_KMSG_EVERY seconds of the last read a
+    poll gives the state's counts without reading; the first poll after it counts what came meanwhile."""
+    kmsg, state = tmp_path / "kmsg", tmp_path / "state"
+    state.mkdir()
+    kmsg.write_text((FIX / "host/kmsg").read_text())
+    env = {**host_fixture_env(), "METRICS_KMSG": str(kmsg), "METRICS_STATE_DIR": str(state), "METRICS_KMSG_EVERY": "2"}
+    run_plugin("host", env)  # the first poll reads (and takes the newest sequence number)
+    with kmsg.open("a") as f:
+        f.write(
+            "4,1005,900000000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=4711, name=python3, GPU has fallen off the bus.\n"
+        )
+    got = samples(run_plugin("host", env).stdout)
+    assert val(got, "hw_gpu_kernel_log_readable") == 1 and "hw_gpu_kernel_errors_total" not in names(got)
+    time.sleep(2.1)
+    for _ in range(2):  # read now; then the counts from the state
+        got = samples(run_plugin("host", env).stdout)
+        assert val(got, "hw_gpu_kernel_errors_total", gpu="0", code="79") == 1
 
 
 def test_unreadable_kernel_log_is_tried_once(tmp_path):

@@ -256,8 +256,27 @@ boot=
 { IFS= read -r boot; } 2>/dev/null < "$proc/sys/kernel/random/boot_id" || boot=
 HELP[hw_gpu_kernel_log_readable]="1 when the kernel log ($kmsg) could be read for GPU error events, 0 when not."
 HELP[hw_gpu_kernel_errors_total]="GPU error events in the kernel log since the exporter started (NVRM Xid, amdgpu RAS and GPU reset)."
-if [[ -n $kstate && -f $kstate ]] && grep -qx unreadable "$kstate" 2>/dev/null; then
+# Reading the log costs one read(2) per record (a node's buffer holds thousands): it is read at most
+# every METRICS_KMSG_EVERY seconds (default 30); the polls between give the counts the state holds.
+kmsg_every=${METRICS_KMSG_EVERY:-30}
+[[ $kmsg_every =~ ^[0-9]+$ ]] || kmsg_every=30
+printf -v now '%(%s)T' -1
+unreadable=0 read_at=0 counts=""
+if [[ -n $kstate && -f $kstate ]]; then
+  while read -r k a b c; do
+    case $k in
+      unreadable) unreadable=1 ;;
+      read_at) if [[ $a =~ ^[0-9]+$ ]]; then read_at=$a; fi ;;
+      count) counts+="$a $b $c"$'\n' ;;
+    esac
+  done < "$kstate" 2>/dev/null || true
+fi
+kfd=
+unset records
+if (( unreadable )); then
   emit hw_gpu_kernel_log_readable "" 0
+elif [[ -n $kstate && -f $kstate ]] && (( now - read_at < kmsg_every )); then
+  emit hw_gpu_kernel_log_readable "" 1  # not read this time: the counts of the state
 elif ! { exec {kfd}<"$kmsg"; } 2>/dev/null; then
   emit hw_gpu_kernel_log_readable "" 0
   if [[ -n $kstate ]]; then echo unreadable > "$kstate"; fi
@@ -266,7 +285,10 @@ else
   # dd returns at the end of the buffer (EAGAIN with nonblock): each read(2) gives one whole record
   records=$(dd bs=65536 iflag=nonblock status=none <&"$kfd" 2>/dev/null || true)
   exec {kfd}<&-
-  counts=$(awk -v boot="$boot" -v statef="$kstate" '
+  read_at=$now
+fi
+if [[ -n ${records+set} ]]; then
+  counts=$(awk -v boot="$boot" -v statef="$kstate" -v read_at="$read_at" '
     BEGIN {
       last = -1; fresh = 1
       if (statef != "" && (getline line < statef) > 0) {
@@ -300,38 +322,39 @@ else
     END {
       for (k in n) print k, n[k]
       if (statef != "") {
-        printf "boot %s\nseq %d\n", boot, top > (statef ".new")
+        printf "boot %s\nseq %d\nread_at %s\n", boot, top, read_at > (statef ".new")
         for (k in n) printf "count %s %d\n", k, n[k] > (statef ".new")
         close(statef ".new")
       }
     }
   ' <<< "$records") || status=1
   if [[ -n $kstate && -f $kstate.new ]]; then mv -f "$kstate.new" "$kstate"; fi
-  if [[ -n $counts ]]; then
-    # the gpu label: the GPU index as gpu_metrics_plugin.sh numbers it (NVIDIA: PCI order of the nvidia
-    # driver's functions, as nvidia-smi does; AMD: amdgpu cards in /sys/class/drm/cardN order)
-    declare -A GPU_OF=()
-    i=0
-    for d in "$sys"/bus/pci/drivers/nvidia/[0-9a-f]*:*; do
-      [[ -e $d ]] || continue
-      a=${d##*/}; GPU_OF[${a%.*}]=$i; i=$((i + 1))  # Xid names the function without ".0"
-    done
-    i=0
-    for d in "$sys"/class/drm/card*; do
-      v=
-      { IFS= read -r v; } 2>/dev/null < "$d/device/vendor" || true
-      if [[ ! ${d##*/} =~ ^card[0-9]+$ || $v != 0x1002 ]]; then continue; fi
-      a=$(cd -P "$d/device" 2>/dev/null && pwd) || continue
-      GPU_OF[${a##*/}]=$i; i=$((i + 1))
-    done
-    while read -r pci code v; do
-      if [[ -v GPU_OF[$pci] ]]; then
-        emit hw_gpu_kernel_errors_total "gpu=\"${GPU_OF[$pci]}\",code=\"$code\"" "$v"
-      else
-        emit hw_gpu_kernel_errors_total "code=\"$code\"" "$v"
-      fi
-    done <<< "$counts"
-  fi
+fi
+if (( ! unreadable )) && [[ -n $counts ]]; then
+  # the gpu label: the GPU index as gpu_metrics_plugin.sh numbers it (NVIDIA: PCI order of the nvidia
+  # driver's functions, as nvidia-smi does; AMD: amdgpu cards in /sys/class/drm/cardN order)
+  declare -A GPU_OF=()
+  i=0
+  for d in "$sys"/bus/pci/drivers/nvidia/[0-9a-f]*:*; do
+    [[ -e $d ]] || continue
+    a=${d##*/}; GPU_OF[${a%.*}]=$i; i=$((i + 1))  # Xid names the function without ".0"
+  done
+  i=0
+  for d in "$sys"/class/drm/card*; do
+    v=
+    { IFS= read -r v; } 2>/dev/null < "$d/device/vendor" || true
+    if [[ ! ${d##*/} =~ ^card[0-9]+$ || $v != 0x1002 ]]; then continue; fi
+    a=$(cd -P "$d/device" 2>/dev/null && pwd) || continue
+    GPU_OF[${a##*/}]=$i; i=$((i + 1))
+  done
+  while read -r pci code v; do
+    if [[ -z $v ]]; then continue; fi
+    if [[ -v GPU_OF[$pci] ]]; then
+      emit hw_gpu_kernel_errors_total "gpu=\"${GPU_OF[$pci]}\",code=\"$code\"" "$v"
+    else
+      emit hw_gpu_kernel_errors_total "code=\"$code\"" "$v"
+    fi
+  done <<< "$counts"
 fi
 
 for m in "${ORDER[@]}"; do
