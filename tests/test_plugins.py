@@ -20,6 +20,7 @@ import pytest
 
 from helpers.tbevents import MAXTEXT_TAGS, event_record, write_history
 from observe import metrics_exporter as mx
+from observe import tb_collector as tbc
 
 REPO = Path(__file__).resolve().parents[1]
 UTILS = REPO / "utils"
@@ -631,17 +632,18 @@ def test_tb_first_poll_of_a_long_history(tb, monkeypatch):
     """A job's whole history read at once (the exporter started late): every scalar of every MaxText tag is
     served with its value as written and its event's time, and tb_step once per step; also when the values are
     converted in bulk with numpy (a first poll of tens of thousands of values)."""
-    monkeypatch.setattr(mx, "_NUMPY_IMPORT_FROM", 256)  # the bulk path for this smaller history too
+    monkeypatch.setattr(tbc, "_NUMPY_IMPORT_FROM", 256)  # the bulk path for this smaller history too
     steps, t0 = 300, 1763779480.0
     write_history(tb.job / "run", steps * len(MAXTEXT_TAGS), t0)
     got = tb.poll()
-    assert mx._numpy, "the values were converted with numpy"
+    assert tbc._numpy, "the values were converted with numpy"
     run = run_label("run")
     for i, tag in enumerate(MAXTEXT_TAGS):
         want = [
-            (mx.float32_value(f32(6.0 / (step + 1) + i)), round((t0 + step + i / 1000) * 1000)) for step in range(steps)
+            (tbc.float32_value(f32(6.0 / (step + 1) + i)), round((t0 + step + i / 1000) * 1000))
+            for step in range(steps)
         ]
-        assert got[(mx.metric_name_for_tag(tag), run)] == want, tag
+        assert got[(tbc.metric_name_for_tag(tag), run)] == want, tag
     assert got[("tb_step", run)] == [(step, round((t0 + step) * 1000)) for step in range(steps)]
     assert tb.poll() == {}
 
@@ -659,10 +661,10 @@ def test_tb_values_converted_in_bulk_are_each_as_written():
     xs += [sign * 2.0**e for e in range(-149, 128) for sign in (1, -1)] + [0.0, -0.0, f32(0.01), f32(6.123)]
     xs += [f32(10.0**d + n + 0.5) for d in range(5, 9) for n in range(50)]  # ties at 6-8 digits (from 2**24: none)
     xs += [struct.unpack("<f", struct.pack("<I", b))[0] for b in (0x7F7FFFFF, 0xFF7FFFFF, 0x00000001, 0x00800000)]
-    got = mx.float32_values(xs)
-    assert mx._numpy, "numpy did the conversion"
-    assert list(map(repr, got)) == [repr(mx.float32_value(x)) for x in xs]
-    assert mx.float32_values([f32(0.01)] * 300) == [0.01] * 300  # as written, not 0.009999999776482582
+    got = tbc.float32_values(xs)
+    assert tbc._numpy, "numpy did the conversion"
+    assert list(map(repr, got)) == [repr(tbc.float32_value(x)) for x in xs]
+    assert tbc.float32_values([f32(0.01)] * 300) == [0.01] * 300  # as written, not 0.009999999776482582
 
 
 def exporter_once(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> str:
@@ -710,12 +712,12 @@ def test_tb_read_on_node_rank_0_only(tb, tmp_path):
 def test_maxtext_tags_map_to_documented_names():
     documented = documented_metrics()
     for tag in MAXTEXT_TAGS:
-        name = mx.metric_name_for_tag(tag)
+        name = tbc.metric_name_for_tag(tag)
         assert name in documented, f"{tag} -> {name} is not in docs/metrics.md"
         assert f"tag `{tag}`" in documented[name][2], f"docs/metrics.md does not map {tag} to {name}"
-    assert mx.metric_name_for_tag("learning/moe_lb_loss") == "tb_learning_moe_lb_loss"
-    assert mx.metric_name_for_tag("perf/step_time_seconds") == "tb_perf_step_time_seconds"
-    assert mx.metric_name_for_tag("eval/avg loss-1") == "tb_eval_avg_loss_1"
+    assert tbc.metric_name_for_tag("learning/moe_lb_loss") == "tb_learning_moe_lb_loss"
+    assert tbc.metric_name_for_tag("perf/step_time_seconds") == "tb_perf_step_time_seconds"
+    assert tbc.metric_name_for_tag("eval/avg loss-1") == "tb_eval_avg_loss_1"
 
 
 # ---- docs/metrics.md agrees with what is emitted -------------------------------------------------------
