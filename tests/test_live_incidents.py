@@ -146,7 +146,7 @@ def test_packet_loss_on_one_node_is_a_network_incident_there(netns_cluster, work
         hook.server.shutdown()
     assert "query: sum by (host) (rate(hw_tcp_retransmits_total[1m]))" in fired["message"], fired
     assert log_has(log, r"^n1: alert: firing TCPRetransmitsStandOut host=n2 check=network value=[0-9.e+]+: n2 "), said
-    assert not log_has(log, r"^n1: alert: firing \S+ host=n1 "), "an alert about the healthy node"
+    assert not log_has(log, r"^n1: alert: firing \S+ host=n1 check=network "), "a network alert about the healthy node"
     d, t = answers(netns_cluster, venv, job_id, log, "net --loss 5")
     assert d["verdict"] == "network" and d["culprit_hosts"] == ["n2"], findings(d)
     net = next(f for f in d["findings"] if f["kind"] == "network")
