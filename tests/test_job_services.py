@@ -381,12 +381,13 @@ def test_a_tsdb_on_nfs_is_written_on_node_local_disk_and_copied_into_the_job_dir
         assert (store / "queries.active").exists() and not (job / "prometheus/queries.active").exists()  # runs there
         assert (job / "prometheus/wal").is_dir(), "no copy after 12 s with a copy every 5 s"
         assert saved_samples(job / "prometheus")[0] > 0, "the job dir's copy holds no sample while the job runs"
+        stopping = time.time()
         stop = run([str(REPO / "utils/observe/job_services.sh"), "stop"], env=env, timeout=60)
-        stopped = time.time()
         assert "tsdb: the last copy from this node's disk is in" in stop.stdout, stop.stdout + stop.stderr
         assert not store.parent.exists(), "the node-local TSDB was left on the node"
         count, last = saved_samples(job / "prometheus")
-        assert count >= 8 and stopped - last < 2.5, (count, stopped - last)  # scraped every 1 s from ~5 s on
+        # scraped every 1 s from ~5 s on, until the stop (which waits for a moment between two scrapes)
+        assert count >= 8 and last > stopping - 3, (count, stopping - last)
         copies = (job / "metrics/tsdb-copy.log").read_text().splitlines()
         assert len(copies) >= 3 and all(" tsdb_mirror: copied " in x for x in copies), copies
 
@@ -404,10 +405,10 @@ def test_a_tsdb_on_nfs_is_written_on_node_local_disk_and_copied_into_the_job_dir
             os.kill(int((run_dir / f"{f}.pid").read_text()), 9)
         killed = time.time()
         count, last = saved_samples(job / "prometheus")
-        assert count >= 5 and copied - last < 1.5, (count, copied - last)
+        assert count >= 5 and copied - last < 3, (count, copied - last)  # 1 s scrapes; a loaded machine
         # what was lost: the samples after the last copy (here ~3 s of 1 s scrapes; at most the copy
         # interval plus one scrape interval), still on the node's disk, in the private directory
-        assert killed - last < 5 + 1 + 1, killed - last
+        assert killed - last < 5 + 1 + 3, killed - last
         print(f"SIGKILL: the job dir's last sample {killed - last:.1f} s before the kill")
         (node_local,) = [p for p in node.glob("mst.*") if (p / "tsdb").is_dir()]
         assert saved_samples(node_local / "tsdb")[1] > last
@@ -427,6 +428,6 @@ def test_a_tsdb_on_nfs_is_written_on_node_local_disk_and_copied_into_the_job_dir
             time.sleep(0.2)
         assert not store.parent.exists(), "the node-local TSDB was left on the node"
         count, last = saved_samples(job / "prometheus")
-        assert count >= 2 and termed - last < 2, (count, termed - last)
+        assert count >= 2 and termed - last < 3, (count, termed - last)
     finally:
         srv.shutdown()
