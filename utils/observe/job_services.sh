@@ -10,10 +10,10 @@
 #          (URLs, SSH tunnel commands, where the TSDB is, how to browse it later; with
 #          RAY_DASHBOARD_PORT the Ray dashboard, and with MST_RAY_TOKEN_FILE where its token is:
 #          the path, never the value; with MST_RAY_FALLBACK=WHY the line "ray: off - WHY; ..."
-#          instead: the job trains without Ray, and this is why). Prometheus evaluates the alert rules
-#          utils/observe/alert_rules.yml (from utils/diagnosis/alerts.tsv); utils/observe/alert_relay.py
-#          prints a line into the job log when one starts or stops firing ("alert: firing ..."). With METRICS_REMOTE_WRITE_URL,
-#          Prometheus also sends every series it scrapes there (remote write) with the labels
+#          instead: the job trains without Ray, and this is why). Prometheus evaluates the alert
+#          rules utils/observe/alert_rules.yml (from utils/diagnosis/alerts.tsv);
+#          utils/observe/alert_relay.py prints a line into the job log when one starts or stops
+#          firing ("alert: firing ..."). With METRICS_REMOTE_WRITE_URL, Prometheus also sends every series it scrapes there (remote write) with the labels
 #          job_id, user and model, authenticated with METRICS_REMOTE_WRITE_CREDENTIALS (a mode 600
 #          file: the password for METRICS_REMOTE_WRITE_USER, else a bearer token; Prometheus reads
 #          it itself); the OBSERVE block says where, or why not ("remote_write: off - WHY").
@@ -177,7 +177,7 @@ CONF
     ;;
   stop)
     touch "$run_dir/stop" 2>/dev/null
-    # the TSDB's copier ends its pass and exits (it looks for the stop file every second)
+    # the TSDB's copier ends its pass and exits (it looks for the stop file 5 times a second)
     if pid=$(cat "$run_dir/mirror.pid" 2>/dev/null); then
       rm -f -- "$run_dir/mirror.pid"
       for _ in $(seq 240); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
