@@ -197,7 +197,10 @@ def assert_continued(workspace: Path, alias: str) -> None:
     text = {j: p.read_text(errors="replace") for j, p in jobs}
     report = runs.account(alias, workspace)
     assert report["done"] and report["highest_step"] == 5499, report
-    assert len([j for j, log in jobs if steps_in(log)]) >= 3, f"5500 steps took only {ids} jobs of 1 minute"
+    # at least one time limit met and passed (how many depends on the machine's speed: a quiet one trains
+    # the 5500 steps in the requeued job's rerun and one more job)
+    assert len([j for j, log in jobs if steps_in(log)]) >= 2, f"5500 steps took only {ids} jobs of 1 minute"
+    assert any(summary(log)["status"] == "timeout" for _, log in jobs[:-1]), "no job of the run met its time limit"
     # the requeued job ran twice under its id and queued one next job only
     assert text[ids[0]].count("==================== JOB ====================") == 2, text[ids[0]][-3000:]
     assert f"run_next: job {ids[1]} (queued by this job's earlier run) goes on with run {alias}" in text[ids[0]]
