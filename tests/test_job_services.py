@@ -369,10 +369,12 @@ def test_a_tsdb_on_nfs_is_written_on_node_local_disk_and_copied_into_the_job_dir
     node = tmp_path / "node"
     node.mkdir()
     extra = {"MST_TSDB_FSTYPE": "nfs", "METRICS_TSDB_COPY_INTERVAL": "5", "TMPDIR": str(node)}
+    envs = []  # each start's environment: stopped at the end whatever happened
     try:
         # 1. stopped at the end: everything scraped is in the job dir, nothing is left on the node
         job = tmp_path / "done"
         env, observe = start_services(job, f"127.0.0.1:{srv.server_address[1]}", extra)
+        envs.append(env)
         local = [x for x in observe.splitlines() if x.startswith("tsdb_local: ")]
         assert len(local) == 1 and "the job dir is on nfs, which Prometheus does not support" in local[0], observe
         store = Path(local[0].split()[1])
@@ -394,6 +396,7 @@ def test_a_tsdb_on_nfs_is_written_on_node_local_disk_and_copied_into_the_job_dir
         # 2. SIGKILL of everything (what a node crash does): the job dir keeps what the last copy held
         job = tmp_path / "killed"
         env, observe = start_services(job, f"127.0.0.1:{srv.server_address[1]}", extra)
+        envs.append(env)
         log = job / "metrics/tsdb-copy.log"
         deadline = time.monotonic() + 40
         while time.monotonic() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 2):
@@ -401,7 +404,7 @@ def test_a_tsdb_on_nfs_is_written_on_node_local_disk_and_copied_into_the_job_dir
         copied = time.time()  # the second copy just ended: it held everything scraped until now
         time.sleep(3)
         run_dir = job / "metrics/run"
-        for f in ("supervisor", "mirror", "prometheus"):
+        for f in ("supervisor", "mirror", "prometheus", "relay"):
             os.kill(int((run_dir / f"{f}.pid").read_text()), 9)
         killed = time.time()
         count, last = saved_samples(job / "prometheus")
@@ -417,10 +420,11 @@ def test_a_tsdb_on_nfs_is_written_on_node_local_disk_and_copied_into_the_job_dir
         # copier waits for Prometheus to stop, copies a last time and removes the node's copy
         job = tmp_path / "cancelled"
         env, observe = start_services(job, f"127.0.0.1:{srv.server_address[1]}", extra)
+        envs.append(env)
         store = Path(next(x for x in observe.splitlines() if x.startswith("tsdb_local: ")).split()[1])
         time.sleep(9)  # the first scrape comes after ~5.5 s
         run_dir = job / "metrics/run"
-        for f in ("supervisor", "mirror", "prometheus"):
+        for f in ("supervisor", "mirror", "prometheus", "relay"):
             os.kill(int((run_dir / f"{f}.pid").read_text()), 15)
         termed = time.time()
         deadline = time.monotonic() + 15
@@ -430,4 +434,6 @@ def test_a_tsdb_on_nfs_is_written_on_node_local_disk_and_copied_into_the_job_dir
         count, last = saved_samples(job / "prometheus")
         assert count >= 2 and termed - last < 3, (count, termed - last)
     finally:
+        for env in envs:
+            run([str(REPO / "utils/observe/job_services.sh"), "stop"], env=env, timeout=60)
         srv.shutdown()
