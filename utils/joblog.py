@@ -1330,7 +1330,7 @@ class Follower:
                 out.append(Tick("summary"))
             elif line.startswith(_RUN_NEXT_TEXT):
                 out.append(Tick("run_next", text=line[len(_RUN_NEXT_TEXT) :][:1000].decode(errors="replace")))
-            elif _ALERT_TEXT in line[:80]:
+            elif line.find(_ALERT_TEXT, 0, 80) >= 0:  # no copy of the line (this runs for most lines)
                 head, _, rest = line.partition(_ALERT_TEXT)
                 if not head or (head.endswith(b": ") and b" " not in head[:-2]):  # "alert: " or "<node>: alert: "
                     out.append(Tick("alert", host=head[:-2].decode(errors="replace") or None,
