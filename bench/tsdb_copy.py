@@ -32,6 +32,7 @@ if __name__ == "__main__":  # run directly: under the project's environment, fou
 
     runpy.run_path(str(Path(__file__).resolve().parents[1] / "utils" / "entry.py"))["enter_venv"]()
 
+from helpers.promfixture import free_port  # tests/ is an import root of the environment
 from observe import tsdb_mirror
 
 
@@ -50,14 +51,6 @@ def endpoint(series: int) -> http.server.ThreadingHTTPServer:
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return srv
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cpu() -> float:
