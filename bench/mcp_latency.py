@@ -23,10 +23,6 @@ from pathlib import Path
 if __name__ == "__main__":  # run directly: under the project's environment, found as the utils/ commands find it
     runpy.run_path(str(Path(__file__).resolve().parents[1] / "utils" / "entry.py"))["enter_venv"]()
 
-import anyio
-from mcp.client.session import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
-
 from helpers import corpus
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,6 +43,10 @@ def big_job(cache: Path, family: str, seed: int) -> tuple[Path, dict]:
 
 
 async def one_run(job: Path) -> dict:
+    # the MCP SDK only when a run starts (its import is ~1 CPU-s, more than all the rest of --help)
+    from mcp.client.session import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
     params = StdioServerParameters(
         command=sys.executable,
         args=[str(REPO / "utils" / "mcp_server.py"), "--workspace", str(job.parent)],
@@ -93,6 +93,8 @@ def main() -> int:
             job, verdict, culprits = inc.job_dir, inc.verdict, inc.culprits
             what = f"small corpus: {len(inc.hosts)} hosts"
         print(f"job: {job} ({what})")
+        import anyio
+
         runs = [anyio.run(one_run, job) for _ in range(a.runs)]
     d = runs[-1]["diagnose result"]
     ok = d["verdict"] == verdict and sorted(d["culprit_hosts"]) == sorted(culprits)

@@ -15,14 +15,15 @@ from pathlib import Path
 import pytest
 from conftest import REPO, VENV, run
 
-from helpers import corpus, logcorpus
+from helpers import corpus, inproc, logcorpus
 
 TOOLS = ("triage", "diagnose", "perf", "sweep", "investigate")
 
 
 def tool(name: str, *args: str | Path, ws: Path) -> subprocess.CompletedProcess:
-    """utils/<name>.py ARGS with the workspace given as $JOB_WORKSPACE (as a user's shell has it)."""
-    return run([str(REPO / "utils" / f"{name}.py"), *map(str, args)], env={"JOB_WORKSPACE": str(ws)}, timeout=120)
+    """utils/<name>.py ARGS with the workspace given as $JOB_WORKSPACE (as a user's shell has it), run in
+    this process (helpers/inproc.py: the tools' main; test_lint and the early reader below run the commands)."""
+    return inproc.tool(name, *args, env={"JOB_WORKSPACE": str(ws)})
 
 
 def job_args(name: str, job: str, model: str = "tiny") -> list[str]:

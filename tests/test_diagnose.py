@@ -21,7 +21,7 @@ import requests
 from conftest import REPO, VENV, run
 
 from diagnosis import diagnose, load, tsdb, verify
-from helpers import corpus
+from helpers import corpus, inproc
 from helpers.jobs import bad_job_arg
 from helpers.promfixture import running_prometheus, tsdb_digest, write_tsdb
 
@@ -46,7 +46,8 @@ def diag(job: Path, vs: Path | None = None) -> dict:
 
 
 def cli(*args: str, **kw) -> subprocess.CompletedProcess:
-    return run([PY, TOOL, *map(str, args)], timeout=120, **kw)
+    """utils/diagnose.py ARGS in this process (helpers/inproc.py); test_lint runs the command itself."""
+    return inproc.tool("diagnose", *args, **kw)
 
 
 def one_line_error(res: subprocess.CompletedProcess, *needles: str) -> None:

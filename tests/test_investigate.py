@@ -9,15 +9,16 @@ commands run as printed from another directory; bad input is one line.
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run
+from conftest import REPO
 
 from diagnosis import investigate
-from helpers import corpus, logcorpus
+from helpers import corpus, inproc, logcorpus
 from launch import config_header
 
 TOOL = str(REPO / "utils" / "investigate.py")
@@ -37,7 +38,9 @@ def bundle(job: Path, ws: Path, metrics: str = "auto") -> dict:
 
 
 def cli(*args: str | Path, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    return run([TOOL, *map(str, args), "--no-scheduler"], env=env, cwd=cwd, timeout=180)
+    """utils/investigate.py ARGS --no-scheduler in this process (helpers/inproc.py; the early reader below
+    and test_lint run the command)."""
+    return inproc.tool("investigate", *args, "--no-scheduler", env=env, cwd=cwd)
 
 
 # --- incidents with metrics: every family of the corpus ------------------------------------------
@@ -218,10 +221,13 @@ def test_log_only_incident(tmp_path, failure, verdict, culprits, perf):
 
 # --- the command ---------------------------------------------------------------------------------
 def run_tools_as_printed(r: dict, where: Path, env: dict[str, str]) -> list[str]:
-    """Run every next step that is a tool of this repository, as printed, in WHERE; [commands]."""
+    """Run every next step that is a tool of this repository, as printed (split as the shell would), in
+    WHERE, in this process (helpers/inproc.py; test_cli runs printed next steps through bash); [commands]."""
     tools = [s.split("   #")[0] for s in r["next_steps"] if s.startswith(str(REPO / "utils") + "/")]
     for cmd in tools:
-        res = run(["bash", "-c", cmd], env=env, cwd=where, timeout=180)
+        argv = shlex.split(cmd)
+        assert Path(argv[0]).parent == REPO / "utils" and Path(argv[0]).stem in inproc.MODULES, cmd
+        res = inproc.tool(Path(argv[0]).stem, *argv[1:], env=env, cwd=where)
         assert res.returncode == 0, (cmd, res.stderr[-2000:])
         if cmd.endswith("--json"):
             out = json.loads(res.stdout)
@@ -274,7 +280,7 @@ def test_bad_input_is_one_line(tmp_path):
         (["/"], "not a job directory"),
         (["4242", "--metrics", "sometimes"], "invalid choice: 'sometimes'"),
     ):
-        res = run([TOOL, *args], env={"JOB_WORKSPACE": str(tmp_path)}, cwd=tmp_path, timeout=60)
+        res = inproc.tool("investigate", *args, env={"JOB_WORKSPACE": str(tmp_path)}, cwd=tmp_path)
         lines = res.stderr.strip().splitlines()
         assert res.returncode == 2 and res.stdout == "" and len(lines) == 1, (args, res.stderr)
         assert lines[0].startswith("investigate.py: ") and needle in lines[0], lines[0]

@@ -11,9 +11,9 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run
+from conftest import REPO
 
-from helpers import corpus
+from helpers import corpus, inproc
 
 # tool -> (its doc, the heading of the section whose table lists the report's top-level keys)
 DOCS = {
@@ -60,9 +60,7 @@ def report(tool: str, job: Path) -> dict:
         "sweep": ["regress", job.name.split("-JAX-")[1], "--baseline", job, "--dry-run", "--json"],
         "investigate": [job, "--json", "--no-scheduler"],
     }[tool]
-    res = run(
-        [str(REPO / "utils" / f"{tool}.py"), *map(str, args)], env={"JOB_WORKSPACE": str(job.parent)}, timeout=180
-    )
+    res = inproc.tool(tool, *args, env={"JOB_WORKSPACE": str(job.parent)})  # helpers/inproc.py
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 

@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO, launcher_env, run
 
 from diagnosis import perf, triage
-from helpers import logcorpus
+from helpers import inproc, logcorpus
 from helpers.jobs import bad_job_arg
 from helpers.promfixture import write_tsdb
 
@@ -401,21 +401,21 @@ def test_real_tiny_job_with_the_profiler(tiny_job):
     assert "/tensorboard/plugins/profile/" in tj["path"] and tj["host"]
     sm = tj["summary"]
     assert sm["backend"] == "host" and sm["top_ops"] and sum(sm["split"].values()) == pytest.approx(1, abs=1e-3)
-    text = run([PERF, r["job_dir"]], env=launcher_env(tiny_job))
+    text = inproc.tool("perf", r["job_dir"], env=launcher_env(tiny_job))
     assert text.returncode == 0 and "tokens/s/device" in text.stdout and "trace:" in text.stdout
 
 
 # --- the command line ---------------------------------------------------------------------------
 def test_cli_help_and_lookup(tmp_path):
-    res = run([PERF, "--help"])
+    res = inproc.tool("perf", "--help")
     assert res.returncode == 0 and res.stdout.startswith("Usage: perf.py") and "--peak-tflops" in res.stdout
     log = write_log(tmp_path / "ws", {"n1": series(20, 0.5, {10: 3.0})})
     for arg in (str(log), str(log.with_suffix("")), "4242"):
-        res = run([PERF, arg, "--json", "--workspace", str(log.parent), "--gpu", "mi300x"])
+        res = inproc.tool("perf", arg, "--json", "--workspace", str(log.parent), "--gpu", "mi300x")
         assert res.returncode == 0, res.stderr
         r = json.loads(res.stdout)
         assert r["peak_tflops"] == 1307.4 and r["stalls"]["steps"] == [10] and r["job_dir"] == str(log.with_suffix(""))
-    res = run([PERF, "4242"], env={"JOB_WORKSPACE": str(log.parent)})
+    res = inproc.tool("perf", "4242", env={"JOB_WORKSPACE": str(log.parent)})
     assert res.returncode == 0 and "stalls (> 3 x median): 1 at steps 10" in res.stdout, res.stdout
 
 
@@ -448,7 +448,7 @@ def test_cli_bad_input_is_one_line_exit_2(bad, tmp_path):
         "both": [str(log), "--gpu", "H100", "--peak-tflops", "9"],
     }
     arg = bad_job_arg(bad, tmp_path)
-    res = run([PERF, *args.get(bad, [arg, "--workspace", str(tmp_path)])], cwd=tmp_path, timeout=30)
+    res = inproc.tool("perf", *args.get(bad, [arg, "--workspace", str(tmp_path)]), cwd=tmp_path)
     assert res.returncode == 2, res.stdout
     assert res.stdout == "" and len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
     assert res.stderr.startswith("perf.py: ")
@@ -457,7 +457,7 @@ def test_cli_bad_input_is_one_line_exit_2(bad, tmp_path):
 def test_job_without_step_lines_is_reported_not_rejected(tmp_path):
     job = logcorpus.Job(hosts=["n1", "n2"], failure="config_error")
     log = logcorpus.write_job(job, tmp_path / "ws")
-    res = run([PERF, str(log), "--json"])
+    res = inproc.tool("perf", str(log), "--json")
     assert res.returncode == 0, res.stderr
     r = json.loads(res.stdout)
     assert r["steps"] is None and r["tgs"]["steady"] is None and any("no step lines" in n for n in r["notes"])

@@ -24,6 +24,7 @@ import sweep.nodes
 import sweep.policy
 import sweep.record
 import sweep.regress
+from helpers import inproc
 from helpers.jobs import job_state, trainer_pid, wait_for
 
 TOOL = str(REPO / "utils" / "sweep.py")
@@ -32,9 +33,12 @@ FAST = ["--poll", "0.5", "--timeout", "240"]
 
 
 def sweep_run(workspace: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 300):
-    return run(
-        [str(VENV / "bin" / "python"), TOOL, *args], env={**launcher_env(workspace), **(env or {})}, timeout=timeout
-    )
+    """utils/sweep.py ARGS: in this process (helpers/inproc.py) unless it talks to the local cluster
+    (ENV with SLURM_CONF: a real sweep, which TIMEOUT bounds); test_help_runs_with_the_shebang runs the command."""
+    full = {**launcher_env(workspace), **(env or {})}
+    if "SLURM_CONF" not in full:
+        return inproc.tool("sweep", *args, env=full)
+    return run([str(VENV / "bin" / "python"), TOOL, *args], env=full, timeout=timeout)
 
 
 def as_json(res) -> dict:

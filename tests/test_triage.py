@@ -19,7 +19,7 @@ from conftest import REPO, launcher_env, run
 import joblog
 from dev import failure_class_tables as tables
 from diagnosis import failure_classes, triage
-from helpers import logcorpus
+from helpers import inproc, logcorpus
 from helpers.jobs import bad_job_arg, log_has, wait_for
 
 TRIAGE = str(REPO / "utils" / "triage.py")
@@ -461,16 +461,16 @@ def test_failure_class_tables_cli(tmp_path):
 
 # --- the command line -----------------------------------------------------------------------
 def test_cli_help_json_text_and_lookup(tmp_path):
-    res = run([TRIAGE, "--help"])
+    res = inproc.tool("triage", "--help")
     assert res.returncode == 0 and res.stdout.startswith("Usage: triage.py") and "--json" in res.stdout
     job, log = job_for("oom_device", tmp_path)
     ws = log.parent
     for arg in (str(log), str(log.with_suffix("")), job.job_id):
-        res = run([TRIAGE, arg, "--json", "--workspace", str(ws), "--no-scheduler"])
+        res = inproc.tool("triage", arg, "--json", "--workspace", str(ws), "--no-scheduler")
         assert res.returncode == 0, res.stderr
         r = json.loads(res.stdout)
         assert r["failure_class"] == "oom_device" and r["job_dir"] == str(log.with_suffix(""))
-    res = run([TRIAGE, job.job_id, "--no-scheduler"], env={"JOB_WORKSPACE": str(ws)})
+    res = inproc.tool("triage", job.job_id, "--no-scheduler", env={"JOB_WORKSPACE": str(ws)})
     assert res.returncode == 0 and "oom_device on n2" in res.stdout.splitlines()[0], res.stdout
     assert "evidence:" in res.stdout and "next steps:" in res.stdout
 
@@ -493,7 +493,7 @@ BAD_JOBS = {  # kind of JOB argument -> what the one line must say
 @pytest.mark.parametrize("bad", BAD_JOBS)
 def test_cli_bad_input_is_one_line_exit_2(bad, tmp_path):
     arg = bad_job_arg(bad, tmp_path)
-    res = run([TRIAGE, arg, "--workspace", str(tmp_path)], cwd=tmp_path, timeout=30)
+    res = inproc.tool("triage", arg, "--workspace", str(tmp_path), cwd=tmp_path)
     assert res.returncode == 2, res.stdout
     assert res.stdout == "" and len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
     assert res.stderr.startswith("triage.py: ") and BAD_JOBS[bad] in res.stderr, res.stderr
@@ -514,7 +514,7 @@ def test_cli_bad_input_is_one_line_exit_2(bad, tmp_path):
 )
 def test_cli_bad_option_is_one_line_exit_2(option, tmp_path):
     _, log = job_for("oom_device", tmp_path)
-    res = run([TRIAGE, str(log), "--no-scheduler", *option], timeout=30)
+    res = inproc.tool("triage", str(log), "--no-scheduler", *option)
     assert res.returncode == 2 and res.stdout == "", res.stdout
     assert len(res.stderr.strip().splitlines()) == 1 and res.stderr.startswith("triage.py: argument "), res.stderr
 
@@ -616,7 +616,7 @@ def test_cancel_of_a_job_that_had_hung_is_a_hang(tmp_path):
     from helpers import corpus  # builds the job dir (log, stage records, TSDB) like a real RAY=1 job leaves it
 
     inc = corpus.build("hang", tmp_path / "ws", seed=2)
-    res = run([TRIAGE, str(inc.job_dir), "--json", "--no-scheduler"])
+    res = inproc.tool("triage", str(inc.job_dir), "--json", "--no-scheduler")
     assert res.returncode == 0, res.stderr
     r = json.loads(res.stdout)
     assert r["status"] == "cancelled" and r["failure_class"] == "hang", r["summary"]
