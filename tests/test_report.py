@@ -17,13 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, VENV, run
+from conftest import run
 from PIL import Image
 
 from diagnosis import diagnose, report
-from helpers import corpus
+from helpers import corpus, inproc
 
-TOOL = str(REPO / "utils" / "diagnose.py")
 CHROMIUM = shutil.which("chromium")
 SIZE = (1500, 1100)  # the screenshot's height and width: the top of the page (docs/images/incident-report.png)
 
@@ -92,7 +91,7 @@ def view(page: Path, png: Path | None = None) -> tuple[Page, np.ndarray | None]:
 
 
 def diagnose_cli(*args: object) -> dict:
-    res = run([str(VENV / "bin" / "python"), TOOL, *map(str, args), "--json"], timeout=120)
+    res = inproc.tool("diagnose", *args, "--json")  # helpers/inproc.py
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 
@@ -169,7 +168,7 @@ def test_bad_report_dir_is_one_line(ws, tmp_path):
     # root writes into a 0555 directory, but not into sysfs (no regular files there)
     bad = [afile, afile / "sub", *([ro, ro / "sub"] if os.geteuid() else [Path("/sys/report")])]
     for out in bad:
-        res = run([str(VENV / "bin" / "python"), TOOL, str(inc.job_dir), "--report", str(out)], timeout=120)
+        res = inproc.tool("diagnose", inc.job_dir, "--report", out)
         lines = res.stderr.strip().splitlines()
         assert res.returncode == 2 and len(lines) == 1 and "--report" in lines[0], res.stderr
         assert "Traceback" not in res.stderr and res.stdout == ""
