@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# Usage: tests/run.sh [--fast] [PYTEST_ARGS...]
+# Usage: tests/run.sh [--fast | --sequential] [PYTEST_ARGS...]
 #
 # Sets everything up on a fresh machine and runs the whole suite:
 #   1. system packages (Debian: Slurm, munge, Prometheus, ShellCheck, jq, ...): utils/setup_system.sh
 #      installs the missing ones with apt-get as root, else names them on one line and stops;
 #   2. the pinned Python environment (utils/setup_env.sh; ~2-3 min the first time);
-#   3. pytest over tests/ in two phases: A, every test not marked `cluster`, on one worker more than
-#      cores (pytest-xdist, each test file on one worker); B, the `cluster` tests in one process
-#      (they share one local Slurm cluster, which they start themselves). The exit status is the
-#      worse of the two; one line gives both times. Arguments that choose the selection or the
-#      workers themselves (-m, -n, -p no:xdist, --pdb) get one plain pytest run instead.
-#   --fast  the developer loop (~2.4 min and ~270 s of CPU on 2 cores; the goal is 1 min): only the tests marked neither `cluster`
+#   3. pytest over tests/ in two phases at once: B, the `cluster` tests in one process (they share one
+#      local Slurm cluster, which they start themselves, and wait on it most of the time), and beside
+#      it A, every test not marked `cluster`, on one worker more than cores (pytest-xdist, each test
+#      file on one worker) at the lowest CPU and IO priority (nice 19, ionice idle): A takes the time
+#      B leaves, B's timings stay its own. A's output follows B's. The exit status is the worse of
+#      the two; one line gives both times. --sequential runs A, then B. Arguments that choose the
+#      selection or the workers themselves (-m, -n, -p no:xdist, --pdb) get one plain pytest run instead.
+#   --fast  the developer loop (~1.7-2 min and ~190 s of CPU on 2 cores; the goal is 1 min): only the tests marked neither `cluster`
 #           (the local Slurm cluster) nor `slow` (MaxText training or config loads, a Ray cluster,
 #           the repeats of the incident matrix), that is -m "not cluster and not slow", on one worker
 #           more than cores (pytest-xdist, each test file on one worker; add -n 0 for one process, e.g. --pdb).
@@ -25,10 +27,13 @@ start=$SECONDS
 workers=$(( $(nproc) + 1 ))
 (( workers <= 6 )) || workers=6
 parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
-fast=0
+fast=0 sequential=0
 if [[ "${1:-}" == --fast ]]; then
   shift
   fast=1
+elif [[ "${1:-}" == --sequential ]]; then
+  shift
+  sequential=1
 fi
 # the caller picks the selection or the workers: one pytest run with exactly those arguments
 plain=0
@@ -61,19 +66,42 @@ if (( plain )); then
 fi
 # pytest's exit 5 is "nothing selected": fine for one phase (tests/run.sh -k X names tests of one
 # kind), a failure only when neither phase ran anything
-t0=$SECONDS
-rc_a=0
-"$py" -m pytest -m "not cluster" "${parallel[@]}" "$@" || rc_a=$?
-t_a=$((SECONDS - t0))
-t0=$SECONDS
-rc_b=0
-"$py" -m pytest -m cluster "$@" || rc_b=$?
-t_b=$((SECONDS - t0))
+rc_a=0 rc_b=0
+if (( sequential )); then
+  t0=$SECONDS
+  "$py" -m pytest -m "not cluster" "${parallel[@]}" "$@" || rc_a=$?
+  t_a=$((SECONDS - t0))
+  t0=$SECONDS
+  "$py" -m pytest -m cluster "$@" || rc_b=$?
+  t_b=$((SECONDS - t0))
+else
+  # A in the background, its output in a private file shown after B's; its time and status in another
+  out_a=$(mktemp -d "${TMPDIR:-/tmp}/tests-run.XXXXXX")
+  pid_a=""
+  trap '[[ -z "$pid_a" ]] || pkill -TERM -P "$pid_a" 2>/dev/null; rm -rf "$out_a"' EXIT
+  low=(nice -n 19)
+  command -v ionice >/dev/null && ionice -c 3 true 2>/dev/null && low+=(ionice -c 3)
+  (
+    t0=$SECONDS rc=0
+    "${low[@]}" "$py" -m pytest -m "not cluster" "${parallel[@]}" "$@" >"$out_a/log" 2>&1 || rc=$?
+    echo "$((SECONDS - t0)) $rc" >"$out_a/result"
+  ) &
+  pid_a=$!
+  t0=$SECONDS
+  "$py" -m pytest -m cluster "$@" || rc_b=$?
+  t_b=$((SECONDS - t0))
+  wait "$pid_a" || true
+  pid_a=""
+  echo "==================== phase A (not cluster, alongside B) ===================="
+  cat "$out_a/log"
+  read -r t_a rc_a <"$out_a/result" || { t_a=0 rc_a=1; }
+fi
 said() { (( $1 == 5 )) && echo "nothing selected" || echo "exit $1"; }
 if (( rc_a == 5 && rc_b == 5 )); then rc=5
 else
   rc=$(( rc_a == 5 ? 0 : rc_a ))
   (( rc_b == 5 || rc_b <= rc )) || rc=$rc_b
 fi
-echo "tests/run.sh: finished in $((SECONDS - start)) s (exit $rc): A, not cluster, $workers workers: $t_a s ($(said "$rc_a")); B, cluster, one process: $t_b s ($(said "$rc_b"))" >&2
+how=$( ((sequential)) && echo "one after the other" || echo "side by side")
+echo "tests/run.sh: finished in $((SECONDS - start)) s (exit $rc), $how: A, not cluster, $workers workers: $t_a s ($(said "$rc_a")); B, cluster, one process: $t_b s ($(said "$rc_b"))" >&2
 exit "$rc"

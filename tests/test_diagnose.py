@@ -6,6 +6,7 @@ its evidence (queries, window, values). Also: --vs finding a thread leak that is
 `missing` when families are absent, bad input, `utils/prometheus.sh serve` and `utils/diagnosis/tsdb.py`.
 """
 
+import copy
 import json
 import os
 import re
@@ -76,10 +77,25 @@ MATRIX = [
 ]
 
 
+@pytest.fixture(scope="module")
+def incident(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, int], tuple[corpus.Incident, dict]]:
+    """(family, seed) -> the corpus' incident and diagnose's report on it (with its --vs job), each built
+    and diagnosed once per test process: the tests below read them and change nothing (~1.5 s a case)."""
+    done: dict[tuple[str, int], tuple[corpus.Incident, dict]] = {}
+
+    def get(family: str, seed: int) -> tuple[corpus.Incident, dict]:
+        if (family, seed) not in done:
+            inc = corpus.build(family, tmp_path_factory.mktemp(f"{family}-{seed}") / "ws", seed)
+            done[family, seed] = inc, diag(inc.job_dir, inc.vs)
+        inc, r = done[family, seed]
+        return inc, copy.deepcopy(r)
+
+    return get
+
+
 @pytest.mark.parametrize(("family", "seed"), MATRIX)
-def test_family_verdict_and_culprits(tmp_path, family, seed):
-    inc = corpus.build(family, tmp_path, seed)
-    r = diag(inc.job_dir, inc.vs)
+def test_family_verdict_and_culprits(incident, family, seed):
+    inc, r = incident(family, seed)
     why = f"{family} seed {seed}: {r['summary']}\n" + "\n".join(f"  {f['kind']}: {f['summary']}" for f in r["findings"])
     assert r["verdict"] == inc.verdict, why
     assert sorted(r["culprit_hosts"]) == sorted(inc.culprits), why
@@ -174,12 +190,11 @@ def summary_numbers(f: dict, r: dict) -> list[tuple[str, float | None, float | N
 @pytest.mark.parametrize(
     "family", [pytest.param(f, marks=() if f in VERIFY_FAST else pytest.mark.slow) for f in corpus.FAMILIES]
 )
-def test_verify_reproduces_every_deciding_value(tmp_path, family):
+def test_verify_reproduces_every_deciding_value(incident, family):
     """Every finding's verify checks (with --vs where the corpus compares two jobs), rerun by utils/verify.py's
     runner and by verify.jq on Prometheus' own answers, give every value diagnose expects within 1e-4; they
     cover every deciding signal (both jobs of a comparison), and the numbers the summary quotes are theirs."""
-    inc = corpus.build(family, tmp_path / "ws", 1)
-    r = diag(inc.job_dir, inc.vs)
+    inc, r = incident(family, 1)
     checks = [(f, c) for f in r["findings"] for c in f["verify"]]
     res = verify.rerun(r)
     assert res["schema"] == "verify/1" and res["match"] is True, verify.render(res)
@@ -216,14 +231,15 @@ def test_verify_reproduces_every_deciding_value(tmp_path, family):
 @pytest.mark.parametrize(
     "family", [pytest.param(f, marks=() if f in SKILL_VERIFY_FAST else pytest.mark.slow) for f in corpus.FAMILIES]
 )
-def test_skill_verify_step_on_every_family(tmp_path, family):
+def test_skill_verify_step_on_every_family(tmp_path, incident, family):
     """The skill's check step (step 4), both ways as written: utils/verify.py "$JOB" says every check matches,
     and the by-hand block reruns each check of the deciding finding through utils/prometheus.sh and gets
     diagnose's values; they show the signal (culprits vs peers, the level vs its baseline). No finding:
     the block says so and exits 0."""
-    inc = corpus.build(family, tmp_path / "ws", 1)
-    r = diag(inc.job_dir)
-    env = {"JOB": str(inc.job_dir), "JOB_WORKSPACE": str(tmp_path / "ws"), "TMPDIR": str(tmp_path)}
+    inc, r = incident(family, 1)
+    if inc.vs is not None:  # the skill diagnoses JOB alone
+        r = diag(inc.job_dir)
+    env = {"JOB": str(inc.job_dir), "JOB_WORKSPACE": str(inc.job_dir.parent), "TMPDIR": str(tmp_path)}
     one = run(["bash", "-euo", "pipefail", "-c", skill_block("utils/verify.py")], env=env, cwd=REPO, timeout=180)
     n = sum(len(f["verify"]) for f in r["findings"])
     assert one.returncode == 0 and f"{n}/{n} checks match" in one.stdout, (one.stdout, one.stderr)
