@@ -13,7 +13,6 @@ import base64
 import http.server
 import json
 import os
-import socket
 import stat
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, VENV, run
 
+from helpers.promfixture import free_port
 from observe import prom_between_scrapes as pbs
 
 
@@ -88,12 +88,6 @@ def slow_target() -> Iterator[str]:
     srv = serve(Slow)
     yield f"127.0.0.1:{srv.server_address[1]}"
     srv.shutdown()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrapes(port: str) -> int:

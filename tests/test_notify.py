@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, VENV
 
+from helpers.promfixture import free_port
 from monitor import notify
 
 TOKEN = "s3cr3tT0kenXYZ"
@@ -61,12 +61,6 @@ def conf(tmp_path: Path, port: int, mode: int = 0o600) -> Path:
     p.write_text(f"# the test's webhook\njson://monitor:{TOKEN}@127.0.0.1:{port}/hook\n")
     p.chmod(mode)
     return p
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def monitor_cli(*args: str) -> subprocess.CompletedProcess:
