@@ -6,11 +6,11 @@
 #      installs the missing ones with apt-get as root, else names them on one line and stops;
 #   2. the pinned Python environment (utils/setup_env.sh; ~2-3 min the first time);
 #   3. pytest over tests/ in two phases at once: B, the `cluster` tests in one process (they share one
-#      local Slurm cluster, which they start themselves, and wait on it most of the time), and beside
-#      it A, every test not marked `cluster`, on one worker more than cores (pytest-xdist, each test
-#      file on one worker) at the lowest CPU and IO priority (nice 19, ionice idle): A takes the time
-#      B leaves, B's timings stay its own. A's output follows B's. The exit status is the worse of
-#      the two; one line gives both times. --sequential runs A, then B. Arguments that choose the
+#      local Slurm cluster, which they start themselves, and wait on it most of the time) and the
+#      `serial` ones (wall-clock bounds on real servers), and beside it A, every other test, on one
+#      worker more than cores (pytest-xdist, each test file on one worker) at the lowest CPU and IO
+#      priority (nice 19, ionice idle): A takes the time B leaves, B's timings stay its own. A's
+#      output follows B's. The exit status is the worse of the two; one line gives both times. --sequential runs A, then B. Arguments that choose the
 #      selection or the workers themselves (-m, -n, -p no:xdist, --pdb) get one plain pytest run instead.
 #   --fast  the developer loop (~1.7-2 min and ~190 s of CPU on 2 cores; the goal is 1 min): only the tests marked neither `cluster`
 #           (the local Slurm cluster) nor `slow` (MaxText training or config loads, a Ray cluster,
@@ -69,10 +69,10 @@ fi
 rc_a=0 rc_b=0
 if (( sequential )); then
   t0=$SECONDS
-  "$py" -m pytest -m "not cluster" "${parallel[@]}" "$@" || rc_a=$?
+  "$py" -m pytest -m "not cluster and not serial" "${parallel[@]}" "$@" || rc_a=$?
   t_a=$((SECONDS - t0))
   t0=$SECONDS
-  "$py" -m pytest -m cluster "$@" || rc_b=$?
+  "$py" -m pytest -m "cluster or serial" "$@" || rc_b=$?
   t_b=$((SECONDS - t0))
 else
   # A in the background, its output in a private file shown after B's; its time and status in another
@@ -83,16 +83,16 @@ else
   command -v ionice >/dev/null && ionice -c 3 true 2>/dev/null && low+=(ionice -c 3)
   (
     t0=$SECONDS rc=0
-    "${low[@]}" "$py" -m pytest -m "not cluster" "${parallel[@]}" "$@" >"$out_a/log" 2>&1 || rc=$?
+    "${low[@]}" "$py" -m pytest -m "not cluster and not serial" "${parallel[@]}" "$@" >"$out_a/log" 2>&1 || rc=$?
     echo "$((SECONDS - t0)) $rc" >"$out_a/result"
   ) &
   pid_a=$!
   t0=$SECONDS
-  "$py" -m pytest -m cluster "$@" || rc_b=$?
+  "$py" -m pytest -m "cluster or serial" "$@" || rc_b=$?
   t_b=$((SECONDS - t0))
   wait "$pid_a" || true
   pid_a=""
-  echo "==================== phase A (not cluster, alongside B) ===================="
+  echo "==================== phase A (neither cluster nor serial, alongside B) ===================="
   cat "$out_a/log"
   read -r t_a rc_a <"$out_a/result" || { t_a=0 rc_a=1; }
 fi
@@ -103,5 +103,5 @@ else
   (( rc_b == 5 || rc_b <= rc )) || rc=$rc_b
 fi
 how=$( ((sequential)) && echo "one after the other" || echo "side by side")
-echo "tests/run.sh: finished in $((SECONDS - start)) s (exit $rc), $how: A, not cluster, $workers workers: $t_a s ($(said "$rc_a")); B, cluster, one process: $t_b s ($(said "$rc_b"))" >&2
+echo "tests/run.sh: finished in $((SECONDS - start)) s (exit $rc), $how: A, $workers workers: $t_a s ($(said "$rc_a")); B, cluster and serial, one process: $t_b s ($(said "$rc_b"))" >&2
 exit "$rc"

@@ -102,6 +102,7 @@ def scrapes(port: str) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # stops at chosen phases of a 2 s scrape interval
 def test_stop_leaves_the_last_scrape_of_a_slow_target_successful(tmp_path, slow_target):
     from helpers.promfixture import binary
 
@@ -354,6 +355,7 @@ def saved_samples(tsdb: Path) -> tuple[float, float]:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # 1 s scrapes and 5 s copies, what a SIGKILL loses measured in seconds
 def test_a_tsdb_on_nfs_is_written_on_node_local_disk_and_copied_into_the_job_dir(tmp_path):
     """MST_TSDB_FSTYPE=nfs (this machine cannot serve NFS: its kernel has no nfsd, /proc/filesystems lists no
     nfs) stands for `stat -f` saying nfs. Prometheus then writes in a private directory of the node's TMPDIR,
@@ -373,9 +375,15 @@ def test_a_tsdb_on_nfs_is_written_on_node_local_disk_and_copied_into_the_job_dir
         assert len(local) == 1 and "the job dir is on nfs, which Prometheus does not support" in local[0], observe
         store = Path(local[0].split()[1])
         assert store.parent.parent == node and stat.S_IMODE(store.parent.stat().st_mode) == 0o700
-        time.sleep(12)
+        port = (job / "metrics/run/prometheus.port").read_text().strip()
+        copies = job / "metrics/tsdb-copy.log"
+        deadline = time.monotonic() + 60  # 8 scrapes and 2 copies: ~12 s on a quiet machine
+        while time.monotonic() < deadline and (
+            scrapes(port) < 8 or not copies.exists() or len(copies.read_text().splitlines()) < 2
+        ):
+            time.sleep(0.2)
         assert (store / "queries.active").exists() and not (job / "prometheus/queries.active").exists()  # runs there
-        assert (job / "prometheus/wal").is_dir(), "no copy after 12 s with a copy every 5 s"
+        assert (job / "prometheus/wal").is_dir(), "no copy after 60 s with a copy every 5 s"
         assert saved_samples(job / "prometheus")[0] > 0, "the job dir's copy holds no sample while the job runs"
         stopping = time.time()
         stop = run([str(REPO / "utils/observe/job_services.sh"), "stop"], env=env, timeout=60)
@@ -416,8 +424,11 @@ def test_a_tsdb_on_nfs_is_written_on_node_local_disk_and_copied_into_the_job_dir
         env, observe = start_services(job, f"127.0.0.1:{srv.server_address[1]}", extra)
         envs.append(env)
         store = Path(next(x for x in observe.splitlines() if x.startswith("tsdb_local: ")).split()[1])
-        time.sleep(9)  # the first scrape comes after ~5.5 s
         run_dir = job / "metrics/run"
+        port = (run_dir / "prometheus.port").read_text().strip()
+        deadline = time.monotonic() + 60  # the first scrape comes after ~5.5 s
+        while time.monotonic() < deadline and scrapes(port) < 2:
+            time.sleep(0.2)
         for f in ("supervisor", "mirror", "prometheus", "relay"):
             os.kill(int((run_dir / f"{f}.pid").read_text()), 15)
         termed = time.time()
