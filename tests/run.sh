@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# Usage: tests/run.sh [--fast | --sequential] [PYTEST_ARGS...]
+# Usage: tests/run.sh [--fast | --side-by-side] [PYTEST_ARGS...]
 #
 # Sets everything up on a fresh machine and runs the whole suite:
 #   1. system packages (Debian: Slurm, munge, Prometheus, ShellCheck, jq, ...): utils/setup_system.sh
 #      installs the missing ones with apt-get as root, else names them on one line and stops;
 #   2. the pinned Python environment (utils/setup_env.sh; ~2-3 min the first time);
-#   3. pytest over tests/ in two phases at once: B, the `cluster` tests in one process (they share one
-#      local Slurm cluster, which they start themselves, and wait on it most of the time) and the
-#      `serial` ones (wall-clock bounds on real servers), and beside it A, every other test, on one
-#      worker more than cores (pytest-xdist, each test file on one worker) at the lowest CPU and IO
-#      priority (nice 19, ionice idle): A takes the time B leaves, B's timings stay its own. A's
-#      output follows B's. The exit status is the worse of the two; one line gives both times. --sequential runs A, then B. Arguments that choose the
-#      selection or the workers themselves (-m, -n, -p no:xdist, --pdb) get one plain pytest run instead.
+#   3. pytest over tests/ in two phases: A, every test marked neither `cluster` nor `serial`, on one
+#      worker more than cores (pytest-xdist, each test file on one worker); then B, the `cluster` tests
+#      (they share one local Slurm cluster, which they start themselves) and the `serial` ones
+#      (wall-clock bounds on real servers) in one process. The exit status is the worse of the two;
+#      one line gives both times. Arguments that choose the selection or the workers themselves
+#      (-m, -n, -p no:xdist, --pdb) get one plain pytest run instead.
+#   --side-by-side  A beside B, at the lowest CPU and IO priority (nice 19, ionice idle), its output
+#           after B's: phase A's ~10 min less on 2 cores, but B's live incidents share the disk and
+#           the CPU caches with A (seen once: the heavy-IO drill diagnosed as network on the healthy peer).
 #   --fast  the developer loop (~1.7-2 min and ~190 s of CPU on 2 cores; the goal is 1 min): only the tests marked neither `cluster`
 #           (the local Slurm cluster) nor `slow` (MaxText training or config loads, a Ray cluster,
 #           the repeats of the incident matrix), that is -m "not cluster and not slow", on one worker
@@ -27,13 +29,13 @@ start=$SECONDS
 workers=$(( $(nproc) + 1 ))
 (( workers <= 6 )) || workers=6
 parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
-fast=0 sequential=0
+fast=0 sequential=1
 if [[ "${1:-}" == --fast ]]; then
   shift
   fast=1
-elif [[ "${1:-}" == --sequential ]]; then
+elif [[ "${1:-}" == --side-by-side ]]; then
   shift
-  sequential=1
+  sequential=0
 fi
 # the caller picks the selection or the workers: one pytest run with exactly those arguments
 plain=0
