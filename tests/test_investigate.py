@@ -226,7 +226,7 @@ def run_tools_as_printed(r: dict, where: Path, env: dict[str, str]) -> list[str]
     tools = [s.split("   #")[0] for s in r["next_steps"] if s.startswith(str(REPO / "utils") + "/")]
     for cmd in tools:
         argv = shlex.split(cmd)
-        assert Path(argv[0]).parent == REPO / "utils" and Path(argv[0]).stem in inproc.MODULES, cmd
+        assert Path(argv[0]).parent == REPO / "utils", cmd
         res = inproc.tool(Path(argv[0]).stem, *argv[1:], env=env, cwd=where)
         assert res.returncode == 0, (cmd, res.stderr[-2000:])
         if cmd.endswith("--json"):

@@ -1,12 +1,10 @@
 """Start a command of utils/ (a diagnosis tool, the monitor, the MCP server ...) from its thin command
 under the project's Python environment.
 
-A command such as utils/triage.py runs directly: its first lines are sh as well as Python (a string to
-Python), and sh starts the environment's python on the file ($MAXTEXT_SLURM_VENV, default <repo>/.venv,
-as utils/setup_env.sh makes it), else the first python3 on PATH: one interpreter start, no re-execution
-(a pyenv shim in front of python3 costs another 0.1 CPU-s). Any python3 may also run the file itself:
-`run("triage")` re-executes it with the environment's interpreter when that exists and is not the one
-running, then calls diagnosis.triage.main(). Without the environment a missing library is one line that says
+A command such as utils/triage.py may be run by any python3 (or directly, through its #! line).
+`run("triage")` re-executes it with the environment's interpreter when that exists and is not
+the one running ($MAXTEXT_SLURM_VENV, default <repo>/.venv, as utils/setup_env.sh makes it), then
+calls diagnosis.triage.main(). Without the environment a missing library is one line that says
 how to get it, exit 2, not a traceback. Standard library only, and no syntax newer than Python 3.6, so
 that an old login-node python3 gets as far as the re-execution.
 """
@@ -17,20 +15,6 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# The first lines of every thin command (tests/test_lint.py holds them equal to this): sh runs them,
-# Python reads a string.
-THIN_HEAD = """\
-#!/bin/sh
-\"\"\":"
-# sh reads these lines, Python a string: the command starts once, under the project's environment
-# (MAXTEXT_SLURM_VENV, default <repo>/.venv) when it has a python, else under the first python3 on PATH
-# (utils/entry.py then says what to set up; any python3 may also run this file itself).
-me=$(readlink -f "$0" 2>/dev/null) || me=$0
-py=${MAXTEXT_SLURM_VENV:-${me%/*}/../.venv}/bin/python
-[ -x "$py" ] || py=python3
-exec "$py" "$0" "$@"
-":\"\"\"
-"""
 NO_ENVIRONMENT = 2  # cli.BAD_INPUT: nothing was done, the one line says what to set up
 
 

@@ -17,6 +17,7 @@ import contextlib
 import importlib
 import io
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,18 +25,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
-# thin command -> (package, module), as its entry.run names them
-MODULES = {
-    "diagnose": ("diagnosis", "diagnose"),
-    "investigate": ("diagnosis", "investigate"),
-    "perf": ("diagnosis", "perf"),
-    "triage": ("diagnosis", "triage"),
-    "verify": ("diagnosis", "verify"),
-    "run": ("diagnosis", "runs"),
-    "sweep": ("sweep", "cli"),
-    "job_monitor": ("monitor", "cli"),
-    "run_next": ("monitor", "chain"),
-}
+# utils/NAME.py's own `entry.run("MODULE"[, package="PACKAGE"])` says what it runs
+CALL = re.compile(r'^entry\.run\("(\w+)"(?:, package="(\w+)")?', re.M)
+
+
+def module_of(name: str) -> str:
+    """The module utils/NAME.py runs, read from its entry.run call ("diagnosis.triage")."""
+    m = CALL.search((REPO / "utils" / f"{name}.py").read_text())
+    if m is None:
+        raise ValueError(f"utils/{name}.py is no thin command (no entry.run call)")
+    return f"{m.group(2) or 'diagnosis'}.{m.group(1)}"
 
 
 @contextlib.contextmanager
@@ -59,8 +58,7 @@ def tool(
     name: str, *args: str | Path, env: dict[str, str] | None = None, cwd: str | Path | None = None, input: str = ""
 ) -> subprocess.CompletedProcess:
     """utils/NAME.py ARGS run in this process: exit status, stdout and stderr as text."""
-    package, module = MODULES[name]
-    main = importlib.import_module(f"{package}.{module}").main
+    main = importlib.import_module(module_of(name)).main
     argv = [str(a) for a in args]
     out, err = io.StringIO(), io.StringIO()
     with _environment(env, cwd, str(REPO / "utils" / f"{name}.py")):
