@@ -6,7 +6,9 @@ worker has joined. It places one thin actor on each node (pinned by the node's c
 mst_host_<host>); each actor spawns `_train.sh` as a plain subprocess with exactly the job
 environment that node's launcher saved in the node's private scratch ($MST_JOB_SCRATCH/job.env;
 the actor inherits MST_JOB_SCRATCH from its node's raylet), so the trainer has no Ray threads and
-sees no Ray variables, and hands its output back line by line. The driver prints every line as
+sees no Ray variables, and hands its output back line by line. Beside each trainer it starts
+utils/observe/trainer_guard.py, which stops the trainer once the node's launcher is gone (a
+cancelled job's cleanup cut short by Slurm). The driver prints every line as
 "<host>: <line>", records each node's outcome in $JOB_DIR/.stages/train/<host>, and when one
 node's training exits non-zero it stops the others at once and exits with that status.
 
@@ -75,6 +77,19 @@ def node_env_file() -> str:
     return path
 
 
+def launcher_pid() -> int | None:
+    """The pid of this node's launcher (_train_with_ray.sh), which it wrote into the node's private
+    scratch (checked by node_env_file) as launcher.pid; None when there is none."""
+    path = os.path.join(os.environ.get("MST_JOB_SCRATCH", ""), "launcher.pid")
+    try:
+        if not os.path.isfile(path) or os.path.islink(path):
+            return None
+        text = Path(path).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() and int(text) > 1 else None
+
+
 def read_env_file(path: str) -> dict[str, str]:
     """The NUL-separated environment a node's launcher saved (env -0)."""
     env = {}
@@ -95,6 +110,7 @@ class NodeTrainer:
         # in its saved environment), not the driver's, which lives in the head node's private scratch
         repo = self.env.get("MST_REPO")
         self.command = [str(Path(repo) / Path(command[0]).name) if repo else command[0], *command[1:]]
+        self.launcher = launcher_pid()
         self.lines: list[bytes] = []  # the trainer's lines as it wrote them: any length, any bytes
         self.lock = threading.Condition()
         self.proc: subprocess.Popen | None = None
@@ -110,8 +126,27 @@ class NodeTrainer:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+        self._guard(self.proc.pid)
         threading.Thread(target=self._pump, daemon=True).start()
         return self.proc.pid
+
+    def _guard(self, pgid: int) -> None:
+        """Start utils/observe/trainer_guard.py (this node's copy) on the trainer's group: it stops
+        the trainer once this node's launcher is gone, even when Slurm killed the launcher's cleanup
+        and Ray with it. Its own session, an environment without the job's variables."""
+        if self.launcher is None:
+            return
+        repo = self.env.get("MST_REPO")
+        guard = Path(repo or Path(__file__).resolve().parent) / "utils" / "observe" / "trainer_guard.py"
+        proc = subprocess.Popen(
+            [sys.executable, str(guard), str(self.launcher), str(pgid)],
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        threading.Thread(target=proc.wait, daemon=True).start()  # reaped when it ends
 
     def _pump(self) -> None:
         assert self.proc and self.proc.stdout

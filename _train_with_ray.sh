@@ -59,6 +59,9 @@ scratch=$(job_scratch) || exit 1
 export MST_RAY_OWNER="$JOB_ID:$host"
 (umask 077; env -0 -u RAY_AUTH_MODE -u RAY_AUTH_TOKEN -u RAY_AUTH_TOKEN_PATH > "$scratch/job.env")
 export MST_JOB_SCRATCH=$scratch
+# this launcher's pid, for the trainer's guard (utils/observe/trainer_guard.py): it stops the
+# trainer once this script is gone, even when Slurm cut the cleanup below short
+(umask 077; echo "$$" > "$scratch/launcher.pid")
 unset RAY_AUTH_TOKEN  # a token from the caller's environment would win over the job's own
 
 # keep_ray_logs: this node's Ray session logs into the job dir. Only regular files are copied,

@@ -467,6 +467,19 @@ def test_frozen_rank_hang_then_heartbeat_timeout(cluster, workspace, venv):
     assert hb and hb[0]["hosts"] == ["n2"], d["findings"]
 
 
+def guards() -> dict[int, int]:
+    """Trainer process group -> pid of every trainer guard running now (found by its command line)."""
+    out = {}
+    for p in Path("/proc").iterdir():
+        try:
+            argv = (p / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) >= 4 and argv[1].endswith(b"/trainer_guard.py") and argv[3].isdigit():
+            out[int(argv[3])] = int(p.name)
+    return out
+
+
 def test_scancel_leaves_nothing_of_a_ray_job_running(cluster, workspace, venv):
     """Ray's daemons leave the job's process tree (Slurm's own kill does not reach them): a cancelled
     RAY=1 job must still stop every trainer, Ray process and service it started, on every node."""
@@ -475,6 +488,12 @@ def test_scancel_leaves_nothing_of_a_ray_job_running(cluster, workspace, venv):
     wait_for(lambda: log_has(log, r"^n2: .*completed step: 3,"), 240, "n2 to train")
     job_dir = log.with_suffix("")
     assert job_processes(job_dir), "the job's processes were not found"
+    # each trainer has its guard (utils/observe/trainer_guard.py LAUNCHER_PID TRAINER_PGID), which stops
+    # it should the cancel's cleanup be cut short: MaxText takes SIGTERM as a preemption notice and
+    # trains on, and Slurm's kill does not reach a Ray actor's child
+    trainers = {os.getpgid(pid) for rank in (0, 1) if (pid := trainer_pid(job_id, rank))}
+    assert len(trainers) == 2, trainers
+    assert set(guards()) >= trainers, (guards(), trainers)
     run(["scancel", job_id], env=cluster)
     cancelled = time.time()
     assert wait_job_end(cluster, job_id, 60) == "CANCELLED"
@@ -483,6 +502,10 @@ def test_scancel_leaves_nothing_of_a_ray_job_running(cluster, workspace, venv):
         time.sleep(1)
     assert not left, f"the job's processes still ran 30 s after it ended: {left}"
     assert trainer_pid(job_id, 0) is None and trainer_pid(job_id, 1) is None
+    deadline = time.monotonic() + 10  # a guard ends once its trainer's group is empty
+    while set(guards()) & trainers and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not set(guards()) & trainers, "a trainer's guard outlived it by 10 s"
     assert summary(log)["status"] == "cancelled"
     # the node-local TSDB: copied into the job dir up to the cancel (a copy every 60 s would hold
     # none of this short job; Slurm's SIGTERM reached the copier, which copied once Prometheus had
