@@ -184,6 +184,41 @@ def requeued_log(ws: Path) -> Path:
     return log
 
 
+def test_the_kinds_of_time_add_up_to_the_wall_time_when_step_lines_come_late(tmp_path):
+    """MaxText timed 30 steps of 2 s each, but their lines reached the log in a burst, 1 s apart (a pipe
+    that waited on a loaded node): the first step seems to begin 28 s after the start, and start-up plus
+    the steps would be 88 s of a 70 s job. Start-up gets what the steps leave: 10 s, the kinds sum to 70."""
+    user = getpass.getuser()
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    lines = [
+        "==================== JOB ====================",
+        "job: 78 78-JAX-tiny",
+        "model: tiny",
+        "nodes: 1 (n1)",
+        "overrides: steps=30",
+        f"code: {ws}/{user}/.snapshots/20261206T095900Z-abc123/maxtext-slurm",
+        f"run: late {ws}/{user}/runs/late (no checkpoint: starts from step 0)",
+        "started: 2026-12-06T10:00:00Z",
+        "=============================================",
+        *(
+            f"n1: I1206 10:00:{30 + n:02d}.000000 1 metric_logger.py:265] completed step: {n}, seconds: 2.000, "
+            "TFLOP/s/device: 0.001, Tokens/s/device: 64.000, loss: 5.000"
+            for n in range(30)
+        ),
+        "==================== JOB SUMMARY ====================",
+        "status: completed",
+        "wall_time: 00:01:10 (70 s)",
+        "=" * 53,
+    ]
+    (ws / "78-JAX-tiny.log").write_text("\n".join(lines) + "\n")
+    res = run([RUN_PY, "late", "--json"], env={"JOB_WORKSPACE": str(ws)})
+    assert res.returncode == 0, res.stderr
+    t = json.loads(res.stdout)["jobs"][0]["time"]
+    assert t["productive"] == pytest.approx(60.0) and t["startup"] == pytest.approx(10.0), t
+    assert t["startup"] + t["productive"] + t["redone"] + t["other"] == pytest.approx(70.0), t
+
+
 def test_a_requeued_jobs_runs_each_count_as_a_job(tmp_path):
     """A requeued job's log holds two runs (the second possibly on other nodes): scan() reads the last
     one's steps, and run.py accounts for both, the first one's steps after the restored checkpoint as

@@ -200,6 +200,10 @@ def account(alias: str, workspace: Path) -> dict[str, Any]:
         if startup is None and not steps and wall is not None:
             startup = wall  # it never reached a step
         productive, lost = sum(kept.values()), sum(redone.values())
+        if startup is not None and wall is not None:
+            # the step times are MaxText's own; the first step's start comes from when its line was
+            # logged, late under load (a line waits in a pipe): start-up gets what the steps leave
+            startup = max(0.0, min(startup, wall - productive - lost))
         other = max(0.0, wall - (startup or 0) - productive - lost) if wall is not None else None
         j["time"] = {
             "queued": _queued(j, jobs),
