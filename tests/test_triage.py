@@ -203,6 +203,27 @@ def test_heartbeat_claim_maps_task_to_host_by_node_rank(tmp_path):
     assert claim["host"] == "n1"
 
 
+def test_the_jobs_own_alert_lines_are_no_failure_evidence(tmp_path):
+    """The alert relay's lines (docs/job-log.md: `<node>: alert: firing ...`) name OOM kills and Xid
+    errors in their summaries and queries; triage must not take them for the trainer's own (seen live: a
+    frozen rank's heartbeat timeout triaged as oom_host on n1, from an OOMKill alert about n2)."""
+    job, log = job_for("heartbeat_timeout", tmp_path, culprit=2)
+    oom = "sum by (host) (increase(hw_oom_kills_total[1m])) >= 1"
+    alerts = [
+        "n1: alert: firing OOMKill host=n2 check=memory value=4: the kernel OOM-killed 4 process(es) on n2; "
+        f"query: {oom}",
+        "n1: alert: resolved OOMKill host=n2 check=memory after 2 s",
+        "n1: alert: firing GPUKernelErrors host=n2 check=gpu_hardware value=1: n2's kernel logged 1 GPU error events "
+        "(Xid, amdgpu RAS or reset): the GPU may be failing; query: sum by (host) (hw_gpu_kernel_errors_total) >= 1",
+    ]
+    lines = log.read_text().splitlines()
+    at = next(i for i, ln in enumerate(lines) if "completed step: 20," in ln)
+    log.write_text("\n".join(lines[:at] + alerts + lines[at:]) + "\n")
+    r = report(log)
+    assert r["failure_class"] == "heartbeat_timeout" and r["culprit_hosts"] == ["n3"], r["summary"]
+    assert not [e for e in r["evidence"] if "alert: " in e["text"]], r["evidence"]
+
+
 def test_heartbeat_false_positive_needs_activity_after_the_claim(tmp_path):
     job, log = job_for("heartbeat_false_positive", tmp_path)
     r = report(log)

@@ -731,6 +731,8 @@ class _Scanner:
             found = self._kind(rest)
             if not found:
                 continue
+            if rest.startswith("alert: ") and alert(rest[7:]):
+                continue  # the job's own metrics alerts (their summaries and queries name OOM kills, Xid, ...)
             kind, m = found
             if kind in ("header", "summary"):
                 block = self._block(buf, p)
