@@ -115,30 +115,66 @@ def test_each_alert_is_quiet_on_alike_hosts_and_fires_for_the_faulty_one(tmp_pat
     metric, series, value, at = CASES[name]
     rule = alerts.RULES[name]
     inputs = [(f"{metric}{labels}", values) for labels, values in series]
-    if metric != "up":  # every host is scraped (the increase form asks whether it was a window ago)
-        inputs += [(f'up{{host="{h}"}}', f"1x{STEPS - 1}") for h in HOSTS]
+    if metric not in (
+        "up",
+        alerts.SCRAPED,
+    ):  # every host's exporter is scraped (the increase form asks whether it was a window ago)
+        inputs += [(f'{alerts.SCRAPED}{{host="{h}"}}', f"4x{STEPS - 1}") for h in HOSTS]
     if name == "GPUHotterThanPeers":  # HBM runs hotter by design: a memory sensor is not compared
         inputs.append(('hw_gpu_temperature_celsius{host="n1",gpu="0",sensor="mem"}', f"100x{STEPS - 1}"))
     summary = rule.summary.replace("{host}", "n2").replace("{value}", value)
+    promtool_test(tmp_path, inputs, [
+        {"eval_time": "100s", "alertname": name, "exp_alerts": []},
+        {"eval_time": at, "alertname": name, "exp_alerts": [{
+            "exp_labels": {"host": "n2", "check": rule.check},
+            "exp_annotations": {"summary": summary, "query": alerts.query(rule)},
+        }]},
+    ])  # fmt: skip
+
+
+def promtool_test(tmp_path: Path, inputs: list[tuple[str, str]], expected: list[dict]) -> None:
+    """`promtool test rules` of the rules file on INPUTS (series, values 5 s apart): EXPECTED alerts."""
     test = {
         "rule_files": [str(RULES_FILE)],
         "evaluation_interval": "5s",
         "tests": [{
             "interval": "5s",
             "input_series": [{"series": s, "values": v} for s, v in inputs],
-            "alert_rule_test": [
-                {"eval_time": "100s", "alertname": name, "exp_alerts": []},
-                {"eval_time": at, "alertname": name, "exp_alerts": [{
-                    "exp_labels": {"host": "n2", "check": rule.check},
-                    "exp_annotations": {"summary": summary, "query": alerts.query(rule)},
-                }]},
-            ],
+            "alert_rule_test": expected,
         }],
     }  # fmt: skip
     f = tmp_path / "test.yml"
     f.write_text(json.dumps(test))  # YAML is a superset of JSON
     res = run([promtool(), "test", "rules", str(f)])
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("name", ["OOMKill", "GPUUncorrectableErrors", "GPUKernelErrors"])
+def test_a_missed_scrape_of_an_old_count_fires_nothing(tmp_path: Path, name: str):
+    """A counter that has stood at 4 since before the job (an OOM kill days ago) misses one scrape at 60 s
+    (its staleness marker): nothing fires, then or a window later (it did live, 'value=4', a minute after)."""
+    metric = CASES[name][0]
+    labels = {"OOMKill": "", "GPUUncorrectableErrors": ',gpu="0",kind="ue",block="total"'}.get(name, ',gpu="0"')
+    inputs = [(f"{metric}{{host={json.dumps(h)}{labels}}}", f"4x11 stale 4x{STEPS - 14}") for h in HOSTS]
+    inputs += [(f'{alerts.SCRAPED}{{host="{h}"}}', f"4x{STEPS - 1}") for h in HOSTS]
+    promtool_test(
+        tmp_path, inputs, [{"eval_time": f"{t}s", "alertname": name, "exp_alerts": []} for t in (60, 65, 120, 125, 130)]
+    )
+
+
+@pytest.mark.parametrize("name", ["OOMKill", "GPUUncorrectableErrors", "GPUKernelErrors"])
+def test_an_old_count_from_an_exporter_scraped_after_ray_fires_nothing(tmp_path: Path, name: str):
+    """The job starts: Ray's target on each host (`up` with a host label) is scraped from 0 s, the host's
+    exporter from 10 s on, with a counter of 4 since boot: nothing fires, a window later included (it did
+    live: OOMKill value=4 one minute after the exporter's first scrape)."""
+    metric = CASES[name][0]
+    labels = {"OOMKill": "", "GPUUncorrectableErrors": ',gpu="0",kind="ue",block="total"'}.get(name, ',gpu="0"')
+    late = f"_x1 4x{STEPS - 3}"
+    inputs = [(f"{metric}{{host={json.dumps(h)}{labels}}}", late) for h in HOSTS]
+    inputs += [(f'{alerts.SCRAPED}{{host="{h}"}}', late) for h in HOSTS]
+    inputs += [(f'up{{host="{h}"}}', f"1x{STEPS - 1}") for h in HOSTS]
+    expected = [{"eval_time": f"{t}s", "alertname": name, "exp_alerts": []} for t in (10, 65, 70, 75, 130)]
+    promtool_test(tmp_path, inputs, expected)
 
 
 def test_the_recorded_series_are_documented():
