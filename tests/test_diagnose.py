@@ -409,9 +409,9 @@ def test_two_noisy_hosts_make_no_burst_but_a_real_one_stands_out():
     per = {"n1": np.array(LIVE_N1), "n2": np.array(LIVE_N2)}
     m = np.ones(len(LIVE_N1), bool)
     floor = checks.TCP.value
-    assert checks._network_bursts(None, per, floor, m) == {}
+    assert checks._network_bursts(per, floor, m) == {}
     burst = np.array(LIVE_N1) + 30 * ((np.arange(len(LIVE_N1)) >= 6) & (np.arange(len(LIVE_N1)) < 14))
-    found = checks._network_bursts(None, {"n1": burst, "n2": np.array(LIVE_N2)}, floor, m)
+    found = checks._network_bursts({"n1": burst, "n2": np.array(LIVE_N2)}, floor, m)
     assert list(found) == ["n1"] and found["n1"][6:14].all() and found["n1"].sum() >= 8
 
 

@@ -41,16 +41,20 @@ def trainer(script: str) -> subprocess.Popen:
 
 
 def members(pgid: int) -> list[int]:
-    """The live (not zombie) processes of a process group, from /proc."""
-    out = []
-    for p in Path("/proc").iterdir():
-        try:
-            fields = (p / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            out.append(int(p.name))
-    return out
+    """The running (not zombie) processes of a process group, from /proc."""
+    return [
+        int(p.name)
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and (fields := trainer_guard.running_stat(p.name)) and fields[2] == str(pgid)
+    ]
+
+
+def started(group: subprocess.Popen) -> None:
+    """Until the STUBBORN trainer runs as a shell ignoring SIGTERM and its sleep."""
+    deadline = time.monotonic() + 10
+    while len(members(group.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(members(group.pid)) == 2
 
 
 def reap_in_background(proc: subprocess.Popen) -> None:
@@ -62,10 +66,7 @@ def test_the_launchers_end_stops_a_trainer_that_ignores_sigterm():
     group = trainer(STUBBORN)
     reap_in_background(group)
     try:
-        deadline = time.monotonic() + 10
-        while len(members(group.pid)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(members(group.pid)) == 2  # the shell and its sleep
+        started(group)
         done = []
         watcher = threading.Thread(target=lambda: done.append(trainer_guard.guard(launcher.pid, group.pid, 0.05, 0.5)))
         watcher.start()
@@ -115,6 +116,7 @@ def test_a_reused_launcher_pid_is_not_taken_for_the_launcher(monkeypatch: pytest
     launcher = subprocess.Popen(["sleep", "300"])
     group = trainer(STUBBORN)
     reap_in_background(group)
+    started(group)
     real = trainer_guard.start_time(launcher.pid)
     looks = iter([real, real, "1"])  # the first look, one while it lives, then a process started at tick 1
     monkeypatch.setattr(trainer_guard, "start_time", lambda pid: next(looks))

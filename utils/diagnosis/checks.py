@@ -322,7 +322,7 @@ def _nansum(xs: list[np.ndarray]) -> np.ndarray:
     return np.where(np.isfinite(a).any(axis=0), np.nansum(a, axis=0), np.nan)
 
 
-def _network_bursts(d: Data, per: dict[str, np.ndarray], floor: float, m: np.ndarray) -> dict[str, np.ndarray]:
+def _network_bursts(per: dict[str, np.ndarray], floor: float, m: np.ndarray) -> dict[str, np.ndarray]:
     """Hosts whose rate was at least the floor and PEER_RATIO x the median of the other hosts at the same
     moments, for 3 or more grid points of the training window, and on average over the stretch from the
     first of them to the last as well: a fault for part of the run (no throughput phases found, the
@@ -404,7 +404,7 @@ def _stand_out(d: Data, sig: _Signal, pw: tuple[dict, dict] | None) -> _StandOut
         peer = nanmed(list(r_slow.values()))
         bad = [h for h in d.hosts if h in r_slow and r_slow[h] >= max(4 * floor, 10 * peer) and z[h] >= 6]
         score, win, how = 0.65, d.train, "are far above their peers over the whole run"
-        burst = {} if bad else _network_bursts(d, per, floor, m)
+        burst = {} if bad else _network_bursts(per, floor, m)
         if burst:
             m = np.logical_or.reduce(list(burst.values()))
             bad = [h for h in d.hosts if h in burst]

@@ -9,10 +9,10 @@ without the job's MST_RAY_OWNER marker (so that stop leaves it), watches the nod
 (_train_with_ray.sh, LAUNCHER_PID, known by its start time: a reused pid is not taken for it).
 Once the launcher is gone, however it ended, the trainer's process group (TRAINER_PGID) gets
 SIGTERM, then SIGKILL after GRACE seconds if a process of it is left (MaxText takes SIGTERM as a
-preemption notice, JAX's, and trains on until a checkpoint step: seen live, a cancelled job's two
-trainers still training 28 minutes later). The guard exits as soon as
-that group is empty, so a trainer that ends on its own takes its guard with it. Standard library
-only.
+preemption notice, JAX's, and trains on: a tiny trainer went from step 3,788 to 6,311 in the 15 s
+after one; a cancelled job's two trainers were seen still training 28 minutes later). The guard
+exits as soon as that group is empty, so a trainer that ends on its own takes its guard with it.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -26,15 +26,21 @@ POLL = 0.5  # seconds between looks at the launcher and the group
 GRACE = 5.0  # seconds between SIGTERM and SIGKILL
 
 
-def start_time(pid: int) -> str | None:
-    """The process's start time (clock ticks since boot, /proc/PID/stat field 22); None when it is
-    gone or has ended and waits to be reaped (a zombie)."""
+def running_stat(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first: field 3 is [0]); None when the
+    process is gone or has ended and waits to be reaped (a zombie: signals reach it, it runs nothing)."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
+    except (OSError, IndexError):
         return None
-    return None if len(fields) < 20 or fields[0] in ("Z", "X") else fields[19]
+    return None if len(fields) < 20 or fields[0] in ("Z", "X") else fields
+
+
+def start_time(pid: int) -> str | None:
+    """The running process's start time (clock ticks since boot, field 22); None: see running_stat."""
+    fields = running_stat(pid)
+    return fields[19] if fields else None
 
 
 def group_alive(pgid: int) -> bool:
@@ -47,34 +53,32 @@ def group_alive(pgid: int) -> bool:
 
 
 def live_members(pgid: int) -> bool:
-    """Whether a process of the group is still running, not only ended and unreaped (a zombie, which
-    signals reach but which runs nothing; whoever reaps it is not up to us). Reads /proc: only while
-    stopping a group, not at every look."""
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/stat", encoding="ascii", errors="replace") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-                return True
-    return False
+    """Whether a process of the group is still running, not only ended and unreaped (whoever reaps it
+    is not up to us). Reads /proc: only while stopping a group, not at every look."""
+    return any(
+        (fields := running_stat(e.name)) and fields[2] == str(pgid) for e in os.scandir("/proc") if e.name.isdigit()
+    )
+
+
+def _wait_stopped(pgid: int, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while live_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def stop_group(pgid: int, grace: float = GRACE) -> None:
-    """SIGTERM to the group, SIGKILL to what is left running after grace seconds."""
+    """SIGTERM to the group, SIGKILL to what is left running after grace seconds; returns once nothing
+    of it runs (at most a second after the SIGKILL: a killed process takes a moment to end)."""
     try:
         os.killpg(pgid, signal.SIGTERM)
     except (ProcessLookupError, PermissionError):
         return
-    deadline = time.monotonic() + grace
-    while live_members(pgid) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    _wait_stopped(pgid, grace)
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
-        pass
+        return
+    _wait_stopped(pgid, 1.0)
 
 
 def guard(launcher: int, pgid: int, poll: float = POLL, grace: float = GRACE) -> bool:
