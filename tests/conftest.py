@@ -3,6 +3,7 @@
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,18 +60,29 @@ def cluster() -> Iterator[dict[str, str]]:
     stopped at the end otherwise.
     """
     tool = str(REPO / "utils/local_cluster.sh")
-    was_up = run([tool, "status"]).returncode == 0
-    res = run([tool, "up", "2"], timeout=120)
+    own: dict[str, str] = {}
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if os.environ.get("MST_CLUSTER_PER_WORKER") == "1" and worker.startswith("gw"):
+        # tests/run.sh --two-clusters: each worker its own cluster, its jobs numbered apart
+        top = tempfile.mkdtemp(prefix="mstc.", dir="/tmp")  # short: Unix sockets live under it
+        os.chmod(top, 0o755)  # munged insists that every parent of its socket is a+x
+        own = {"LOCAL_CLUSTER_DIR": f"{top}/c", "LOCAL_CLUSTER_FIRST_JOB_ID": str(1 + 100000 * (int(worker[2:]) + 1))}
+    was_up = run([tool, "status"], env=own).returncode == 0
+    res = run([tool, "up", "2"], env=own, timeout=120)
     assert res.returncode == 0, f"local cluster did not come up: {res.stdout}{res.stderr}"
     env: dict[str, str] = {}
-    for line in run([tool, "env"]).stdout.splitlines():
+    for line in run([tool, "env"], env=own).stdout.splitlines():
         if line.startswith("export ") and "=" in line:
             key, _, value = line[len("export ") :].partition("=")
             env[key] = value.strip("'\"")
     assert "SLURM_CONF" in env
+    if own:
+        env["LOCAL_CLUSTER_DIR"] = own["LOCAL_CLUSTER_DIR"]
     yield env
     if not was_up:
-        run([tool, "down"], timeout=120)
+        run([tool, "down"], env=own, timeout=120)
+    if own:
+        shutil.rmtree(Path(own["LOCAL_CLUSTER_DIR"]).parent, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

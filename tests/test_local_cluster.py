@@ -6,6 +6,7 @@ into tests/conftest.py once other tests need the cluster.
 """
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -183,6 +184,38 @@ def test_netns_as_another_user_is_bad_input(tmp_path):
 def test_too_long_dir_is_bad_input():
     r = local_cluster("up", env={**os.environ, "LOCAL_CLUSTER_DIR": "/tmp/" + "x" * 80})
     assert r.returncode == 2 and "at most 64 characters" in r.stderr
+
+
+def test_a_bad_first_job_id_is_bad_input(tmp_path):
+    d = tmp_path / "c"
+    r = local_cluster("up", env={**os.environ, "LOCAL_CLUSTER_DIR": str(d), "LOCAL_CLUSTER_FIRST_JOB_ID": "0x10"})
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == "local_cluster.sh: LOCAL_CLUSTER_FIRST_JOB_ID must be a job id from 1 to 9999999, got '0x10'\n"
+    assert not d.exists()
+
+
+@pytest.mark.slow
+def test_two_clusters_that_come_up_at_once_take_their_own_ports_and_job_ids():
+    """tests/run.sh --two-clusters: two private clusters started at the same moment (under the
+    user's port lock) bind different ports, and each numbers its jobs from its FirstJobId."""
+    with tempfile.TemporaryDirectory(prefix="lc-") as tmp:
+        os.chmod(tmp, 0o755)
+        envs = [
+            {**os.environ, "LOCAL_CLUSTER_DIR": f"{tmp}/c{i}", "LOCAL_CLUSTER_FIRST_JOB_ID": str(1 + 100000 * i)}
+            for i in (1, 2)
+        ]
+        try:
+            ups = [subprocess.Popen([str(SCRIPT), "up", "1"], env=e, stdout=subprocess.PIPE, text=True) for e in envs]
+            assert [p.wait(timeout=120) for p in ups] == [0, 0], [p.stdout.read() for p in ups if p.stdout]
+            ports = [re.findall(r"Port=(\d+)", Path(e["LOCAL_CLUSTER_DIR"], "slurm.conf").read_text()) for e in envs]
+            assert len(ports[0]) == len(ports[1]) == 2 and not set(ports[0]) & set(ports[1]), ports
+            for i, e in enumerate(envs, 1):
+                r = run(["sbatch", "--parsable", "-N1", "-o", "/dev/null", "--wrap", "true"],
+                        {**e, "SLURM_CONF": f"{e['LOCAL_CLUSTER_DIR']}/slurm.conf"})  # fmt: skip
+                assert r.stdout.strip() == str(1 + 100000 * i), r.stdout + r.stderr
+        finally:
+            for e in envs:
+                local_cluster("down", env=e)
 
 
 def test_private_cluster_lifecycle():

@@ -6,7 +6,11 @@
 # `hostname` in a job step on n2 prints n2 and n1..nN resolve (a private /etc/hosts view).
 # Everything (munge key and socket, slurm.conf, state, spool, logs, pid files) lives in
 # ${LOCAL_CLUSTER_DIR:-<repo>/.local_cluster} (at most 64 characters; munged wants its parents
-# a+x). Nothing under /etc is changed; ports are free ones from 16817 up (not Slurm's defaults).
+# a+x). Nothing under /etc is changed; ports are free ones from 16817 up (not Slurm's defaults),
+# picked under a lock of the user's (~/.cache/maxtext-slurm/local_cluster.ports.lock), so clusters
+# that come up at the same moment take different ones. LOCAL_CLUSTER_FIRST_JOB_ID=N numbers the
+# cluster's jobs from N (Slurm's FirstJobId; default 1): clusters side by side then give their jobs
+# different ids, and the per-job ports the launcher derives from the id differ too.
 #   up [NODES]  start it and wait until every node is idle; if it is already up with NODES
 #               nodes just print the status (with another count: exit 1, run down first)
 #   --netns     (root only) each node (slurmd and its jobs) also gets its own network namespace,
@@ -148,6 +152,15 @@ netns_unname() {
 
 ctld_up() { live_pid "$dir/run/slurmctld.pid" slurmctld >/dev/null; }
 
+# Ports are free when picked and taken when the daemons bind them: clusters that come up at the
+# same moment pick under one lock of the user's, held until their nodes answer.
+take_ports_lock() {
+  local d=${XDG_CACHE_HOME:-$HOME/.cache}/maxtext-slurm
+  mkdir -p "$d"
+  exec 8>>"$d/local_cluster.ports.lock"
+  flock -w 120 8 || die "another cluster's up held $d/local_cluster.ports.lock for 120 s"
+}
+
 # Serialise up/down between concurrent callers (test sessions sharing one cluster).
 take_lock() {
   exec 9>>"$dir/lock"
@@ -239,6 +252,7 @@ KillWait=10
 MessageTimeout=5
 InactiveLimit=0
 EOF
+    [[ -z "${LOCAL_CLUSTER_FIRST_JOB_ID:-}" ]] || echo "FirstJobId=$LOCAL_CLUSTER_FIRST_JOB_ID"
     for ((i = 1; i <= n; i++)); do
       port=$(free_port $((port + 1))) || die "no free port for slurmd n$i"
       ((!netns)) || addr=$subnet.$((10 + i))
@@ -275,14 +289,15 @@ up() {
     (umask 077 && head -c 1024 /dev/urandom >"$dir/munge/munge.key")
   fi
   ((!netns)) || netns_up "$n"
+  take_ports_lock
   write_conf "$n"
   echo "$n" >"$dir/run/nodes"
 
   munged --socket="$dir/munge/munge.sock" --key-file="$dir/munge/munge.key" \
     --pid-file="$dir/run/munged.pid" --seed-file="$dir/munge/munged.seed" \
-    --log-file="$dir/log/munged.log" 9>&- 2>>"$dir/log/munged.log" ||
+    --log-file="$dir/log/munged.log" 8>&- 9>&- 2>>"$dir/log/munged.log" ||
     fail "munged did not start" "$dir/log/munged.log"
-  slurmctld -f "$conf" 9>&- 2>>"$dir/log/slurmctld.log" ||
+  slurmctld -f "$conf" 8>&- 9>&- 2>>"$dir/log/slurmctld.log" ||
     fail "slurmctld did not start" "$dir/log/slurmctld.log"
   # Each node: own hostname (UTS namespace) and, in a private mount namespace, its own view of
   # /etc/hosts that also resolves n1..nN (JAX and friends connect to "n1"); the host's is untouched.
@@ -310,7 +325,7 @@ up() {
         for r in cpu io memory; do mount --bind "$4/$r.pressure" "/proc/pressure/$r" || exit 1; done
       fi
       exec slurmd -f "$2" -N "$1"' \
-      sh "n$i" "$conf" "$dir/hosts" "$( ((!netns)) || echo "$cg/n$i")" 9>&- 2>>"$log" ||
+      sh "n$i" "$conf" "$dir/hosts" "$( ((!netns)) || echo "$cg/n$i")" 8>&- 9>&- 2>>"$log" ||
       fail "slurmd n$i did not start" "$log"
   done
   ((!netns)) || netns_unname "$n"
@@ -329,6 +344,7 @@ up() {
     fi
     sleep 0.1
   done
+  exec 8>&-
   status
 }
 
@@ -346,6 +362,9 @@ case "${1:-}" in
     if [[ ! "$n" =~ ^[1-9][0-9]?$ ]] || ((n > 16)); then
       usage_error "NODES must be an integer from 1 to 16, got '$n'"
     fi
+    first=${LOCAL_CLUSTER_FIRST_JOB_ID:-}
+    [[ -z "$first" || "$first" =~ ^[1-9][0-9]{0,6}$ ]] ||
+      usage_error "LOCAL_CLUSTER_FIRST_JOB_ID must be a job id from 1 to 9999999, got '$first'"
     [[ "$dir" != *[[:space:]]* ]] || usage_error "LOCAL_CLUSTER_DIR must not contain spaces, got '$dir'"
     # Unix socket paths (munge, slurmstepd) under it must fit in 108 bytes.
     ((${#dir} <= 64)) || usage_error "LOCAL_CLUSTER_DIR must be at most 64 characters, got ${#dir}: '$dir'"
