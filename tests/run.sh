@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
-# Usage: tests/run.sh [--fast | --side-by-side | --two-clusters] [PYTEST_ARGS...]
+# Usage: tests/run.sh [--fast | --one-cluster | --side-by-side] [PYTEST_ARGS...]
 #
 # Sets everything up on a fresh machine and runs the whole suite:
 #   1. system packages (Debian: Slurm, munge, Prometheus, ShellCheck, jq, ...): utils/setup_system.sh
 #      installs the missing ones with apt-get as root, else names them on one line and stops;
 #   2. the pinned Python environment (utils/setup_env.sh; ~2-3 min the first time);
 #   3. pytest over tests/ in two phases: A, every test marked neither `cluster` nor `serial`, on one
-#      worker more than cores (pytest-xdist, each test file on one worker); then B, the `cluster` tests
-#      (they share one local Slurm cluster, which they start themselves) and the `serial` ones
-#      (wall-clock bounds on real servers) in one process. The exit status is the worse of the two;
-#      one line gives both times. Arguments that choose the selection or the workers themselves
+#      worker more than cores (pytest-xdist, each test file on one worker); then B: the `cluster` tests
+#      on two workers, each with a local Slurm cluster of its own that it starts (its jobs numbered
+#      apart: LOCAL_CLUSTER_FIRST_JOB_ID), the longest files first (they mostly wait on jobs: ~60 %
+#      of the CPU while MaxText trains, ~5 % while a drill waits on a timeout); then, in one process,
+#      the live incidents (their drills load the whole machine: IO, the one kernel's OOM counter) and
+#      the `serial` tests (wall-clock bounds on real servers). The exit status is the worst; one line
+#      gives the times. Arguments that choose the selection or the workers themselves
 #      (-m, -n, -p no:xdist, --pdb) get one plain pytest run instead.
-#   --side-by-side  A beside B, at the lowest CPU and IO priority (nice 19, ionice idle), its output
-#           after B's: phase A's ~10 min less on 2 cores, but B's live incidents share the disk and
-#           the CPU caches with A (seen once: the heavy-IO drill diagnosed as network on the healthy peer).
-#   --two-clusters  B's cluster tests on two workers, each with a local cluster of its own (jobs
-#           numbered apart), then the live incidents (their drills load the whole machine: IO, the
-#           one kernel's OOM counter) and the serial tests in one process; one after the other with A.
+#   --one-cluster  B in one process on one shared cluster (slower by ~10 min on 2 cores).
+#   --side-by-side  A beside B (one cluster), at the lowest CPU and IO priority (nice 19, ionice idle),
+#           its output after B's; B's live incidents then share the disk and the CPU caches with A
+#           (seen once: the heavy-IO drill diagnosed as network on the healthy peer).
 #   --fast  the developer loop (~1.7-2 min and ~190 s of CPU on 2 cores; the goal is 1 min): only the tests marked neither `cluster`
 #           (the local Slurm cluster) nor `slow` (MaxText training or config loads, a Ray cluster,
 #           the repeats of the incident matrix), that is -m "not cluster and not slow", on one worker
@@ -32,16 +33,16 @@ start=$SECONDS
 workers=$(( $(nproc) + 1 ))
 (( workers <= 6 )) || workers=6
 parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
-fast=0 sequential=1 two=0
+fast=0 sequential=1 two=1
 if [[ "${1:-}" == --fast ]]; then
   shift
   fast=1
 elif [[ "${1:-}" == --side-by-side ]]; then
   shift
-  sequential=0
-elif [[ "${1:-}" == --two-clusters ]]; then
+  sequential=0 two=0
+elif [[ "${1:-}" == --one-cluster ]]; then
   shift
-  two=1
+  two=0
 fi
 # the caller picks the selection or the workers: one pytest run with exactly those arguments
 plain=0
@@ -92,7 +93,7 @@ if (( sequential )); then
       (( rc == 5 || (rc_b != 5 && rc <= rc_b) )) || rc_b=$rc
     done
     rc=0
-    echo "tests/run.sh: B on two clusters: $t_b1 s; then the live incidents and the serial tests: $((SECONDS - t0 - t_b1)) s" >&2
+    t_b2=$((SECONDS - t0 - t_b1))
   else
     "$py" -m pytest -m "cluster or serial" "$@" || rc_b=$?
   fi
@@ -126,5 +127,7 @@ else
   (( rc_b == 5 || rc_b <= rc )) || rc=$rc_b
 fi
 how=$( ((sequential)) && echo "one after the other" || echo "side by side")
-echo "tests/run.sh: finished in $((SECONDS - start)) s (exit $rc), $how: A, $workers workers: $t_a s ($(said "$rc_a")); B, cluster and serial, one process: $t_b s ($(said "$rc_b"))" >&2
+b="one process"
+((!two)) || b="two workers with a cluster each: $t_b1 s, then live incidents and serial in one process: $t_b2 s"
+echo "tests/run.sh: finished in $((SECONDS - start)) s (exit $rc), $how: A, $workers workers: $t_a s ($(said "$rc_a")); B, cluster and serial, $b: $t_b s ($(said "$rc_b"))" >&2
 exit "$rc"

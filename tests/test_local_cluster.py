@@ -165,20 +165,21 @@ def test_bad_input_exits_2_with_one_line_and_starts_nothing(args):
         assert not d.exists()
 
 
-def test_netns_as_another_user_is_bad_input(tmp_path):
-    tmp_path.chmod(0o755)
-    r = subprocess.run(
-        ["runuser", "-u", "nobody", "--", str(SCRIPT), "up", "2", "--netns"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "LOCAL_CLUSTER_DIR": str(tmp_path / "c")},
-        timeout=60,
-    )
-    assert (
-        r.returncode == 2
-        and r.stderr == "local_cluster.sh: --netns needs root (network namespaces, a bridge, cgroups)\n"
-    )
-    assert not (tmp_path / "c").exists()
+def test_netns_as_another_user_is_bad_input():
+    with tempfile.TemporaryDirectory(prefix="lc-") as tmp:  # short: a pytest worker's tmp_path may pass 64
+        os.chmod(tmp, 0o755)
+        r = subprocess.run(
+            ["runuser", "-u", "nobody", "--", str(SCRIPT), "up", "2", "--netns"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "LOCAL_CLUSTER_DIR": f"{tmp}/c"},
+            timeout=60,
+        )
+        assert (
+            r.returncode == 2
+            and r.stderr == "local_cluster.sh: --netns needs root (network namespaces, a bridge, cgroups)\n"
+        )
+        assert not Path(tmp, "c").exists()
 
 
 def test_too_long_dir_is_bad_input():
@@ -186,17 +187,20 @@ def test_too_long_dir_is_bad_input():
     assert r.returncode == 2 and "at most 64 characters" in r.stderr
 
 
-def test_a_bad_first_job_id_is_bad_input(tmp_path):
-    d = tmp_path / "c"
-    r = local_cluster("up", env={**os.environ, "LOCAL_CLUSTER_DIR": str(d), "LOCAL_CLUSTER_FIRST_JOB_ID": "0x10"})
-    assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr == "local_cluster.sh: LOCAL_CLUSTER_FIRST_JOB_ID must be a job id from 1 to 9999999, got '0x10'\n"
-    assert not d.exists()
+def test_a_bad_first_job_id_is_bad_input():
+    with tempfile.TemporaryDirectory(prefix="lc-") as tmp:  # short: a pytest worker's tmp_path may pass 64
+        d = Path(tmp) / "c"
+        env = {**os.environ, "LOCAL_CLUSTER_DIR": str(d), "LOCAL_CLUSTER_FIRST_JOB_ID": "0x10"}
+        r = local_cluster("up", env=env)
+        assert r.returncode == 2 and r.stdout == ""
+        want = "LOCAL_CLUSTER_FIRST_JOB_ID must be a job id from 1 to 9999999, got '0x10'"
+        assert r.stderr == f"local_cluster.sh: {want}\n"
+        assert not d.exists()
 
 
 @pytest.mark.slow
 def test_two_clusters_that_come_up_at_once_take_their_own_ports_and_job_ids():
-    """tests/run.sh --two-clusters: two private clusters started at the same moment (under the
+    """tests/run.sh's phase B: two private clusters started at the same moment (under the
     user's port lock) bind different ports, and each numbers its jobs from its FirstJobId."""
     with tempfile.TemporaryDirectory(prefix="lc-") as tmp:
         os.chmod(tmp, 0o755)
