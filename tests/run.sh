@@ -86,10 +86,10 @@ if (( sequential )); then
     MST_CLUSTER_PER_WORKER=1 "$py" -m pytest -m "cluster and not serial" --deselect "$live" \
       -n 2 --dist loadfile --no-loadscope-reorder "$@" || rc_b=$?
     t_b1=$((SECONDS - t0))
-    for sel in "cluster and not serial" serial; do
+    for only in 1 0; do  # the live incidents among the chosen tests, then the serial ones
       rc=0
-      if [[ "$sel" == serial ]]; then "$py" -m pytest -m "$sel" "$@" || rc=$?
-      else "$py" -m pytest -m "$sel" "$live" "$@" || rc=$?; fi
+      if (( only )); then MST_LIVE_ONLY=1 "$py" -m pytest -m "cluster and not serial" "$@" || rc=$?
+      else "$py" -m pytest -m serial "$@" || rc=$?; fi
       (( rc == 5 || (rc_b != 5 && rc <= rc_b) )) || rc_b=$rc
     done
     rc=0
