@@ -20,7 +20,7 @@ def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 600,
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Before -m selects: a test that uses the local cluster carries the `cluster` mark, so that
     -m "not cluster" (and tests/run.sh --fast) never starts a cluster."""
     unmarked = [
@@ -30,19 +30,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ]
     if unmarked:
         raise pytest.UsageError(f"these tests use the cluster fixture without @pytest.mark.cluster: {unmarked}")
-    if os.environ.get("MST_LIVE_ONLY") == "1":  # tests/run.sh's phase B, after the two workers
-        other = [item for item in items if item.path.name != "test_live_incidents.py"]
-        if other:
-            config.hook.pytest_deselected(items=other)
-            items[:] = [item for item in items if item.path.name == "test_live_incidents.py"]
     if os.environ.get("MST_CLUSTER_PER_WORKER") == "1":  # two workers: the longest files first
         rank = {name: i for i, name in enumerate(LONGEST_CLUSTER_FILES)}
         items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 # tests/run.sh's phase B on two workers takes whole files in this order, the rest after them: their
-# seconds in one process (tests/run.sh --one-cluster --durations=0 on 2 cores): 356, 325, 284, 173,
-# 112, 102, 49, 43, 38
+# seconds in one process (pytest -m "cluster or serial" --durations=0 on 2 cores, summed per file):
+# 356, 325, 284, 173, 112, 102, 49, 43, 38
 LONGEST_CLUSTER_FILES = (
     "test_ray_job.py",
     "test_run_continue.py",

@@ -10,7 +10,7 @@
 #      on two workers, each with a local Slurm cluster of its own that it starts (its jobs numbered
 #      apart: LOCAL_CLUSTER_FIRST_JOB_ID), the longest files first (they mostly wait on jobs: ~60 %
 #      of the CPU while MaxText trains, ~5 % while a drill waits on a timeout); then, in one process,
-#      the live incidents (their drills load the whole machine: IO, the one kernel's OOM counter) and
+#      the `machine` tests (the live incidents: their drills load the whole machine) and
 #      the `serial` tests (wall-clock bounds on real servers). The exit status is the worst; one line
 #      gives the times. Arguments that choose the selection or the workers themselves
 #      (-m, -n, -p no:xdist, --pdb) get one plain pytest run instead.
@@ -82,16 +82,12 @@ if (( sequential )); then
   t_a=$((SECONDS - t0))
   t0=$SECONDS
   if (( two )); then
-    live=tests/test_live_incidents.py
-    MST_CLUSTER_PER_WORKER=1 "$py" -m pytest -m "cluster and not serial" --deselect "$live" \
+    MST_CLUSTER_PER_WORKER=1 "$py" -m pytest -m "cluster and not machine and not serial" \
       -n 2 --dist loadfile --no-loadscope-reorder "$@" || rc_b=$?
     t_b1=$((SECONDS - t0))
-    for only in 1 0; do  # the live incidents among the chosen tests, then the serial ones
-      rc=0
-      if (( only )); then MST_LIVE_ONLY=1 "$py" -m pytest -m "cluster and not serial" "$@" || rc=$?
-      else "$py" -m pytest -m serial "$@" || rc=$?; fi
-      (( rc == 5 || (rc_b != 5 && rc <= rc_b) )) || rc_b=$rc
-    done
+    rc=0
+    "$py" -m pytest -m "machine or serial" "$@" || rc=$?
+    (( rc == 5 || (rc_b != 5 && rc <= rc_b) )) || rc_b=$rc
     rc=0
     t_b2=$((SECONDS - t0 - t_b1))
   else
@@ -128,6 +124,6 @@ else
 fi
 how=$( ((sequential)) && echo "one after the other" || echo "side by side")
 b="one process"
-((!two)) || b="two workers with a cluster each: $t_b1 s, then live incidents and serial in one process: $t_b2 s"
+((!two)) || b="two workers with a cluster each: $t_b1 s, then machine and serial in one process: $t_b2 s"
 echo "tests/run.sh: finished in $((SECONDS - start)) s (exit $rc), $how: A, $workers workers: $t_a s ($(said "$rc_a")); B, cluster and serial, $b: $t_b s ($(said "$rc_b"))" >&2
 exit "$rc"

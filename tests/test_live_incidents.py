@@ -20,7 +20,7 @@ from conftest import REPO, run
 from helpers.jobs import job_state, log_has, submit, triage, wait_for, wait_job_end
 from helpers.webhook import Receiver, notify_conf
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.machine]
 
 TOOL = str(REPO / "utils/local_cluster.sh")
 DRILL = str(REPO / "utils/drill.sh")

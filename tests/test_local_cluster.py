@@ -5,6 +5,7 @@ only takes it down again if it was not already up when the session started. Both
 into tests/conftest.py once other tests need the cluster.
 """
 
+import fcntl
 import os
 import re
 import shlex
@@ -200,16 +201,28 @@ def test_a_bad_first_job_id_is_bad_input():
 
 @pytest.mark.slow
 def test_two_clusters_that_come_up_at_once_take_their_own_ports_and_job_ids():
-    """tests/run.sh's phase B: two private clusters started at the same moment (under the
-    user's port lock) bind different ports, and each numbers its jobs from its FirstJobId."""
+    """tests/run.sh's phase B: a cluster's up picks its ports only while it holds the user's port lock
+    (held here by the test: nothing is written until it lets go), two clusters started at the same
+    moment bind different ports, and each numbers its jobs from its FirstJobId."""
     with tempfile.TemporaryDirectory(prefix="lc-") as tmp:
         os.chmod(tmp, 0o755)
+        cache = Path(tmp, "cache")  # a private XDG_CACHE_HOME: no other cluster waits on this lock
+        lock = cache / "maxtext-slurm" / "local_cluster.ports.lock"
+        lock.parent.mkdir(parents=True)
         envs = [
-            {**os.environ, "LOCAL_CLUSTER_DIR": f"{tmp}/c{i}", "LOCAL_CLUSTER_FIRST_JOB_ID": str(1 + 100000 * i)}
+            {**os.environ, "XDG_CACHE_HOME": str(cache), "LOCAL_CLUSTER_DIR": f"{tmp}/c{i}",
+             "LOCAL_CLUSTER_FIRST_JOB_ID": str(1 + 100000 * i)}
             for i in (1, 2)
-        ]
+        ]  # fmt: skip
         try:
-            ups = [subprocess.Popen([str(SCRIPT), "up", "1"], env=e, stdout=subprocess.PIPE, text=True) for e in envs]
+            with lock.open("a") as held:
+                fcntl.flock(held, fcntl.LOCK_EX)
+                ups = [
+                    subprocess.Popen([str(SCRIPT), "up", "1"], env=e, stdout=subprocess.PIPE, text=True) for e in envs
+                ]
+                time.sleep(2)
+                assert [p.poll() for p in ups] == [None, None]
+                assert not any(Path(e["LOCAL_CLUSTER_DIR"], "slurm.conf").exists() for e in envs)
             assert [p.wait(timeout=120) for p in ups] == [0, 0], [p.stdout.read() for p in ups if p.stdout]
             ports = [re.findall(r"Port=(\d+)", Path(e["LOCAL_CLUSTER_DIR"], "slurm.conf").read_text()) for e in envs]
             assert len(ports[0]) == len(ports[1]) == 2 and not set(ports[0]) & set(ports[1]), ports
