@@ -82,6 +82,7 @@ class Served:
         self._proc: subprocess.Popen | None = None
         self._http = requests.Session()
         self._http.trust_env = False  # never via http_proxy: the server is ours, on loopback
+        self._http.headers["Accept-Encoding"] = "identity"
 
     def __enter__(self) -> Served:
         self._proc = subprocess.Popen(
