@@ -274,11 +274,10 @@ def test_skill_verify_step_on_every_family(tmp_path, incident, family):
             assert (level > v["baseline"]) == (v["direction"] == "higher"), v
 
 
-def test_verify_says_mismatch_when_the_metrics_do_not_show_it(tmp_path):
+def test_verify_says_mismatch_when_the_metrics_do_not_show_it(incident):
     """A report whose expected value is not what the TSDB holds (a doctored peers' median): the check is a
     MISMATCH, the result says so, and utils/verify.py's own run of the job matches (exit 0)."""
-    inc = corpus.build("gpu_thermal", tmp_path / "ws", 2)
-    r = diag(inc.job_dir)
+    inc, r = incident("gpu_thermal", 1)
     r["findings"][0]["verify"][1]["expect"]["peers_median"] *= 1.01
     res = verify.rerun(r)
     assert res["match"] is False and res["mismatches"] == 1, verify.render(res)
@@ -286,7 +285,7 @@ def test_verify_says_mismatch_when_the_metrics_do_not_show_it(tmp_path):
     assert bad["signal"] == "clock" and bad["kind"] == "gpu_thermal"
     text = verify.render(res)
     assert "MISMATCH gpu_thermal clock" in text and "do not report a finding" in text, text
-    ok = run([PY, str(REPO / "utils" / "verify.py"), inc.job_dir.name, "--workspace", tmp_path / "ws"], timeout=120)
+    ok = run([PY, str(REPO / "utils" / "verify.py"), inc.job_dir.name, "--workspace", inc.job_dir.parent], timeout=120)
     assert ok.returncode == 0 and "match    gpu_thermal clock" in ok.stdout, (ok.stdout, ok.stderr)
 
 
@@ -374,11 +373,10 @@ def nanmed_available(r: dict, host: str, before: float) -> float:
     return float(rows[0]["value"][1])
 
 
-def test_training_spike_cost_decides_incident_or_not(tmp_path):
+def test_training_spike_cost_decides_incident_or_not(tmp_path, incident):
     """The MoE case: the run stayed 12-35 % slower from the spike on (training_dynamics, with the cost);
     a brief grad-norm spike that cost nothing is named but is no incident."""
-    moe = corpus.build("moe_lb_spike", tmp_path / "moe", 1)
-    r = diag(moe.job_dir)
+    moe, r = incident("moe_lb_spike", 1)
     top = r["findings"][0]
     assert r["verdict"] == "training_dynamics" and top["kind"] == "training_dynamics", r["summary"]
     cost = top["values"]["throughput_cost"]
@@ -432,9 +430,8 @@ def test_a_short_midrun_slowdown_is_a_phase_and_blames_no_host(tmp_path):
     assert r["verdict"] == "none" and r["culprit_hosts"] == [], r["summary"]
 
 
-def test_text_output_says_when_it_shows_only_some_queries(tmp_path):
-    inc = corpus.build("moe_lb_spike", tmp_path, 1)
-    r = diag(inc.job_dir)
+def test_text_output_says_when_it_shows_only_some_queries(incident):
+    _, r = incident("moe_lb_spike", 1)
     n = len(r["findings"][0]["queries"])
     assert n > 2, r["findings"][0]["queries"]
     text = diagnose.render(r)

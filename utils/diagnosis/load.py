@@ -73,8 +73,9 @@ def _rates(counters: PerHost, step: float) -> PerHost:
                 with np.errstate(invalid="ignore"):
                     rate = np.diff(c[idx]) / (np.diff(idx) * step)
                 rate = np.where(rate >= 0, rate, np.nan)
-                for (a, b), v in zip(zip(idx[:-1], idx[1:], strict=True), rate, strict=True):
-                    r[a + 1 : b + 1] = v  # every grid point of the gap gets the mean rate over it
+                # every grid point of a gap gets the mean rate over it: point i after idx[k-1], up to idx[k]
+                points = np.arange(idx[0] + 1, idx[-1] + 1)
+                r[points] = rate[np.searchsorted(idx, points) - 1]
             out.setdefault(key, {})[h] = r
     return out
 
