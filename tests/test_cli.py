@@ -191,7 +191,7 @@ def test_without_the_environment_each_tool_says_so_in_one_line(name, tmp_path):
     assert res.returncode == 2, res.stderr
     if "needs" not in lines[0]:  # a tool on the standard library alone runs: it finds no job 4242 there
         assert name != "diagnose" and "no job '4242'" in lines[0], res.stderr
-    else:  # numpy/requests (diagnose) or a Python 3.11 are missing: the environment is what to make
+    else:  # numpy (diagnose) or a Python 3.11 are missing: the environment is what to make
         assert "needs the Python package" in lines[0] or "needs Python 3.11" in lines[0], res.stderr
         assert str(REPO / "utils" / "setup_env.sh") in lines[0] and str(tmp_path / "no-venv") in lines[0]
 

@@ -110,7 +110,7 @@ def test_trainer_command(scratch_repo: Path):
         "JOB_WORKSPACE": "/jobs",
         "MST_PYTHON": "/venv/bin/python",
         "TRAIN_OVERRIDES": "steps=3\nhf_access_token=hf_secret7\nper_device_batch_size=2\n",
-        "COMPILE_CACHE_DIR": "",  # the default (the test session sets one: tests/conftest.py)
+        "COMPILE_CACHE_DIR": "",  # unset: the default
     }
     res = run([str(scratch_repo / "_train.sh"), "--print-cmd"], env=env)
     assert res.returncode == 0, res.stderr

@@ -170,7 +170,7 @@ def run_triage(job: locate.Job, ws: Path, scheduler: bool) -> dict | None:
 
 
 def run_diagnose(job: locate.Job, ws: Path, vs: Path | None = None, auto: dict | None = None) -> dict:
-    from diagnosis import diagnose  # numpy and requests: only when the metrics are read
+    from diagnosis import diagnose  # numpy: only when the metrics are read
 
     r = diagnose.diagnose(diagnose.locate(str(job.dir), ws), diagnose.locate(str(vs), ws) if vs else None, auto=auto)
     r.pop("_report", None)
