@@ -21,7 +21,10 @@
 #   - Ray's temp dir is $MST_JOB_SCRATCH/ray, inside the node's private scratch (utils/launch/lib.sh
 #     job_scratch): Ray makes its temp dir world-writable, the scratch keeps others out of it.
 #     MST_JOB_SCRATCH reaches every Ray process (actors too) through the environment.
-# Every port is picked free (several nodes may share one machine); the node advertises the
+# Every port is picked free (several nodes may share one machine); a head whose port another
+# job took between the pick and Ray's bind (jobs starting Ray on one node at the same moment; Ray
+# says "address already in use") is stopped and started again on ports searched from a random
+# offset, at most 3 tries; the node advertises the
 # custom resource mst_host_<host> so actors can be pinned to it; Ray's metrics port is
 # written as a Prometheus file_sd target to $JOB_DIR/metrics/targets/<host>-ray.json.
 # Needs JOB_DIR JOB_ID JOB_HOSTNAME MST_JOB_SCRATCH, MST_PYTHON (or MST_VENV); JOB_NUM_NODES.
@@ -41,12 +44,30 @@ single=0; (( ${JOB_NUM_NODES:-1} > 1 )) || single=1
 
 # One grep over every process's environment: a fork or two per process took seconds on a busy
 # node, and a cancel's SIGKILL (KillWait) then ended the cleanup before it reached the trainers.
+# Their descendants too: Ray's agents overwrite their environment with their title, and one whose
+# raylet died first would be left behind.
 owned_pids() {
-  local envf pid
+  local envf pid stat rest ppid
+  local -A mine=() parent=()
   while IFS= read -r envf; do
     pid=${envf#/proc/}; pid=${pid%/environ}
-    [[ -O "$envf" && "$pid" != "$$" ]] && echo "$pid"
+    [[ -O "$envf" && "$pid" != "$$" ]] && mine[$pid]=1
   done < <(grep -lsxzF -- "MST_RAY_OWNER=$MST_RAY_OWNER" /proc/[0-9]*/environ)
+  for stat in /proc/[0-9]*/stat; do
+    [[ -O "$stat" ]] || continue
+    read -r rest < "$stat" 2>/dev/null || continue
+    rest=${rest##*) } # after "PID (COMM) ": STATE PPID ...
+    ppid=${rest#* }; ppid=${ppid%% *}
+    pid=${stat#/proc/}; parent[${pid%/stat}]=$ppid
+  done
+  local grew=1
+  while (( grew )); do
+    grew=0
+    for pid in "${!parent[@]}"; do
+      [[ -z "${mine[$pid]:-}" && -n "${mine[${parent[$pid]}]:-}" && "$pid" != "$$" ]] && { mine[$pid]=1; grew=1; }
+    done
+  done
+  (( ${#mine[@]} )) && printf '%s\n' "${!mine[@]}"
   return 0
 }
 
@@ -107,12 +128,14 @@ sys.argv[0] = "ray"
 cli.main()' start "$@"
 }
 
-start() {  # ADDR ARGS...: start Ray on this node with the common arguments
+spread=0 # added to every port's search start: 0 on the first try, random on a retry
+
+start() {  # ADDR ARGS...: start Ray on this node with the common arguments; 1 if ray start failed
   local addr; addr=$(ray_addr "$1"); shift
   { [[ -n "${MST_JOB_SCRATCH:-}" ]] && is_private "$MST_JOB_SCRATCH" d 700; } ||
     die "MST_JOB_SCRATCH='${MST_JOB_SCRATCH:-}' is not this node's private scratch (utils/launch/lib.sh job_scratch); not starting Ray"
   check_token
-  local metrics_port; metrics_port=$(free_port 8080)
+  local metrics_port; metrics_port=$(free_port $((8080 + spread)))
   # Every Ray process started below (and every worker and actor they start) inherits these.
   # RAY_AUTH_TOKEN would win over the file: a value from the caller's environment is dropped.
   unset RAY_AUTH_TOKEN
@@ -125,38 +148,65 @@ start() {  # ADDR ARGS...: start Ray on this node with the common arguments
     --num-cpus="${MST_RAY_NUM_CPUS:-1}" --num-gpus=0 --resources="{\"$resource\": 1}" \
     --object-store-memory="${MST_RAY_OBJECT_STORE_BYTES:-268435456}" \
     --metrics-export-port="$metrics_port" \
-    --dashboard-agent-listen-port="$(free_port 52365)" \
-    --dashboard-agent-grpc-port="$(free_port 53365)" \
-    --runtime-env-agent-port="$(free_port 54365)" \
-    --node-manager-port="$(free_port 55365)" --object-manager-port="$(free_port 56365)" \
-    --min-worker-port="$(free_port 20000)" --max-worker-port=29999 >&2
+    --dashboard-agent-listen-port="$(free_port $((52365 + spread)))" \
+    --dashboard-agent-grpc-port="$(free_port $((53365 + spread)))" \
+    --runtime-env-agent-port="$(free_port $((54365 + spread)))" \
+    --node-manager-port="$(free_port $((55365 + spread)))" \
+    --object-manager-port="$(free_port $((56365 + spread)))" \
+    --min-worker-port="$(free_port $((20000 + spread)))" --max-worker-port=29999 >&2 || return 1
   mkdir -p "$JOB_DIR/metrics/targets"
   printf '[{"targets": ["%s:%s"], "labels": {"host": "%s", "source": "ray"}}]\n' \
     "$addr" "$metrics_port" "$host" > "$JOB_DIR/metrics/targets/$host-ray.json.tmp"
   mv "$JOB_DIR/metrics/targets/$host-ray.json.tmp" "$JOB_DIR/metrics/targets/$host-ray.json"
 }
 
+stop_owned() { # kill what this node started for this job (MST_RAY_OWNER), TERM then KILL
+  local pids p alive
+  mapfile -t pids < <(owned_pids)
+  (( ${#pids[@]} )) || return 0
+  kill -TERM "${pids[@]}" 2>/dev/null || true
+  for _ in $(seq 20); do
+    alive=0; for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    (( alive )) || break; sleep 0.25
+  done
+  kill -KILL "${pids[@]}" 2>/dev/null || true
+}
+
+start_head() { # ADDR: the head on free ports; prints "ADDR:PORT DASHBOARD_PORT TOKEN_FILE"
+  local port dash_port
+  port=$(free_port $((6379 + spread)))
+  dash_port=$(free_port $((8265 + spread)))
+  # the dashboard's own metrics server (Ray's default 44227 would clash between jobs on a node)
+  DASHBOARD_METRIC_PORT=$(free_port $((44227 + spread))) start "$1" --head --port="$port" --no-monitor \
+    --include-dashboard=true --dashboard-host="${DASHBOARD_BIND:-127.0.0.1}" --dashboard-port="$dash_port" || return 1
+  echo "$(ray_addr "$1"):$port $dash_port $token_file"
+}
+
+head_with_retries() { # ADDR: start_head; when a port it picked was taken meanwhile (Ray says so), stop
+  # what it left and try again; any other failure ends here with Ray's own output last
+  local try err rc
+  for try in 1 2 3; do
+    { err=$(start_head "$1" 2>&1 1>&3 3>&-) && rc=0 || rc=$?; } 3>&1
+    [[ -z "$err" ]] || printf '%s\n' "$err" >&2
+    (( rc == 0 )) && return 0
+    stop_owned
+    grep -qiE 'address already in use|failed to start the grpc server|already occupied' <<< "$err" || exit 1
+    (( try < 3 )) || break
+    spread=$((1 + RANDOM % 500))
+    echo "ray_cluster.sh: the Ray head did not start on $host (try $try of 3; a port taken meanwhile): trying other ports" >&2
+  done
+  die "the Ray head did not start on $host in 3 tries: its ports were taken each time (Ray's output is above)"
+}
+
 case "${1:-}" in
   head)
     (( $# == 2 )) || die "usage: ray_cluster.sh head ADDR"
     make_token
-    port=$(free_port 6379)
-    dash_port=$(free_port 8265)
-    # the dashboard's own metrics server (Ray's default 44227 would clash between jobs on a node)
-    DASHBOARD_METRIC_PORT=$(free_port 44227) start "$2" --head --port="$port" --no-monitor \
-      --include-dashboard=true --dashboard-host="${DASHBOARD_BIND:-127.0.0.1}" --dashboard-port="$dash_port"
-    echo "$(ray_addr "$2"):$port $dash_port $token_file" ;;
+    head_with_retries "$2" ;;
   worker)
     (( $# == 3 )) || die "usage: ray_cluster.sh worker ADDR HEAD_ADDRESS"
-    start "$2" --address="$3" ;;
-  stop)
-    mapfile -t pids < <(owned_pids)
-    (( ${#pids[@]} )) || exit 0
-    kill -TERM "${pids[@]}" 2>/dev/null || true
-    for _ in $(seq 20); do
-      alive=0; for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
-      (( alive )) || break; sleep 0.25
-    done
-    kill -KILL "${pids[@]}" 2>/dev/null || true ;;
+    # _train_with_ray.sh tries a worker twice (a slow raylet registration), with ports picked again
+    start "$2" --address="$3" || die "ray start did not join $3 from $host (Ray's output is above)" ;;
+  stop) stop_owned ;;
   *) die_usage "unknown command '${1:-}': use head, worker or stop (see --help)" ;;
 esac
