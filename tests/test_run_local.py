@@ -101,7 +101,9 @@ def test_secrets_stay_out_of_argv_and_the_record(workspace, venv):
 def test_a_site_compile_cache_is_private_and_reused(workspace, venv, tmp_path):
     """COMPILE_CACHE_DIR (a site's node-local disk): the job's compiled programs go to the user's own
     private directory there, not to the workspace, and the next job of the same program finds them
-    there (it compiles nothing new: no entry is added)."""
+    there: its train step is not compiled again (no second jit_train_step entry). JAX keeps only what
+    took over a second to compile, so on a loaded machine the second job may add a small program the
+    first compiled faster than that; nothing of the first is replaced."""
     caches = tmp_path / "nvme"
     env = launcher_env(workspace, COMPILE_CACHE_DIR=str(caches))
     mine = caches / getpass.getuser()
@@ -117,4 +119,10 @@ def test_a_site_compile_cache_is_private_and_reused(workspace, venv, tmp_path):
     assert not (workspace / getpass.getuser() / ".jax_cache").exists()
     res = run([str(REPO / "run_local.sh"), "tiny", "--", "steps=3"], env=env, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:]
-    assert entries() == first
+    again = entries()
+    assert first <= again, first - again
+
+    def steps(names: set[str]) -> set[str]:
+        return {n for n in names if n.startswith("jit_train_step-")}
+
+    assert steps(again) == steps(first), again - first
