@@ -3,10 +3,12 @@ whose private scratch cannot be made (the job fails, no fallback), a node that f
 missing or not private, and a one-node Ray cluster: all of it on loopback, token-authenticated,
 driven by the real _ray_actor.py. The 2-node job's sockets are checked in test_ray_job.py."""
 
+import contextlib
 import os
 import pwd
 import re
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -271,3 +273,34 @@ def test_a_head_whose_port_was_taken_after_the_pick_starts_on_other_ports(tmp_pa
     while (left := job_processes(Path(env["JOB_DIR"]))) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert left == {}, f"the head's first try or its stop left Ray processes running: {left}"
+
+
+def test_stop_ends_the_unmarked_children_of_rays_processes_but_not_another_session(tmp_path):
+    """ray_cluster.sh stop finds the job's Ray processes by MST_RAY_OWNER in their environment. Ray's
+    agents overwrite theirs, so their children in the same session go too; a child in a session of its
+    own (the trainer and its guard: the guard must outlive a stop that Slurm cuts short) is left."""
+    env = job_env(tmp_path)
+    owner = f"{env['JOB_ID']}:{env['JOB_HOSTNAME']}"
+    script = "env -i sleep 300 & echo $! > agent; setsid env -i sleep 300 & echo $! > guard; echo ready > up; wait"
+    raylet = subprocess.Popen(
+        ["bash", "-c", script], cwd=tmp_path, env={**os.environ, "MST_RAY_OWNER": owner}, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "up").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        agent, guard = (int((tmp_path / name).read_text()) for name in ("agent", "guard"))
+        res = run([str(UTILS / "observe" / "ray_cluster.sh"), "stop"], env=env, timeout=60)
+        assert res.returncode == 0, res.stderr
+        raylet.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{agent}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not Path(f"/proc/{agent}").exists() or "Z" in Path(f"/proc/{agent}/stat").read_text().split(")")[-1][:3]
+        assert Path(f"/proc/{guard}").exists(), "a process in its own session is not Ray's to stop"
+    finally:
+        raylet.kill()
+        for name in ("agent", "guard"):
+            if (tmp_path / name).exists():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int((tmp_path / name).read_text()), signal.SIGKILL)

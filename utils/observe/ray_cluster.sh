@@ -44,11 +44,13 @@ single=0; (( ${JOB_NUM_NODES:-1} > 1 )) || single=1
 
 # One grep over every process's environment: a fork or two per process took seconds on a busy
 # node, and a cancel's SIGKILL (KillWait) then ended the cleanup before it reached the trainers.
-# Their descendants too: Ray's agents overwrite their environment with their title, and one whose
-# raylet died first would be left behind.
+# Their descendants in their own session too: Ray's agents overwrite their environment with their
+# title, and one whose raylet died first would be left behind. Not across a session: the trainer
+# and its guard (utils/observe/trainer_guard.py) run in sessions of their own, and the guard must
+# outlive this stop when Slurm cuts it short, to stop a trainer that ignores SIGTERM.
 owned_pids() {
-  local envf pid stat rest ppid
-  local -A mine=() parent=()
+  local envf pid stat rest ppid f
+  local -A mine=() parent=() session=()
   while IFS= read -r envf; do
     pid=${envf#/proc/}; pid=${pid%/environ}
     [[ -O "$envf" && "$pid" != "$$" ]] && mine[$pid]=1
@@ -56,15 +58,17 @@ owned_pids() {
   for stat in /proc/[0-9]*/stat; do
     [[ -O "$stat" ]] || continue
     read -r rest < "$stat" 2>/dev/null || continue
-    rest=${rest##*) } # after "PID (COMM) ": STATE PPID ...
-    ppid=${rest#* }; ppid=${ppid%% *}
-    pid=${stat#/proc/}; parent[${pid%/stat}]=$ppid
+    read -r -a f <<< "${rest##*) }" # after "PID (COMM) ": STATE PPID PGRP SESSION ...
+    pid=${stat#/proc/}; pid=${pid%/stat}
+    parent[$pid]=${f[1]} session[$pid]=${f[3]}
   done
   local grew=1
   while (( grew )); do
     grew=0
     for pid in "${!parent[@]}"; do
-      [[ -z "${mine[$pid]:-}" && -n "${mine[${parent[$pid]}]:-}" && "$pid" != "$$" ]] && { mine[$pid]=1; grew=1; }
+      ppid=${parent[$pid]}
+      [[ -z "${mine[$pid]:-}" && -n "${mine[$ppid]:-}" && "${session[$pid]}" == "${session[$ppid]:-}" && "$pid" != "$$" ]] &&
+        { mine[$pid]=1; grew=1; }
     done
   done
   (( ${#mine[@]} )) && printf '%s\n' "${!mine[@]}"
