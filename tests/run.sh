@@ -15,7 +15,7 @@
 #      tests (wall-clock bounds on real servers) in one process. The exit status is the worst; the
 #      last line gives the times. Arguments that choose the selection or the workers themselves
 #      (-m, -n, -p no:xdist, --pdb) get one plain pytest run instead.
-#   --in-turn  A, then B1, then B2, each alone (~5 min longer on 2 cores; A's figures are its own).
+#   --in-turn  A, then B1, then B2, each alone (~3 min longer on 2 cores; A's figures are its own).
 #   --one-cluster  A, then B1 and B2 in one process on one shared cluster (~15 min longer).
 #   --fast  the developer loop (~1.4 min and ~140 s of CPU on 2 cores; the goal is 1 min): only the tests marked neither `cluster`
 #           (the local Slurm cluster) nor `slow` (MaxText training or config loads, a Ray cluster,

@@ -225,19 +225,24 @@ def test_one_node_ray_is_on_loopback_and_authenticated(tmp_path):
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def take_when_picked(port: int, taken: socket.socket, stop: threading.Event) -> None:
-    """Listen on PORT as soon as a `ray start --head --port=PORT` runs (after ray_cluster.sh picked it
-    free, before Ray's GCS binds it: the ~2 s the CLI takes to start), as another job's head would."""
-    want = f"--port={port}".encode()
+def take_when_picked(owner: str, taken: socket.socket, stop: threading.Event, got: list[int]) -> None:
+    """Listen on the port of this job's first `ray start --head --port=PORT` as soon as it runs (after
+    ray_cluster.sh picked PORT free, before Ray's GCS binds it: the ~2 s the CLI takes to start), as
+    another job's head would. The job's own (MST_RAY_OWNER=OWNER): other jobs may start Ray meanwhile."""
+    marker = f"MST_RAY_OWNER={owner}".encode()
     while not stop.is_set():
         for p in Path("/proc").iterdir():
             try:
                 argv = (p / "cmdline").read_bytes().split(b"\0") if p.name.isdigit() else []
+                if b"--head" not in argv or marker not in (p / "environ").read_bytes().split(b"\0"):
+                    continue
             except OSError:
                 continue
-            if b"--head" in argv and want in argv:
+            port = next((int(a[7:]) for a in argv if a.startswith(b"--port=")), None)
+            if port is not None:
                 taken.bind(("0.0.0.0", port))  # every address, as a GCS binds it
                 taken.listen()
+                got.append(port)
                 return
         time.sleep(0.01)
 
@@ -247,20 +252,20 @@ def test_a_head_whose_port_was_taken_after_the_pick_starts_on_other_ports(tmp_pa
     """Two jobs starting Ray on one node at the same moment can pick the same free port; the head that
     binds second must not lose Ray. Here another socket takes the GCS port the head picked right after
     the pick; the head stops what it started and comes up on other ports, saying so."""
-    picked = int(run(["bash", "-c", f'source "{UTILS}/launch/lib.sh"; free_port 6379'], timeout=30).stdout)
     scratch = Path(tempfile.mkdtemp(prefix="s", dir="/tmp"))
     env = job_env(tmp_path, MST_JOB_SCRATCH=str(scratch))
-    stop = threading.Event()
+    stop, picked = threading.Event(), []
     with socket.socket() as taken:
         taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past a TIME_WAIT of an earlier run
-        thief = threading.Thread(target=take_when_picked, args=(picked, taken, stop), daemon=True)
+        owner = f"{env['JOB_ID']}:{env['JOB_HOSTNAME']}"
+        thief = threading.Thread(target=take_when_picked, args=(owner, taken, stop, picked), daemon=True)
         thief.start()
         try:
             res = run([str(UTILS / "observe" / "ray_cluster.sh"), "head", "127.0.0.1"], env=env, timeout=300)
             assert not thief.is_alive(), "the head never ran ray start with the picked port"
             assert res.returncode == 0, res.stderr[-3000:]
             address, _, _ = res.stdout.split()
-            assert address.startswith("127.0.0.1:") and address != f"127.0.0.1:{picked}", (address, picked)
+            assert address.startswith("127.0.0.1:") and address != f"127.0.0.1:{picked[0]}", (address, picked)
             assert "the Ray head did not start on h1 (try 1 of 3; a port taken meanwhile)" in res.stderr, res.stderr
             with socket.create_connection(("127.0.0.1", int(address.rsplit(":", 1)[1])), timeout=10):
                 pass  # the head's GCS answers on its new port
@@ -268,7 +273,7 @@ def test_a_head_whose_port_was_taken_after_the_pick_starts_on_other_ports(tmp_pa
             stop.set()
             run([str(UTILS / "observe" / "ray_cluster.sh"), "stop"], env=env, timeout=60)
             shutil.rmtree(scratch, ignore_errors=True)
-    # Ray's agents follow their raylet out a moment after stop (they carry no marker to be found by)
+    # what stop killed is gone a moment later
     deadline = time.monotonic() + 15
     while (left := job_processes(Path(env["JOB_DIR"]))) and time.monotonic() < deadline:
         time.sleep(0.5)
