@@ -158,10 +158,14 @@ start() {  # ADDR ARGS...: start Ray on this node with the common arguments; 1 i
     --node-manager-port="$(free_port $((55365 + spread)))" \
     --object-manager-port="$(free_port $((56365 + spread)))" \
     --min-worker-port="$(free_port $((20000 + spread)))" --max-worker-port=29999 >&2 || return 1
-  mkdir -p "$JOB_DIR/metrics/targets"
-  printf '[{"targets": ["%s:%s"], "labels": {"host": "%s", "source": "ray"}}]\n' \
-    "$addr" "$metrics_port" "$host" > "$JOB_DIR/metrics/targets/$host-ray.json.tmp"
-  mv "$JOB_DIR/metrics/targets/$host-ray.json.tmp" "$JOB_DIR/metrics/targets/$host-ray.json"
+  # the head runs this in a command substitution, where bash drops set -e: each step says so itself
+  local target="$JOB_DIR/metrics/targets/$host-ray.json"
+  if ! { mkdir -p "$JOB_DIR/metrics/targets" &&
+    printf '[{"targets": ["%s:%s"], "labels": {"host": "%s", "source": "ray"}}]\n' \
+      "$addr" "$metrics_port" "$host" > "$target.tmp" && mv "$target.tmp" "$target"; }; then
+    echo "ray_cluster.sh: cannot write Ray's metrics target $target" >&2
+    return 1
+  fi
 }
 
 stop_owned() { # kill what this node started for this job (MST_RAY_OWNER), TERM then KILL
