@@ -212,10 +212,11 @@ def _node_counts(path: Path) -> list[int]:
     return sorted({m.nodes for m in nodes} | {2 * max(m.nodes for m in nodes)})
 
 
-def _broken_copies(tmp: Path) -> dict[str, dict[str, Any]]:
-    """Deliberately broken variants: the harness must be able to fail."""
+def _broken_copies(tmp: Path, paths: list[Path], beyond: bool) -> dict[str, dict[str, Any]]:
+    """Deliberately broken variants of paths (and, with beyond, of the first GPU config for the checks
+    beyond the parser): the harness must be able to fail."""
     jobs: dict[str, dict[str, Any]] = {}
-    for path in CONFIGS:
+    for path in paths:
         data = _try_yaml(path)
         typo = {("per_device_batch_sizee" if k == "per_device_batch_size" else k): v for k, v in data.items()}
         typo.setdefault("per_device_batch_sizee", 1)
@@ -225,6 +226,8 @@ def _broken_copies(tmp: Path) -> dict[str, dict[str, Any]]:
         f = tmp / f"badyaml-{path.name}"
         f.write_text(path.read_text(encoding="utf-8") + "steps: [50\n", encoding="utf-8")
         jobs[f"badyaml:{path.stem}"] = {"path": str(f), "build_model": False}
+    if not beyond:
+        return jobs
     # A value the parser accepts but the model code rejects.
     gpu = GPU_CONFIGS or CONFIGS
     data = {**_try_yaml(gpu[0]), "remat_policy": "fulll"}
@@ -250,12 +253,34 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
+def _selected(session: pytest.Session) -> dict[str, set[str]]:
+    """test name -> the config stems its selected tests of this module read ("" for one without a path):
+    `pytest tests/test_configs.py -k llama3.1-8b` (the model-config-guide skill's check) loads that
+    config alone, not all of them (~10 CPU-s less)."""
+    out: dict[str, set[str]] = {}
+    for item in session.items:
+        if isinstance(item, pytest.Function) and Path(item.path) == Path(__file__).resolve():
+            path = item.callspec.params.get("path") if hasattr(item, "callspec") else None
+            out.setdefault(item.originalname, set()).add(path.stem if isinstance(path, Path) else "")
+    return out
+
+
 @pytest.fixture(scope="module")
-def results(venv: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """Results of the one worker process for all configs and their broken copies."""
+def results(
+    venv: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> dict[str, dict[str, Any]]:
+    """Results of the one worker process for the selected tests' configs and broken copies."""
     tmp = tmp_path_factory.mktemp("configs")
-    jobs: dict[str, dict[str, Any]] = {f"config:{p.stem}": {"path": str(p), "nodes": _node_counts(p)} for p in CONFIGS}
-    jobs.update(_broken_copies(tmp))
+    chosen = _selected(request.session)
+    parsed = chosen.get("test_config_loads", set())
+    built = chosen.get("test_model_builds", set()) | chosen.get("test_gpu_config_contract", set())
+    jobs: dict[str, dict[str, Any]] = {
+        f"config:{p.stem}": {"path": str(p), "nodes": _node_counts(p), "build_model": p.stem in built}
+        for p in CONFIGS
+        if p.stem in parsed | built
+    }
+    broken = [p for p in CONFIGS if p.stem in chosen.get("test_broken_copies_are_rejected", set())]
+    jobs.update(_broken_copies(tmp, broken, "test_checks_beyond_the_parser_can_fail" in chosen))
     proc = subprocess.run(
         [str(venv / "bin/python"), str(Path(__file__).resolve()), "--worker"],
         input=json.dumps({"jobs": jobs}),
