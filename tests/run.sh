@@ -5,18 +5,19 @@
 #   1. system packages (Debian: Slurm, munge, Prometheus, ShellCheck, jq, ...): utils/setup_system.sh
 #      installs the missing ones with apt-get as root, else names them on one line and stops;
 #   2. the pinned Python environment (utils/setup_env.sh; ~2-3 min the first time);
-#   3. pytest over tests/ in three parts: B1, the `cluster` tests on two workers, each with a local
+#   3. pytest over tests/ in four parts: B1, the `cluster` tests on two workers, each with a local
 #      Slurm cluster of its own that it starts (its jobs numbered apart: LOCAL_CLUSTER_FIRST_JOB_ID),
-#      the longest files first; beside it A, every test marked neither `cluster` nor `serial`, on one
-#      worker more than cores (pytest-xdist, each test file on one worker), at the lowest CPU and IO
-#      priority (nice 19, ionice idle): B1 mostly waits on its jobs (timeouts, heartbeats, time
-#      limits) and A takes the CPU it leaves; A's output comes after B1's. Then, alone, B2: the
-#      `machine` tests (the live incidents: their drills load the whole machine) and the `serial`
-#      tests (wall-clock bounds on real servers) in one process. The exit status is the worst; the
-#      last line gives the times. Arguments that choose the selection or the workers themselves
-#      (-m, -n, -p no:xdist, --pdb) get one plain pytest run instead.
-#   --in-turn  A, then B1, then B2, each alone (~3 min longer on 2 cores; A's figures are its own).
-#   --one-cluster  A, then B1 and B2 in one process on one shared cluster (~15 min longer).
+#      the longest files first, then B2, the `machine` tests (the live incidents: their drills load
+#      the whole machine, which another cluster's jobs would see) in one process; beside both A,
+#      every test marked neither `cluster` nor `serial`, on one worker more than cores (pytest-xdist,
+#      each test file on one worker), at the lowest CPU and IO priority (nice 19, ionice idle): the
+#      cluster tests mostly wait on their jobs (timeouts, heartbeats, time limits) and A takes the
+#      CPU they leave; A's output comes after theirs. Then, alone, B3: the `serial` tests
+#      (wall-clock bounds on real servers). The exit status is the worst; the last line gives the
+#      times. Arguments that choose the selection or the workers themselves (-m, -n, -p no:xdist,
+#      --pdb) get one plain pytest run instead.
+#   --in-turn  A, then B1, then B2 and B3, each alone (~3 min longer on 2 cores; A's figures are its own).
+#   --one-cluster  A, then every `cluster` and `serial` test in one process on one shared cluster (~15 min longer).
 #   --fast  the developer loop (~1.4 min and ~140 s of CPU on 2 cores; the goal is 1 min): only the tests marked neither `cluster`
 #           (the local Slurm cluster) nor `slow` (MaxText training or config loads, a Ray cluster,
 #           the repeats of the incident matrix), that is -m "not cluster and not slow", on one worker
@@ -78,7 +79,7 @@ worst() { # RC... -> the worst status; 5 only when every part selected nothing
 said() { (( $1 == 5 )) && echo "nothing selected" || echo "exit $1"; }
 phase_a=(-m "not cluster and not serial" "${parallel[@]}")
 phase_b1=(-m "cluster and not machine and not serial" -n 2 --dist loadfile --no-loadscope-reorder)
-rc_a=5 rc_b1=5 rc_b2=5 t_a=0 t_b1=0
+rc_a=5 rc_b1=5 rc_b2=5 t_a=0 t_b1=0 t_b2=0
 case $mode in
   one-cluster)
     t0=$SECONDS
@@ -93,10 +94,13 @@ case $mode in
     "$py" -m pytest "${phase_a[@]}" "$@" || rc_a=$?
     t_a=$((SECONDS - t0)) t0=$SECONDS rc_b1=0
     MST_CLUSTER_PER_WORKER=1 "$py" -m pytest "${phase_b1[@]}" "$@" || rc_b1=$?
-    t_b1=$((SECONDS - t0))
+    t_b1=$((SECONDS - t0)) t0=$SECONDS rc_b2=0
+    "$py" -m pytest -m "machine and not serial" "$@" || rc_b2=$?
+    t_b2=$((SECONDS - t0))
     ;;
   beside)
-    # A in the background, its output in a private file shown after B1's; its time and status in another
+    # A in the background, its output in a private file shown after B1's and B2's; its time and
+    # status in another
     out_a=$(mktemp -d "${TMPDIR:-/tmp}/tests-run.XXXXXX")
     pid_a=""
     trap '[[ -z "$pid_a" ]] || pkill -TERM -P "$pid_a" 2>/dev/null; rm -rf "$out_a"' EXIT
@@ -110,18 +114,20 @@ case $mode in
     pid_a=$!
     t0=$SECONDS rc_b1=0
     MST_CLUSTER_PER_WORKER=1 "$py" -m pytest "${phase_b1[@]}" "$@" || rc_b1=$?
-    t_b1=$((SECONDS - t0))
+    t_b1=$((SECONDS - t0)) t0=$SECONDS rc_b2=0
+    "$py" -m pytest -m "machine and not serial" "$@" || rc_b2=$?
+    t_b2=$((SECONDS - t0))
     wait "$pid_a" || true
     pid_a=""
-    echo "==================== A: neither cluster nor serial (beside B1, at nice 19) ===================="
+    echo "==================== A: neither cluster nor serial (beside B1 and B2, at nice 19) ===================="
     cat "$out_a/log"
     read -r t_a rc_a <"$out_a/result" || { t_a=0 rc_a=1; }
     ;;
 esac
-t0=$SECONDS rc_b2=0
-"$py" -m pytest -m "machine or serial" "$@" || rc_b2=$?
-t_b2=$((SECONDS - t0))
-rc=$(worst "$rc_a" "$rc_b1" "$rc_b2")
-how=$( [[ $mode == beside ]] && echo "A beside B1, then B2" || echo "A, B1, B2 in turn")
-echo "tests/run.sh: finished in $((SECONDS - start)) s (exit $rc), $how: A, $workers workers: $t_a s ($(said "$rc_a")); B1, cluster, two workers with a cluster each: $t_b1 s ($(said "$rc_b1")); B2, machine and serial, one process: $t_b2 s ($(said "$rc_b2"))" >&2
+t0=$SECONDS rc_b3=0
+"$py" -m pytest -m "serial" "$@" || rc_b3=$?
+t_b3=$((SECONDS - t0))
+rc=$(worst "$rc_a" "$rc_b1" "$rc_b2" "$rc_b3")
+how=$( [[ $mode == beside ]] && echo "A beside B1 and B2, then B3" || echo "A, B1, B2, B3 in turn")
+echo "tests/run.sh: finished in $((SECONDS - start)) s (exit $rc), $how: A, $workers workers: $t_a s ($(said "$rc_a")); B1, cluster, two workers with a cluster each: $t_b1 s ($(said "$rc_b1")); B2, machine, one process: $t_b2 s ($(said "$rc_b2")); B3, serial, one process: $t_b3 s ($(said "$rc_b3"))" >&2
 exit "$rc"
