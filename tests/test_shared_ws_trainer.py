@@ -468,12 +468,16 @@ def tb_texts(job_dir: Path) -> dict[str, str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["hf_access_token", "_env_HF_TOKEN"])
 def test_the_hugging_face_token_never_reaches_tensorboard(workspace, venv, how):
-    """A real (tiny, CPU) MaxText run with the token: no event holds it (TensorBoard's own reader), the
-    rest of MaxText's config is there; the trainer's environment hands it to the Hugging Face libraries
-    (HF_TOKEN_PATH, a private file), and neither HF_TOKEN nor M_HF_ACCESS_TOKEN is in it."""
+    """A real (tiny, CPU) MaxText run with the token and another secret (_env_DB_PASSWORD): no event holds
+    the token (TensorBoard's own reader), the rest of MaxText's config is there; the trainer's
+    environment hands it to the Hugging Face libraries (HF_TOKEN_PATH, a private file), and neither
+    HF_TOKEN nor M_HF_ACCESS_TOKEN is in it. Every user can read any process's argv (ps): no process
+    shows either secret while the job runs, and neither the log nor the recorded command holds one
+    (the command shows both overrides redacted)."""
     token = f"hf_canary{how.strip('_')[:3]}Zq81x"
+    pw = "correct horse battery"
     proc = subprocess.Popen(
-        [str(REPO / "run_local.sh"), "tiny", "--", "steps=30", f"{how}={token}"],
+        [str(REPO / "run_local.sh"), "tiny", "--", "steps=30", f"{how}={token}", f"_env_DB_PASSWORD={pw}"],
         env={**os.environ, **launcher_env(workspace)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -482,6 +486,8 @@ def test_the_hugging_face_token_never_reaches_tensorboard(workspace, venv, how):
         log = wait_for(lambda: list(workspace.glob("local-*.log")), 60, "the log")[0]
         job_id = log.name.split("-JAX-")[0]
         pid = wait_for(lambda: trainer_pid(job_id, 0), 300, "the trainer process")
+        argvs = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        assert token not in argvs and "horse" not in argvs
         environ = dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
         assert not {"HF_TOKEN", "M_HF_ACCESS_TOKEN", "HUGGING_FACE_HUB_TOKEN"} & environ.keys()
         token_file = Path(environ["HF_TOKEN_PATH"])
@@ -506,7 +512,10 @@ def test_the_hugging_face_token_never_reaches_tensorboard(workspace, venv, how):
     assert by_key["base_emb_dim"].strip() == "64" and by_key["run_name"].strip() == log.stem  # the rest is there
     for tag, value in texts.items():
         assert token not in tag and token not in value, tag
-    assert token not in log.read_text()
+    command = (log.with_suffix("") / "artifact" / ".submit" / "command.txt").read_text()
+    for text in (log.read_text(errors="replace"), command):
+        assert token not in text and "horse" not in text
+    assert f"{how}=<redacted> _env_DB_PASSWORD=<redacted>" in command, command
     raw = b"".join(f.read_bytes() for f in log.with_suffix("").rglob("events.out.tfevents.*"))
     assert token.encode() not in raw
     wait_for(lambda: not token_file.exists(), 30, "the token file to go with the trainer")
