@@ -283,7 +283,9 @@ def test_a_head_whose_port_was_taken_after_the_pick_starts_on_other_ports(tmp_pa
 def test_stop_ends_the_unmarked_children_of_rays_processes_but_not_another_session(tmp_path):
     """ray_cluster.sh stop finds the job's Ray processes by MST_RAY_OWNER in their environment. Ray's
     agents overwrite theirs, so their children in the same session go too; a child in a session of its
-    own (the trainer and its guard: the guard must outlive a stop that Slurm cuts short) is left."""
+    own (the trainer and its guard: the guard must outlive a stop that Slurm cuts short) is left. The
+    marked parent is this test's child, unreaped until stop returns: a zombie is not waited on (the
+    grace for what ignores SIGTERM is 5 s)."""
     env = job_env(tmp_path)
     owner = f"{env['JOB_ID']}:{env['JOB_HOSTNAME']}"
     script = "env -i sleep 300 & echo $! > agent; setsid env -i sleep 300 & echo $! > guard; echo ready > up; wait"
@@ -295,8 +297,11 @@ def test_stop_ends_the_unmarked_children_of_rays_processes_but_not_another_sessi
         while not (tmp_path / "up").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         agent, guard = (int((tmp_path / name).read_text()) for name in ("agent", "guard"))
+        t0 = time.monotonic()
         res = run([str(UTILS / "observe" / "ray_cluster.sh"), "stop"], env=env, timeout=60)
+        took = time.monotonic() - t0
         assert res.returncode == 0, res.stderr
+        assert took < 4, f"stop waited {took:.1f} s on processes that had ended"
         raylet.wait(timeout=10)
         deadline = time.monotonic() + 10
         while Path(f"/proc/{agent}").exists() and time.monotonic() < deadline:

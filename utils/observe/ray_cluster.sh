@@ -168,13 +168,20 @@ start() {  # ADDR ARGS...: start Ray on this node with the common arguments; 1 i
   fi
 }
 
+running() { # PID: it exists and has not ended (a zombie has: only its parent's reaping is left)
+  local rest f
+  read -r rest < "/proc/$1/stat" 2>/dev/null || return 1
+  read -r -a f <<< "${rest##*) }" # after "PID (COMM) ": STATE ...
+  [[ "${f[0]}" != Z ]]
+}
+
 stop_owned() { # kill what this node started for this job (MST_RAY_OWNER), TERM then KILL
   local pids p alive
   mapfile -t pids < <(owned_pids)
   (( ${#pids[@]} )) || return 0
   kill -TERM "${pids[@]}" 2>/dev/null || true
   for _ in $(seq 20); do
-    alive=0; for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    alive=0; for p in "${pids[@]}"; do running "$p" && alive=1; done
     (( alive )) || break; sleep 0.25
   done
   kill -KILL "${pids[@]}" 2>/dev/null || true
