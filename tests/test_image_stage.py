@@ -598,7 +598,10 @@ def test_a_stage_timeout_ends_the_container(image, tmp_path):
     ) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert left == "", f"the stopped container was never removed: {left}"
-    assert [e["Status"] for e in events(image, env["JOB_ID"])][-2:] == ["died", "remove"]
+    # it died and was removed, nothing after; podman's cleanup process may record a `cleanup` in between
+    # (seen in a CI run under load)
+    said = [e["Status"] for e in events(image, env["JOB_ID"])]
+    assert "died" in said and said[said.index("died") + 1 :] in (["remove"], ["cleanup", "remove"]), said
 
 
 @pytest.mark.slow
