@@ -64,7 +64,8 @@ def test_shell_has_the_job_environment(workspace, venv):
 def test_a_site_compile_cache_is_private_and_reused(workspace, venv, tmp_path):
     """COMPILE_CACHE_DIR (a site's node-local disk): the job's compiled programs go to the user's own
     private directory there, not to the workspace, and the next job of the same program finds them
-    there: its train step is not compiled again (no second jit_train_step entry). JAX keeps only what
+    there: JAX says it read the train step from the cache (JAX_LOG_COMPILES, passed as an _env_
+    override, logs each cache hit), and no second jit_train_step entry is written. JAX keeps only what
     took over a second to compile, so on a loaded machine the second job may add a small program the
     first compiled faster than that; nothing of the first is replaced."""
     caches = tmp_path / "nvme"
@@ -80,8 +81,9 @@ def test_a_site_compile_cache_is_private_and_reused(workspace, venv, tmp_path):
     assert any(name.startswith("jit_train_step-") for name in first), first
     assert mine.stat().st_mode & 0o7777 == 0o700
     assert not (workspace / getpass.getuser() / ".jax_cache").exists()
-    res = run([str(REPO / "run_local.sh"), "tiny", "--", "steps=3"], env=env, timeout=300)
+    res = run([str(REPO / "run_local.sh"), "tiny", "--", "steps=3", "_env_JAX_LOG_COMPILES=1"], env=env, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:]
+    assert "Persistent compilation cache hit for 'jit_train_step'" in res.stdout + res.stderr, res.stdout[-3000:]
     again = entries()
     assert first <= again, first - again
 
