@@ -259,7 +259,7 @@ def _selected(session: pytest.Session) -> dict[str, set[str]]:
     config alone, not all of them (~10 CPU-s less)."""
     out: dict[str, set[str]] = {}
     for item in session.items:
-        if isinstance(item, pytest.Function) and Path(item.path) == Path(__file__).resolve():
+        if isinstance(item, pytest.Function) and item.module.__name__ == __name__:
             path = item.callspec.params.get("path") if hasattr(item, "callspec") else None
             out.setdefault(item.originalname, set()).add(path.stem if isinstance(path, Path) else "")
     return out
