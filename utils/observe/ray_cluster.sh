@@ -42,6 +42,15 @@ token_dir="$JOB_DIR/ray/auth"
 token_file="$token_dir/token"
 single=0; (( ${JOB_NUM_NODES:-1} > 1 )) || single=1
 
+# stat_fields FILE ARRAY: the fields of a /proc/PID/stat after "PID (COMM) " (COMM may hold spaces
+# and parentheses) into ARRAY: STATE PPID PGRP SESSION ...; 1 when the process is gone
+stat_fields() {
+  local -n out=$2
+  local rest
+  read -r rest < "$1" 2>/dev/null || return 1
+  read -r -a out <<< "${rest##*) }"
+}
+
 # One grep over every process's environment: a fork or two per process took seconds on a busy
 # node, and a cancel's SIGKILL (KillWait) then ended the cleanup before it reached the trainers.
 # Their descendants in their own session too: Ray's agents overwrite their environment with their
@@ -49,7 +58,7 @@ single=0; (( ${JOB_NUM_NODES:-1} > 1 )) || single=1
 # and its guard (utils/observe/trainer_guard.py) run in sessions of their own, and the guard must
 # outlive this stop when Slurm cuts it short, to stop a trainer that ignores SIGTERM.
 owned_pids() {
-  local envf pid stat rest ppid f
+  local envf pid stat ppid f
   local -A mine=() parent=() session=()
   while IFS= read -r envf; do
     pid=${envf#/proc/}; pid=${pid%/environ}
@@ -57,8 +66,7 @@ owned_pids() {
   done < <(grep -lsxzF -- "MST_RAY_OWNER=$MST_RAY_OWNER" /proc/[0-9]*/environ)
   for stat in /proc/[0-9]*/stat; do
     [[ -O "$stat" ]] || continue
-    read -r rest < "$stat" 2>/dev/null || continue
-    read -r -a f <<< "${rest##*) }" # after "PID (COMM) ": STATE PPID PGRP SESSION ...
+    stat_fields "$stat" f || continue
     pid=${stat#/proc/}; pid=${pid%/stat}
     parent[$pid]=${f[1]} session[$pid]=${f[3]}
   done
@@ -169,10 +177,8 @@ start() {  # ADDR ARGS...: start Ray on this node with the common arguments; 1 i
 }
 
 running() { # PID: it exists and has not ended (a zombie has: only its parent's reaping is left)
-  local rest f
-  read -r rest < "/proc/$1/stat" 2>/dev/null || return 1
-  read -r -a f <<< "${rest##*) }" # after "PID (COMM) ": STATE ...
-  [[ "${f[0]}" != Z ]]
+  local f
+  stat_fields "/proc/$1/stat" f && [[ "${f[0]}" != Z ]]
 }
 
 stop_owned() { # kill what this node started for this job (MST_RAY_OWNER), TERM then KILL
