@@ -5,18 +5,19 @@
 #   1. system packages (Debian: Slurm, munge, Prometheus, ShellCheck, jq, ...): utils/setup_system.sh
 #      installs the missing ones with apt-get as root, else names them on one line and stops;
 #   2. the pinned Python environment (utils/setup_env.sh; ~2-3 min the first time);
-#   3. pytest over tests/ in four parts: B1, the `cluster` tests on two workers, each with a local
-#      Slurm cluster of its own that it starts (its jobs numbered apart: LOCAL_CLUSTER_FIRST_JOB_ID),
-#      the longest files first, then B2, the `machine` tests (the live incidents: their drills load
-#      the whole machine, which another cluster's jobs would see) in one process; beside both A,
-#      every test marked neither `cluster` nor `serial`, on one worker more than cores (pytest-xdist,
-#      each test file on one worker), at the lowest CPU and IO priority (nice 19, ionice idle): the
-#      cluster tests mostly wait on their jobs (timeouts, heartbeats, time limits) and A takes the
-#      CPU they leave; A's output comes after theirs. Then, alone, B3: the `serial` tests
-#      (wall-clock bounds on real servers). The exit status is the worst; the last line gives the
-#      times. Arguments that choose the selection or the workers themselves (-m, -n, -p no:xdist,
-#      --pdb) get one plain pytest run instead.
-#   --in-turn  A, then B1, then B2 and B3, each alone (~3 min longer on 2 cores; A's figures are its own).
+#   3. pytest over tests/ in four parts: B1, the `cluster` and `slow` tests on two workers, each
+#      with a local Slurm cluster of its own that it starts (its jobs numbered apart:
+#      LOCAL_CLUSTER_FIRST_JOB_ID), the longest files first, then B2, the `machine` tests (the live
+#      incidents: their drills load the whole machine, which another cluster's jobs would see) in one
+#      process; beside both A, the tests of the fast loop (neither `cluster` nor `slow` nor `serial`),
+#      on one worker more than cores (pytest-xdist, each test file on one worker), at a low CPU and IO
+#      priority (nice 10, ionice best-effort 7): they take the CPU the cluster tests leave while
+#      waiting on their jobs, and none of them starts a heavy component that a hang timeout waits on
+#      (a trainer, a Ray cluster, podman: `slow`, in the foreground); A's output comes after theirs.
+#      Then, alone, B3: the `serial` tests (wall-clock bounds on real servers). The exit status is
+#      the worst; the last line gives the times. Arguments that choose the selection or the workers
+#      themselves (-m, -n, -p no:xdist, --pdb) get one plain pytest run instead.
+#   --in-turn  A (every test neither `cluster` nor `serial`), then B1 (`cluster`), B2 and B3, each alone.
 #   --one-cluster  A, then every `cluster` and `serial` test in one process on one shared cluster (~15 min longer).
 #   --fast  the developer loop (~1.4 min and ~140 s of CPU on 2 cores; the goal is 1 min): only the tests marked neither `cluster`
 #           (the local Slurm cluster) nor `slow` (MaxText training or config loads, a Ray cluster,
@@ -78,7 +79,7 @@ worst() { # RC... -> the worst status; 5 only when every part selected nothing
 }
 said() { (( $1 == 5 )) && echo "nothing selected" || echo "exit $1"; }
 phase_a=(-m "not cluster and not serial" "${parallel[@]}")
-phase_b1=(-m "cluster and not machine and not serial" -n 2 --dist loadfile --no-loadscope-reorder)
+two=(-n 2 --dist loadfile --no-loadscope-reorder)
 rc_a=5 rc_b1=5 rc_b2=5 t_a=0 t_b1=0 t_b2=0
 case $mode in
   one-cluster)
@@ -93,7 +94,7 @@ case $mode in
     t0=$SECONDS rc_a=0
     "$py" -m pytest "${phase_a[@]}" "$@" || rc_a=$?
     t_a=$((SECONDS - t0)) t0=$SECONDS rc_b1=0
-    MST_CLUSTER_PER_WORKER=1 "$py" -m pytest "${phase_b1[@]}" "$@" || rc_b1=$?
+    MST_CLUSTER_PER_WORKER=1 "$py" -m pytest -m "cluster and not machine and not serial" "${two[@]}" "$@" || rc_b1=$?
     t_b1=$((SECONDS - t0)) t0=$SECONDS rc_b2=0
     "$py" -m pytest -m "machine and not serial" "$@" || rc_b2=$?
     t_b2=$((SECONDS - t0))
@@ -104,22 +105,24 @@ case $mode in
     out_a=$(mktemp -d "${TMPDIR:-/tmp}/tests-run.XXXXXX")
     pid_a=""
     trap '[[ -z "$pid_a" ]] || pkill -TERM -P "$pid_a" 2>/dev/null; rm -rf "$out_a"' EXIT
-    low=(nice -n 19)
-    command -v ionice >/dev/null && ionice -c 3 true 2>/dev/null && low+=(ionice -c 3)
+    # nice 19 starved A's own waits (a MaxText start at ~1.5 % of a core under two busy workers);
+    # ionice's idle class would stop A's disk reads during the live incidents' IO drills
+    low=(nice -n 10)
+    command -v ionice >/dev/null && ionice -c 2 -n 7 true 2>/dev/null && low+=(ionice -c 2 -n 7)
     (
       t0=$SECONDS rc=0
-      "${low[@]}" "$py" -m pytest "${phase_a[@]}" "$@" >"$out_a/log" 2>&1 || rc=$?
+      "${low[@]}" "$py" -m pytest -m "not cluster and not slow and not serial" "${parallel[@]}" "$@" >"$out_a/log" 2>&1 || rc=$?
       echo "$((SECONDS - t0)) $rc" >"$out_a/result"
     ) &
     pid_a=$!
     t0=$SECONDS rc_b1=0
-    MST_CLUSTER_PER_WORKER=1 "$py" -m pytest "${phase_b1[@]}" "$@" || rc_b1=$?
+    MST_CLUSTER_PER_WORKER=1 "$py" -m pytest -m "(cluster or slow) and not machine and not serial" "${two[@]}" "$@" || rc_b1=$?
     t_b1=$((SECONDS - t0)) t0=$SECONDS rc_b2=0
     "$py" -m pytest -m "machine and not serial" "$@" || rc_b2=$?
     t_b2=$((SECONDS - t0))
     wait "$pid_a" || true
     pid_a=""
-    echo "==================== A: neither cluster nor serial (beside B1 and B2, at nice 19) ===================="
+    echo "==================== A: the fast loop's tests (beside B1 and B2, at nice 10) ===================="
     cat "$out_a/log"
     read -r t_a rc_a <"$out_a/result" || { t_a=0 rc_a=1; }
     ;;
@@ -128,6 +131,10 @@ t0=$SECONDS rc_b3=0
 "$py" -m pytest -m "serial" "$@" || rc_b3=$?
 t_b3=$((SECONDS - t0))
 rc=$(worst "$rc_a" "$rc_b1" "$rc_b2" "$rc_b3")
-how=$( [[ $mode == beside ]] && echo "A beside B1 and B2, then B3" || echo "A, B1, B2, B3 in turn")
-echo "tests/run.sh: finished in $((SECONDS - start)) s (exit $rc), $how: A, $workers workers: $t_a s ($(said "$rc_a")); B1, cluster, two workers with a cluster each: $t_b1 s ($(said "$rc_b1")); B2, machine, one process: $t_b2 s ($(said "$rc_b2")); B3, serial, one process: $t_b3 s ($(said "$rc_b3"))" >&2
+if [[ $mode == beside ]]; then
+  how="A beside B1 and B2, then B3" a="A, fast loop" b1="B1, cluster and slow"
+else
+  how="A, B1, B2, B3 in turn" a="A, neither cluster nor serial" b1="B1, cluster"
+fi
+echo "tests/run.sh: finished in $((SECONDS - start)) s (exit $rc), $how: $a, $workers workers: $t_a s ($(said "$rc_a")); $b1, two workers with a cluster each: $t_b1 s ($(said "$rc_b1")); B2, machine, one process: $t_b2 s ($(said "$rc_b2")); B3, serial, one process: $t_b3 s ($(said "$rc_b3"))" >&2
 exit "$rc"

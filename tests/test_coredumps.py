@@ -52,7 +52,7 @@ def test_crashing_trainer_leaves_a_core_that_the_next_steps_open(workspace, venv
         wait_for(lambda: log_has(log, "core dumps enabled"), 90, "the trainer to start")
         job_id = log.name.split("-JAX-")[0]
         pid = wait_for(lambda: trainer_pid(job_id, 0), 30, "the trainer process")
-        wait_for(lambda: log_has(log, r"completed step: 2,"), 120, "training steps")
+        wait_for(lambda: log_has(log, r"completed step: 2,"), 300, "training steps")
         os.kill(pid, signal.SIGSEGV)
         assert proc.wait(timeout=180) != 0
     finally:

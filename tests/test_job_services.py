@@ -233,7 +233,7 @@ def test_remote_write_delivers_the_jobs_series_with_its_labels_and_only_with_the
                     f"auth: basic, user mst, password file {secret}") in observe, observe  # fmt: skip
             if name == "right":
                 got: list = []
-                deadline = time.monotonic() + 45
+                deadline = time.monotonic() + 120
                 while time.monotonic() < deadline and not got:
                     got = central_series(base, password, 'hw_load1{job_id="4242"}')
                     time.sleep(0.5)
@@ -244,7 +244,7 @@ def test_remote_write_delivers_the_jobs_series_with_its_labels_and_only_with_the
                 run([str(REPO / "utils/observe/job_services.sh"), "stop"], env=env, timeout=60)
                 central_count = len(central_series(base, password, "count_over_time(hw_load1[1h])"))
             else:  # refused by the receiver: what arrived is only the first job's
-                log_file, deadline = tmp_path / name / "metrics/prometheus.log", time.monotonic() + 45
+                log_file, deadline = tmp_path / name / "metrics/prometheus.log", time.monotonic() + 120
                 while time.monotonic() < deadline and "401" not in log_file.read_text():
                     time.sleep(0.5)  # the remote write starts once its WAL is replayed (~6 s)
                 log = log_file.read_text()
