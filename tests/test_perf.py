@@ -370,7 +370,7 @@ def tiny_job(tmp_path_factory, venv):
             "skip_first_n_steps_for_profiler=2",
             "profiler_steps=3",
         ],
-        env=launcher_env(ws),
+        env=launcher_env(ws, COMPILE_CACHE_DIR=""),  # its own cache: step 0 compiles (checked below)
         timeout=300,
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

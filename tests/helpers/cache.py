@@ -1,6 +1,7 @@
-"""Where the tests keep what is a pure function of its inputs (a shellcheck pass, backfilled TSDB blocks),
-under the hash of those inputs: $MST_TEST_CACHE/NAME, default $XDG_CACHE_HOME (else ~/.cache)
-/maxtext-slurm/NAME. MST_TEST_CACHE=off keeps nothing: every run does all the work again."""
+"""Where the tests keep what is a pure function of its inputs (a shellcheck pass, backfilled TSDB blocks,
+the jobs' compiled programs: JAX's compilation cache, which keys them itself), under the hash of those
+inputs: $MST_TEST_CACHE/NAME, default $XDG_CACHE_HOME (else ~/.cache)/maxtext-slurm/NAME.
+MST_TEST_CACHE=off keeps nothing: every run does all the work again."""
 
 from __future__ import annotations
 
