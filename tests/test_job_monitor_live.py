@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, VENV, launcher_env, run
 
-from helpers.jobs import SUBMITTED, log_has, trainer_pid, wait_for, wait_job_end
+from helpers.jobs import SUBMITTED, log_has, own_cache_if_several_nodes, trainer_pid, wait_for, wait_job_end
 from helpers.users import as_user, ensure_users, reachable_base, shared_workspace
 from helpers.webhook import Receiver, notify_conf
 
@@ -37,7 +37,7 @@ def receiver() -> Iterator[Receiver]:
 
 
 def submit(env: dict[str, str], *args: str) -> tuple[str, Path]:
-    res = run([str(REPO / "submit.sh"), *args], env=env)
+    res = run([str(REPO / "submit.sh"), *args], env={**env, **own_cache_if_several_nodes(args)})
     assert res.returncode == 0, res.stderr
     m = re.search(r"Submitted job (\d+) \((\S+)\)", res.stdout)
     assert m, res.stdout

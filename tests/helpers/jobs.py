@@ -25,9 +25,30 @@ def wait_for(pred: Callable[[], object], timeout: float, what: str, period: floa
 SUBMITTED: list[str] = []  # job ids submitted by the running test (conftest cancels what is left)
 
 
+def own_cache_if_several_nodes(args: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """COMPILE_CACHE_DIR="" (the job's own cache in its workspace, not the suite's shared one) when
+    submit.sh ARGS ask for more than one node. JAX writes its cache from process 0 only and rank 1
+    did not find its programs there: with the shared cache rank 0 started from it while rank 1 compiled,
+    38 s behind on a loaded machine (a CI run), past the 30 s in which the CPU's Gloo collectives must
+    meet ("Gloo context initialization failed: DEADLINE_EXCEEDED")."""
+    nodes = 1
+    for i, a in enumerate(args):
+        if a == "--":
+            break
+        value = args[i + 1] if a in ("-N", "--nodes") and i + 1 < len(args) else ""
+        if a.startswith("--nodes="):
+            value = a.split("=", 1)[1]
+        elif a.startswith("-N") and a != "-N":
+            value = a[2:]
+        if m := re.match(r"\d+", value):
+            nodes = int(m.group())
+    return {"COMPILE_CACHE_DIR": ""} if nodes > 1 else {}
+
+
 def submit(cluster: dict[str, str], workspace: Path, *args: str, **env: str) -> tuple[str, Path]:
     """submit.sh ARGS on the local cluster; returns (job id, log path)."""
-    res = run([str(REPO / "submit.sh"), *args], env={**cluster, **launcher_env(workspace), **env})
+    env = {**cluster, **launcher_env(workspace), **own_cache_if_several_nodes(args), **env}
+    res = run([str(REPO / "submit.sh"), *args], env=env)
     assert res.returncode == 0, res.stderr
     m = re.search(r"Submitted job (\d+) \((\S+)\)", res.stdout)
     assert m, res.stdout
