@@ -30,6 +30,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     ]
     if unmarked:
         raise pytest.UsageError(f"these tests use the cluster fixture without @pytest.mark.cluster: {unmarked}")
+    # heavy picks, among the slow tests, those the whole suite keeps at normal priority (tests/run.sh)
+    heavy_only = [
+        item.nodeid for item in items if item.get_closest_marker("heavy") and not item.get_closest_marker("slow")
+    ]
+    if heavy_only:
+        raise pytest.UsageError(f"these tests are marked heavy without slow (heavy is a kind of slow): {heavy_only}")
     if os.environ.get("MST_CLUSTER_PER_WORKER") == "1":  # two workers: the longest files first
         rank = {name: i for i, name in enumerate(LONGEST_CLUSTER_FILES)}
         items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

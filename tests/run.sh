@@ -5,17 +5,17 @@
 #   1. system packages (Debian: Slurm, munge, Prometheus, ShellCheck, jq, ...): utils/setup_system.sh
 #      installs the missing ones with apt-get as root, else names them on one line and stops;
 #   2. the pinned Python environment (utils/setup_env.sh; ~2-3 min the first time);
-#   3. pytest over tests/ in four parts: B1, the `cluster` and `slow` tests on two workers, each
+#   3. pytest over tests/ in four parts: B1, the `cluster` and `heavy` tests on two workers, each
 #      with a local Slurm cluster of its own that it starts (its jobs numbered apart:
 #      LOCAL_CLUSTER_FIRST_JOB_ID), the longest files first, then B2, the `machine` tests (the live
 #      incidents: their drills load the whole machine, which another cluster's jobs would see) in one
-#      process; beside both A, the tests of the fast loop (neither `cluster` nor `slow` nor `serial`),
-#      on one worker more than cores (pytest-xdist, each test file on one worker), at a low CPU and IO
-#      priority (nice 10, ionice best-effort 7): they take the CPU the cluster tests leave while
-#      waiting on their jobs, and none of them starts a heavy component that a hang timeout waits on
-#      (a trainer, a Ray cluster, podman: `slow`, in the foreground); A's output comes after theirs.
-#      Then, alone, B3: the `serial` tests (wall-clock bounds on real servers). The exit status is
-#      the worst; the last line gives the times. Arguments that choose the selection or the workers
+#      process; beside both A, every test neither `cluster` nor `heavy` nor `serial`, on one worker
+#      more than cores (pytest-xdist, each test file on one worker), at a low CPU and IO priority
+#      (nice 10, ionice best-effort 7): they take the CPU the cluster tests leave while waiting on
+#      their jobs, and none of them waits on a heavy process against a clock (`heavy`: a trainer, a
+#      Ray cluster, podman; those run in the foreground); A's output comes after theirs. Then,
+#      alone, B3: the `serial` tests (wall-clock bounds on real servers). The exit status is the
+#      worst; the last line gives the times. Arguments that choose the selection or the workers
 #      themselves (-m, -n, -p no:xdist, --pdb) get one plain pytest run instead.
 #   --in-turn  A (every test neither `cluster` nor `serial`), then B1 (`cluster`), B2 and B3, each alone.
 #   --one-cluster  A, then every `cluster` and `serial` test in one process on one shared cluster (~15 min longer).
@@ -111,18 +111,18 @@ case $mode in
     command -v ionice >/dev/null && ionice -c 2 -n 7 true 2>/dev/null && low+=(ionice -c 2 -n 7)
     (
       t0=$SECONDS rc=0
-      "${low[@]}" "$py" -m pytest -m "not cluster and not slow and not serial" "${parallel[@]}" "$@" >"$out_a/log" 2>&1 || rc=$?
+      "${low[@]}" "$py" -m pytest -m "not cluster and not heavy and not serial" "${parallel[@]}" "$@" >"$out_a/log" 2>&1 || rc=$?
       echo "$((SECONDS - t0)) $rc" >"$out_a/result"
     ) &
     pid_a=$!
     t0=$SECONDS rc_b1=0
-    MST_CLUSTER_PER_WORKER=1 "$py" -m pytest -m "(cluster or slow) and not machine and not serial" "${two[@]}" "$@" || rc_b1=$?
+    MST_CLUSTER_PER_WORKER=1 "$py" -m pytest -m "(cluster or heavy) and not machine and not serial" "${two[@]}" "$@" || rc_b1=$?
     t_b1=$((SECONDS - t0)) t0=$SECONDS rc_b2=0
     "$py" -m pytest -m "machine and not serial" "$@" || rc_b2=$?
     t_b2=$((SECONDS - t0))
     wait "$pid_a" || true
     pid_a=""
-    echo "==================== A: the fast loop's tests (beside B1 and B2, at nice 10) ===================="
+    echo "==================== A: neither cluster nor heavy nor serial (beside B1 and B2, at nice 10) ===================="
     cat "$out_a/log"
     read -r t_a rc_a <"$out_a/result" || { t_a=0 rc_a=1; }
     ;;
@@ -132,7 +132,7 @@ t0=$SECONDS rc_b3=0
 t_b3=$((SECONDS - t0))
 rc=$(worst "$rc_a" "$rc_b1" "$rc_b2" "$rc_b3")
 if [[ $mode == beside ]]; then
-  how="A beside B1 and B2, then B3" a="A, fast loop" b1="B1, cluster and slow"
+  how="A beside B1 and B2, then B3" a="A, not heavy" b1="B1, cluster and heavy"
 else
   how="A, B1, B2, B3 in turn" a="A, neither cluster nor serial" b1="B1, cluster"
 fi

@@ -38,6 +38,7 @@ def dumping(pid: int) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_crashing_trainer_leaves_a_core_that_the_next_steps_open(workspace, venv):
     """Real MaxText on CPU, killed by SIGSEGV mid-training (what a crash in XLA looks like)."""
     require_relative_core_pattern()

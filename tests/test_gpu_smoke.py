@@ -39,6 +39,7 @@ def test_bad_usage_is_one_line(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_cpu_pipeline_end_to_end(tmp_path, venv):
     ws = tmp_path / "ws"
     res = run([str(SMOKE), "--cpu", "--steps", "6", "--workspace", str(ws)], env=launcher_env(ws), timeout=900)

@@ -95,6 +95,7 @@ def workspace(tmp_path: Path) -> Path:
 
 # --- a container ---------------------------------------------------------------------------------
 @pytest.mark.slow  # a podman container start
+@pytest.mark.heavy
 def test_an_allowlisted_command_runs_from_inside_a_podman_container(tmp_path, workspace):
     """The client in a container (its own mount namespace; bridge dir, repository and Python mounted
     read-only, no network) gets triage's report of a job the container cannot see."""

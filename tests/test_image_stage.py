@@ -385,6 +385,7 @@ def test_bad_argument_exits_2(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_pull_with_the_credentials_file(image, tmp_path, podman_root):
     """A registry that wants a login (tests/helpers/registry.py, on 127.0.0.1): without CONTAINER_AUTH_FILE the
     pull is refused and a GPU node says so; with it the image is pulled into a store that lacked it and its
@@ -496,6 +497,7 @@ def test_accelerator_pins_fit_the_pinned_jaxlib():
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_job_trains_in_the_recorded_image(image, shared_ws, venv):
     """(1) The image is in the store: the stage records its ID, the train stage runs MaxText in it."""
     env = container_env(image, shared_ws, CONTAINER_RUNTIME="podman")
@@ -525,6 +527,7 @@ def test_job_trains_in_the_recorded_image(image, shared_ws, venv):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_image_loaded_from_a_saved_tar(image, shared_ws, venv, tmp_path):
     """(2) A node whose store lacks the image (a fresh store) loads CONTAINER_IMAGE_TAR, records the same
     ID as the image that was saved, and trains in it."""
@@ -575,6 +578,7 @@ def test_gpu_node_without_the_image_fails_before_training(podman_root, workspace
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_a_stage_timeout_ends_the_container(image, tmp_path):
     """A train stage past its limit: run_stage.sh stops _container.sh, and the container goes with it (its
     process 1 would ignore the TERM the runtime forwards; a trainer left running would hold the GPUs)."""
@@ -605,6 +609,7 @@ def test_a_stage_timeout_ends_the_container(image, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_a_stop_signal_while_the_container_starts_leaves_no_container(image, tmp_path):
     """A cancel or a stage timeout can land at any moment of `podman run`'s start-up, where podman's own
     signal proxy loses it (podman 4.3, measured: TERMed then, it exits 0 and leaves the container created;

@@ -209,6 +209,7 @@ def start_services(job_dir: Path, target: str, extra: dict[str, str]) -> tuple[d
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_remote_write_delivers_the_jobs_series_with_its_labels_and_only_with_the_secret(tmp_path, receiver):
     """A job's Prometheus with METRICS_REMOTE_WRITE_URL sends what it scrapes to a central Prometheus (its
     remote-write receiver, basic auth) with job_id, user and model; the password is read from a mode 600

@@ -125,6 +125,7 @@ def test_a_long_line_comes_back_cut_and_redacted(tmp_path):
 
 
 @pytest.mark.slow  # reads 600 MB three times (~5 CPU-s); the fast loop keeps the cut line below
+@pytest.mark.heavy
 def test_a_giant_line_is_cut_and_one_call_stays_bounded(tmp_path):
     """The issue's 600 MB sparse "log" (one line of NULs): one call holds a bounded amount of memory and
     time (measured before: 1.1 GiB, 35 s); a 100 kB line comes back cut with what was left out."""

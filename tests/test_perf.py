@@ -378,6 +378,7 @@ def tiny_job(tmp_path_factory, venv):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_real_tiny_job_with_the_profiler(tiny_job):
     res = run(
         [

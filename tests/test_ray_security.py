@@ -176,6 +176,7 @@ def test_head_refuses_a_token_dir_made_before_it(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_one_node_ray_is_on_loopback_and_authenticated(tmp_path):
     """The single-machine case (run_local.sh RAY=1, submit.sh -N 1): every Ray port on 127.0.0.1, each
     refusing a caller without the token; the real driver (_ray_actor.py) connects with the token and
@@ -248,6 +249,7 @@ def take_when_picked(owner: str, taken: socket.socket, stop: threading.Event, go
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_a_head_whose_port_was_taken_after_the_pick_starts_on_other_ports(tmp_path):
     """Two jobs starting Ray on one node at the same moment can pick the same free port; the head that
     binds second must not lose Ray. Here another socket takes the GCS port the head picked right after

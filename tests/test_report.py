@@ -115,6 +115,7 @@ def incident(ws: Path, family: str) -> corpus.Incident:
 # one Chromium start each (~8 s of CPU): the whole suite loads every page; the fast loop checks the
 # pages' content without a browser (the tests below)
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.parametrize("family", INCIDENTS)
 def test_report_page_in_chromium(ws, tmp_path, family):
     inc = incident(ws, family)

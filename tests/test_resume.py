@@ -297,6 +297,7 @@ def steps_of(log: Path) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_a_resubmission_restores_the_latest_checkpoint(workspace, venv):
     run_dir = workspace / USER / "runs" / "r1"
     ckpt = "checkpoint_period=3 async_checkpointing=false".split()

@@ -20,6 +20,7 @@ def only_log(workspace: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_trains_and_summarises(workspace, venv):
     res = run([str(REPO / "run_local.sh"), "tiny", "--", "steps=5"], env=launcher_env(workspace), timeout=300)
     assert res.returncode == 0, res.stdout[-3000:]
@@ -61,6 +62,7 @@ def test_shell_has_the_job_environment(workspace, venv):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_a_site_compile_cache_is_private_and_reused(workspace, venv, tmp_path):
     """COMPILE_CACHE_DIR (a site's node-local disk): the job's compiled programs go to the user's own
     private directory there, not to the workspace, and the next job of the same program finds them

@@ -143,7 +143,9 @@ def test_a_line_reaches_the_log_while_the_stage_still_runs(tmp_path):
 # the bash prefixer on the 5,000-byte line and the NUL byte only
 # (test_without_perl_and_python3_the_bash_prefixer_is_used, test_each_prefixer_writes_..._complete[bash])
 # and this full case in the whole suite
-@pytest.mark.parametrize("with_", ["perl", "python3", pytest.param("bash", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "with_", ["perl", "python3", pytest.param("bash", marks=(pytest.mark.slow, pytest.mark.heavy))]
+)
 def test_each_prefixer_keeps_every_line_and_relayed_prefixes(with_):
     data = b"".join(line + b"\n" for line in LINES[:-1]) + LINES[-1]
     data += b"\nnode5: relayed from node5\nnode9: not a node of the job\n: empty name\n"

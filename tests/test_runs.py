@@ -77,6 +77,7 @@ def test_another_users_log_naming_your_run_is_not_your_run(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_a_run_of_two_jobs_is_accounted_as_by_hand(workspace, venv):
     env = launcher_env(workspace)
     # job 1: checkpoints every 5 steps, killed (SIGKILL, as the OOM killer would) after step 12

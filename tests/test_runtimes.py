@@ -355,6 +355,7 @@ def test_a_record_naming_a_missing_file_is_refused(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_a_job_trains_through_apptainer_and_removes_the_image_it_built(workspace, venv, tmp_path):
     """run_local.sh with CONTAINER_RUNTIME=apptainer and a saved archive: the image stage builds image.sif,
     the train stage goes through `apptainer exec` (the stand-in runs the command with only the

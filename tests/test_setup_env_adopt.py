@@ -105,6 +105,7 @@ def wheel_of(name: str, dest: Path) -> Path:
 
 
 @pytest.mark.slow  # pip installs into a new environment
+@pytest.mark.heavy
 def test_adopt_the_projects_environment_offline(tmp_path):
     """Everything is present: nothing is installed, the versions and the accelerator are recorded, --check
     and later calls are instant, and the new environment imports MaxText and the adopted JAX."""
@@ -138,6 +139,7 @@ def test_adopt_the_projects_environment_offline(tmp_path):
 
 
 @pytest.mark.slow  # pip installs into a new environment
+@pytest.mark.heavy
 def test_wheelhouse_fills_what_the_site_lacks(tmp_path):
     """A site with another JAX version and a CUDA plugin, without termcolor (a MaxText pin): termcolor comes
     from the wheelhouse, the site's versions are kept and each difference is one warning, the accelerator
@@ -239,6 +241,7 @@ def test_bad_arguments(tmp_path, args, needle):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_run_local_trains_natively_on_the_adopted_environment(tmp_path, workspace):
     env = tmp_path / "env"
     assert setup_env(env, "--adopt", str(VENV / "bin" / "python")).returncode == 0

@@ -467,6 +467,7 @@ def test_ray_job_in_a_group_workspace_trains_with_its_collector_and_dashboards(u
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_ray_head_in_a_setgid_job_dir_makes_a_private_token_dir(users, base):
     """The condition of attack 10: a job dir made in a 2775 workspace inherits the setgid bit, and so
     did `ray/` and `ray/auth` (2700, which the privacy check refuses: RAY=1 fell back without a word).

@@ -228,6 +228,7 @@ def test_the_compile_cache_is_the_victims_and_private(base, kind, umask):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_the_trainer_imports_nothing_from_its_working_directory(base, canary):
     """Started (without core dumps) in a directory everyone can write, holding the attacker's
     `maxtext` package: the real MaxText runs (here: stops at a bad key, after its imports) and the
@@ -466,6 +467,7 @@ def tb_texts(job_dir: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.parametrize("how", ["hf_access_token", "_env_HF_TOKEN"])
 def test_the_hugging_face_token_never_reaches_tensorboard(workspace, venv, how):
     """A real (tiny, CPU) MaxText run with the token and another secret (_env_DB_PASSWORD): no event holds

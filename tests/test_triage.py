@@ -597,6 +597,7 @@ def real_jobs(tmp_path_factory, venv):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_real_completed_job(real_jobs):
     r = real_jobs["ok"]
     assert r["status"] == "completed" and r["failure_class"] is None, r["summary"]
@@ -605,6 +606,7 @@ def test_real_completed_job(real_jobs):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_real_config_error(real_jobs):
     r = real_jobs["config"]
     assert r["status"] == "failed" and r["failure_class"] == "config_error", r["summary"]
@@ -615,6 +617,7 @@ def test_real_config_error(real_jobs):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_real_job_while_running(real_jobs):
     r = real_jobs["running"]
     assert r["status"] == "running" and r["failure_class"] is None, r["summary"]
@@ -623,6 +626,7 @@ def test_real_job_while_running(real_jobs):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_real_sigkilled_trainer(real_jobs):
     r = real_jobs["killed"]
     assert r["status"] == "failed" and r["failure_class"] == "oom_host", r["summary"]
