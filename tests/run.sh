@@ -11,7 +11,7 @@
 #      incidents: their drills load the whole machine, which another cluster's jobs would see) in one
 #      process; beside both A, every test neither `cluster` nor `heavy` nor `serial`, on one worker
 #      more than cores (pytest-xdist, each test file on one worker), at a low CPU and IO priority
-#      (nice 10, ionice best-effort 7): they take the CPU the cluster tests leave while waiting on
+#      (nice 19, ionice best-effort 7): they take the CPU the cluster tests leave while waiting on
 #      their jobs, and none of them waits on a heavy process against a clock (`heavy`: a trainer, a
 #      Ray cluster, podman; those run in the foreground); A's output comes after theirs. Then,
 #      alone, B3: the `serial` tests (wall-clock bounds on real servers). The exit status is the
@@ -105,9 +105,11 @@ case $mode in
     out_a=$(mktemp -d "${TMPDIR:-/tmp}/tests-run.XXXXXX")
     pid_a=""
     trap '[[ -z "$pid_a" ]] || pkill -TERM -P "$pid_a" 2>/dev/null; rm -rf "$out_a"' EXIT
-    # nice 19 starved A's own waits (a MaxText start at ~1.5 % of a core under two busy workers);
-    # ionice's idle class would stop A's disk reads during the live incidents' IO drills
-    low=(nice -n 10)
+    # nice 19: B1's cluster tests bound how fast a job ends (with A at nice 10, a killed rank's Ray
+    # job ended 30 s after the kill, its test's bound); A waits on no heavy process against a clock
+    # (those are `heavy`, in B1). Best-effort IO 7, not idle: the idle class
+    # would stop A's disk reads during the live incidents' IO drills.
+    low=(nice -n 19)
     command -v ionice >/dev/null && ionice -c 2 -n 7 true 2>/dev/null && low+=(ionice -c 2 -n 7)
     (
       t0=$SECONDS rc=0
@@ -122,7 +124,7 @@ case $mode in
     t_b2=$((SECONDS - t0))
     wait "$pid_a" || true
     pid_a=""
-    echo "==================== A: neither cluster nor heavy nor serial (beside B1 and B2, at nice 10) ===================="
+    echo "==================== A: neither cluster nor heavy nor serial (beside B1 and B2, at nice 19) ===================="
     cat "$out_a/log"
     read -r t_a rc_a <"$out_a/result" || { t_a=0 rc_a=1; }
     ;;

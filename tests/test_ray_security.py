@@ -282,6 +282,22 @@ def test_a_head_whose_port_was_taken_after_the_pick_starts_on_other_ports(tmp_pa
     assert left == {}, f"the head's first try or its stop left Ray processes running: {left}"
 
 
+def test_a_process_that_ended_while_stop_looks_is_read_quietly():
+    """ray_cluster.sh reads /proc/PID/stat of each process it stops until it has ended; one that has
+    gone (reaped) is ended, with nothing on stderr (a CI run's job log held 311 lines of
+    "/proc/21585/stat: No such file or directory" from one stop)."""
+    fn = re.search(r"^stat_fields\(\) \{.*?^\}", (UTILS / "observe" / "ray_cluster.sh").read_text(), re.M | re.S)
+    assert fn, "stat_fields not found in ray_cluster.sh"
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    script = (
+        f'{fn.group()}\nstat_fields /proc/{gone.pid}/stat f; echo "gone $?"\n'
+        'stat_fields /proc/$$/stat f; echo "here $? ${f[0]}"'
+    )
+    res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+    assert (res.stdout, res.stderr) == ("gone 1\nhere 0 R\n", ""), (res.stdout, res.stderr)
+
+
 def test_stop_ends_the_unmarked_children_of_rays_processes_but_not_another_session(tmp_path):
     """ray_cluster.sh stop finds the job's Ray processes by MST_RAY_OWNER in their environment. Ray's
     agents overwrite theirs, so their children in the same session go too; a child in a session of its

@@ -47,7 +47,7 @@ single=0; (( ${JOB_NUM_NODES:-1} > 1 )) || single=1
 stat_fields() {
   local -n out=$2
   local rest
-  read -r rest < "$1" 2>/dev/null || return 1
+  { read -r rest < "$1"; } 2>/dev/null || return 1   # (a plain 2>/dev/null after < comes too late)
   read -r -a out <<< "${rest##*) }"
 }
 
