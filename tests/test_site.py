@@ -41,8 +41,11 @@ def fake(tmp_path: Path, workspace: Path) -> dict[str, str]:
     for name, text in (("sbatch", FAKE_SBATCH), ("scontrol", "#!/bin/sh\n")):
         (bindir / name).write_text(text)
         (bindir / name).chmod(0o755)
+    # without the tests' shared compilation cache: it is a site setting, and one in your environment
+    # wins over the site file's (these jobs never train)
+    env = {k: v for k, v in launcher_env(workspace).items() if k != "COMPILE_CACHE_DIR"}
     return {
-        **launcher_env(workspace),
+        **env,
         "PATH": f"{bindir}:{os.environ['PATH']}",
         "SBATCH_CALLS": str(tmp_path / "sbatch_calls"),
     }
