@@ -166,8 +166,7 @@ job_id=${job_id##*$'\n'}
 name="$job_id-$MODEL_NAME"
 # From here until the release, a failure cancels the held job: it never runs half set up.
 trap '[[ $? == 0 ]] || scancel "$job_id" 2>/dev/null' EXIT
-move_aside "$JOB_WORKSPACE/$name.log" log
-move_aside "$JOB_WORKSPACE/$name" "job dir"
+move_aside_job "$JOB_WORKSPACE/$name"
 # The job's log and directory are made here, ours and new, before the job can start: Slurm then
 # appends to this file (never through a link someone put at its path) and the job checks it.
 new_file "$JOB_WORKSPACE/$name.log"

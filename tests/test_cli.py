@@ -2,7 +2,7 @@
 
 One rule for JOB in triage, diagnose, perf, sweep and investigate: a job id and the job's name find the same job; an
 id that two jobs share is an error that names both; the results submit.sh moved aside for a newer job
-of the same name (launch_lib.sh move_aside, run here for real) never match. And a report piped into a
+of the same name (launch_lib.sh move_aside_job, run here for real) never match. And a report piped into a
 reader that stops early ends quietly, with the tool's own exit status.
 """
 
@@ -46,11 +46,12 @@ def one_line_error(res: subprocess.CompletedProcess, name: str, *needles: str) -
     return lines[0]
 
 
-def move_aside(*paths: Path) -> None:
-    """What submit.sh does to an earlier job's log and dir before a new job of the same name."""
-    script = 'source utils/launch/lib.sh; source utils/launch/launch_lib.sh; for p; do move_aside "$p" result; done'
-    res = run(["bash", "-c", script, "_", *map(str, paths)], cwd=REPO, env={"PROG": "submit.sh"})
+def move_aside(base: Path, **env: str) -> subprocess.CompletedProcess:
+    """What submit.sh does to an earlier job's log and dir (BASE.log, BASE) before a new job of the same name."""
+    script = 'source utils/launch/lib.sh; source utils/launch/launch_lib.sh; move_aside_job "$1"'
+    res = run(["bash", "-c", script, "_", str(base)], cwd=REPO, env={"PROG": "submit.sh", **env})
     assert res.returncode == 0 and "moved it to" in res.stderr, res.stderr
+    return res
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +68,7 @@ def ws(tmp_path_factory) -> Path:
     shutil.copy2(ws / f"{job.name}.log", new / f"{job.name}.log")
     shutil.rmtree(job)
     logcorpus.write_job(logcorpus.Job(job_id="4242", model=model, failure="oom_device"), ws)  # the earlier job
-    move_aside(ws / f"{job.name}.log", job)
+    move_aside(job)
     for p in (new / job.name, new / f"{job.name}.log"):
         p.rename(ws / p.name)  # the new job, whose dir's `log` link names the same path as the earlier one's did
     new.rmdir()
@@ -132,11 +133,33 @@ def test_triage_next_steps_run_the_commands_on_the_same_job(ws):
 
 def test_only_earlier_results_match_nothing(tmp_path):
     logcorpus.write_job(logcorpus.Job(job_id="51", model="tiny"), tmp_path)
-    move_aside(tmp_path / "51-JAX-tiny.log", tmp_path / "51-JAX-tiny")
+    move_aside(tmp_path / "51-JAX-tiny")
     for name in TOOLS:
         one_line_error(tool(name, *job_args(name, "51"), ws=tmp_path), name, f"no job '51' in {tmp_path}")
     res = tool("triage", "51-JAX-tiny", ws=tmp_path)  # nor a name (the same lookup in every tool)
     one_line_error(res, "triage", "no job '51-JAX-tiny'", "looked for 51-JAX-tiny.log and 51-JAX-tiny/")
+
+
+def test_an_earlier_jobs_log_and_dir_move_aside_under_one_suffix(tmp_path):
+    """The log and the dir of an earlier job go aside under one suffix (triage pairs them by it),
+    also when the clock ticks between the two moves, and never onto an earlier pair's names."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    ticks = tmp_path / "ticks"
+    (bindir / "date").write_text(  # a clock one second later at every call
+        f'#!/bin/bash\nn=$(($(cat {ticks} 2>/dev/null || echo 0) + 1)); echo "$n" > {ticks}\n'
+        'printf "20261207T1200%02dZ\\n" "$n"\n'
+    )
+    (bindir / "date").chmod(0o755)
+    path = {"PATH": f"{bindir}:{os.environ['PATH']}"}
+    for round_ in (1, 2):
+        logcorpus.write_job(logcorpus.Job(job_id="51", model="tiny"), tmp_path)
+        ticks.write_text("0")  # the second round's clock reads the first's second again
+        move_aside(tmp_path / "51-JAX-tiny", **path)
+        logs = sorted(p.name.split(".log.", 1)[1] for p in tmp_path.glob("51-JAX-tiny.log.earlier-*"))
+        dirs = sorted(p.name.split(".", 1)[1] for p in tmp_path.glob("51-JAX-tiny.earlier-*") if p.is_dir())
+        assert logs == dirs and len(logs) == round_, (logs, dirs)
+    assert "earlier-20261207T120001Z" in logs, logs
 
 
 def test_an_id_two_jobs_share_is_an_error_that_names_both(tmp_path):

@@ -23,7 +23,7 @@ from typing import BinaryIO
 
 import joblog
 
-EARLIER = re.compile(r"\.earlier-\d{8}T\d{6}Z(-\w+)?$")  # launch_lib.sh move_aside: PATH.earlier-<UTC>[-XXXX]
+EARLIER = re.compile(r"\.earlier-\d{8}T\d{6}Z(-\w+)?$")  # launch_lib.sh move_aside_job: PATH.earlier-<UTC>[-XXXX]
 JOB_RULE = "=" * 20 + " JOB " + "=" * 20  # the JOB header's first line (utils/launch/job_header.sh)
 SUMMARY = "summary.txt"  # the JOB SUMMARY, as the job writes it in its directory
 SUMMARY_LIMIT = 1 << 20  # bytes of it read at most

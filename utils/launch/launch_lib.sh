@@ -23,10 +23,11 @@
 #   user_root_path            print $JOB_WORKSPACE/<user>, this user's root in the workspace
 #   make_user_root            make the user's root, its .snapshots/ and runs/ ours (own_dir, 0755),
 #                             or die with one line (someone else's, a link, writable by others)
-#   move_aside PATH WHAT      an existing PATH (an earlier job's log or dir) is renamed
-#                             PATH.earlier-<UTC time>, never overwritten; says so on stderr; a PATH
-#                             that is not ours (someone else's, or a link someone put there) is
-#                             refused with one line
+#   move_aside_job BASE       an earlier job's log BASE.log and dir BASE (those that exist) are
+#                             renamed with one suffix, PATH.earlier-<UTC time>[-XXXX], free for both
+#                             (utils/diagnosis/jobdir.py pairs them by it), never overwritten; says
+#                             so on stderr; a PATH that is not ours (someone else's, or a link
+#                             someone put there) is refused with one line
 #   check_attention_here fail|warn REPO
 #                             only with CONTAINER_RUNTIME=none (the trainer is $MST_VENV/bin/python):
 #                             that interpreter has the modules of the config's attention kernel
@@ -161,17 +162,27 @@ make_user_root() {
   own_dir "$root/runs"
 }
 
-move_aside() {
-  local path=$1 what=$2 dest
+move_aside() {  # PATH WHAT SUFFIX
+  local path=$1 what=$2 dest=$1.$3
   [[ -e "$path" || -L "$path" ]] || return 0
   # only an earlier job's file of ours moves aside; a name someone else made (a link at the next
   # job's log path) is theirs: the job must not start with it
   [[ "$(stat -c %u -- "$path" 2>/dev/null)" == "$EUID" && ! -L "$path" ]] ||
     die "refusing the $what path $path: it $(trust_problem "$path"); someone put it there before this job could make it: ask them to remove it, or use a JOB_WORKSPACE of your own"
-  dest="$path.earlier-$(date -u +%Y%m%dT%H%M%SZ)"
-  [[ -e "$dest" || -L "$dest" ]] && dest=$(mktemp -u "$dest-XXXX")
   mv -n -- "$path" "$dest" || die "cannot move the earlier $what '$path' aside; move it yourself and retry"
   echo "${PROG:-launch}: $what '$path' belonged to an earlier job with the same id; moved it to '$dest'" >&2
+}
+
+move_aside_job() {
+  local base=$1 suffix
+  # one suffix for both (two calls of date may fall in two seconds), free for both
+  suffix="earlier-$(date -u +%Y%m%dT%H%M%SZ)"
+  local stamp=$suffix
+  while [[ -e "$base.log.$suffix" || -L "$base.log.$suffix" || -e "$base.$suffix" || -L "$base.$suffix" ]]; do
+    suffix=$(mktemp -u "$stamp-XXXX")
+  done
+  move_aside "$base.log" log "$suffix"
+  move_aside "$base" "job dir" "$suffix"
 }
 
 prepare_launch() {
