@@ -36,26 +36,40 @@ def shell_scripts() -> list[Path]:
 
 
 def test_shellcheck_clean():
-    """shellcheck on every shell script at once (.shellcheckrc: sourced files followed). Its verdict
-    is a function of the scripts, .shellcheckrc and shellcheck's version, so a pass is remembered under
-    their hash (tests/helpers/cache.py, ~/.cache/maxtext-slurm/shellcheck/): the developer loop checks
-    again only after a shell script changed (a full check: 24 s of CPU on one core, 147-246 s at load
-    20: the fast loop's longest test)."""
+    """shellcheck on every shell script (.shellcheckrc: sourced files followed). A script's verdict is a
+    function of it, of the files scripts source (the libraries: those without a shebang, or named
+    by a source line), .shellcheckrc and shellcheck's version, so a pass is remembered per script
+    under their hash (tests/helpers/cache.py, ~/.cache/maxtext-slurm/shellcheck/): the developer loop
+    checks only the scripts that changed, and all of them after a library changed (a full check: 20
+    CPU-s, the fast loop's longest test)."""
     shellcheck = shutil.which("shellcheck")
     assert shellcheck, "shellcheck is not installed (tests/run.sh installs it)"
-    scripts = shell_scripts()
+    scripts = sorted(shell_scripts())
     assert len(scripts) >= 10
-    inputs = hashlib.sha256(run([shellcheck, "--version"]).stdout.encode())
-    for path in sorted([REPO / ".shellcheckrc", *scripts]):
-        inputs.update(f"\0{path.relative_to(REPO)}\0".encode() + path.read_bytes())
+    sourced = {
+        m.group(1).rsplit("/", 1)[-1]
+        for p in scripts
+        for m in re.finditer(r"""(?m)^\s*(?:source|\.)\s+["']?([^"'\s;]+)""", p.read_text(errors="replace"))
+    }
+    libraries = [p for p in scripts if not p.read_bytes().startswith(b"#!") or p.name in sourced]
+    common = hashlib.sha256(run([shellcheck, "--version"]).stdout.encode())
+    for path in [REPO / ".shellcheckrc", *libraries]:
+        common.update(f"\0{path.relative_to(REPO)}\0".encode() + path.read_bytes())
+    key = {}
+    for path in scripts:
+        h = common.copy()
+        h.update(f"\0{path.relative_to(REPO)}\0".encode() + path.read_bytes())
+        key[path] = h.hexdigest()
     cache = cache_dir("shellcheck")
-    if cache is not None and (cache / inputs.hexdigest()).exists():
+    todo = [p for p in scripts if cache is None or not (cache / key[p]).exists()]
+    if not todo:
         return
-    res = run([shellcheck, *map(str, scripts)], cwd=REPO)
+    res = run([shellcheck, *map(str, todo)], cwd=REPO)
     assert res.returncode == 0, res.stdout
     if cache is not None:
         cache.mkdir(parents=True, exist_ok=True)
-        (cache / inputs.hexdigest()).touch()
+        for path in todo:
+            (cache / key[path]).touch()
 
 
 def test_ruff_clean():
