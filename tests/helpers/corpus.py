@@ -996,7 +996,15 @@ def planned_steps(sim: _Sim) -> int:
     return n if sim.family not in STOPPED_EARLY else int(math.ceil((n + 3) * 1.25 / 100) * 100)
 
 
-def _materialise(sim: _Sim, job_id: str, workspace: Path) -> tuple[Path, Path]:
+# What the generated series are a function of besides build()'s arguments: this code, the log
+# corpus's and the backfill's, and numpy (its random streams)
+_CODE = hashlib.sha256(
+    b"".join(Path(f).read_bytes() for f in (__file__, lc.__file__, sys.modules[write_tsdb.__module__].__file__))
+    + np.__version__.encode()
+).hexdigest()
+
+
+def _materialise(sim: _Sim, job_id: str, workspace: Path, inputs: str) -> tuple[Path, Path]:
     job = lc.Job(
         hosts=sim.hosts,
         job_id=job_id,
@@ -1014,7 +1022,7 @@ def _materialise(sim: _Sim, job_id: str, workspace: Path) -> tuple[Path, Path]:
     gen = _Series(sim)
     gen.run_name = job.name
     keep = (s for s in gen.all() if not any(s[0].startswith(p) for p in sim.drop))
-    write_tsdb(job_dir / "prometheus", keep)
+    write_tsdb(job_dir / "prometheus", keep, inputs=f"corpus {_CODE} {inputs} job {job_id}")
     return job_dir, log
 
 
@@ -1040,6 +1048,7 @@ def build(
     workspace = Path(workspace)
     workspace.mkdir(parents=True, exist_ok=True)
     jid = job_id or str(10000 + _seed_int(family, seed) % 80000)
+    inputs = repr((family, seed, scale, drop, twin))  # the series' whole input, with _CODE and the job id
     vs = None
     if family == "thread_leak":
         if twin not in ("before", "after", "elsewhere"):
@@ -1049,11 +1058,11 @@ def build(
         moved = [f"x{h}" for h in clean.hosts] if twin == "elsewhere" else None
         sim = _Sim(family, seed, scale, twin=clean, after_twin=twin != "after", hosts=moved, drop=drop)
         nxt = str(int(jid) + 1) if jid.isdigit() else jid + "b"
-        vs, _ = _materialise(clean, nxt if twin == "after" else jid, workspace)
+        vs, _ = _materialise(clean, nxt if twin == "after" else jid, workspace, f"{inputs} twin")
         jid = jid if twin == "after" else nxt
     else:
         sim = _Sim(family, seed, scale, drop=drop)
-    job_dir, log = _materialise(sim, jid, workspace)
+    job_dir, log = _materialise(sim, jid, workspace, inputs)
     return Incident(
         family,
         seed,
