@@ -9,7 +9,7 @@
 #      with a local Slurm cluster of its own that it starts (its jobs numbered apart:
 #      LOCAL_CLUSTER_FIRST_JOB_ID), the longest files first, then B2, the `machine` tests (the live
 #      incidents: their drills load the whole machine, which another cluster's jobs would see) in one
-#      process; beside both A, every test neither `cluster` nor `heavy` nor `serial`, on one worker
+#      process; beside both A, every test neither `cluster` nor `heavy` nor `serial`, on two workers
 #      more than cores (pytest-xdist, each test file on one worker), at a low CPU and IO priority
 #      (nice 19, ionice best-effort 7): they take the CPU the cluster tests leave while waiting on
 #      their jobs, and none of them waits on a heavy process against a clock (`heavy`: a trainer, a
@@ -19,19 +19,20 @@
 #      themselves (-m, -n, -p no:xdist, --pdb) get one plain pytest run instead.
 #   --in-turn  A (every test neither `cluster` nor `serial`), then B1 (`cluster`), B2 and B3, each alone.
 #   --one-cluster  A, then every `cluster` and `serial` test in one process on one shared cluster (~15 min longer).
-#   --fast  the developer loop (~1.4 min and ~140 s of CPU on 2 cores; the goal is 1 min): only the tests marked neither `cluster`
+#   --fast  the developer loop (~70 s and ~125 s of CPU on 2 cores; the goal is 1 min): only the tests marked neither `cluster`
 #           (the local Slurm cluster) nor `slow` (MaxText training or config loads, a Ray cluster,
-#           the repeats of the incident matrix), that is -m "not cluster and not slow", on one worker
+#           the repeats of the incident matrix), that is -m "not cluster and not slow", on two workers
 #           more than cores (pytest-xdist, each test file on one worker; add -n 0 for one process, e.g. --pdb).
 # Extra arguments go to pytest, e.g. tests/run.sh -k slurm -x, tests/run.sh --fast tests/test_triage.py
 set -euo pipefail
 [[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/../utils/launch/lib.sh"; usage; exit; }
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 start=$SECONDS
-# One worker more than cores: many tests wait on a server or a sleep, and a third worker fills
-# that time. At most 6: the longest file bounds the run. Whole files per worker, in file order
-# (xdist would otherwise start the files with the most tests first).
-workers=$(( $(nproc) + 1 ))
+# Two workers more than cores: the fast loop waits about a third of its time (servers, sleeps, a live
+# Prometheus' first scrapes ~6.5 s), and on 2 cores 4 workers took 68-70 s where 3 took 75 s (124
+# CPU-s either way). At most 6: the longest file bounds the run. Whole files per worker, in file
+# order (xdist would otherwise start the files with the most tests first).
+workers=$(( $(nproc) + 2 ))
 (( workers <= 6 )) || workers=6
 parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 fast=0 mode=beside

@@ -13,7 +13,7 @@ import re
 import shutil
 import subprocess
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +24,7 @@ from conftest import REPO, VENV, run
 from diagnosis import checks, diagnose, load, tsdb, verify
 from helpers import corpus, inproc
 from helpers.jobs import bad_job_arg
-from helpers.promfixture import running_prometheus, tsdb_digest, write_tsdb
+from helpers.promfixture import LivePrometheus, started_prometheus, tsdb_digest, write_tsdb
 
 TOOL = str(REPO / "utils" / "diagnose.py")
 PY = str(VENV / "bin" / "python")
@@ -37,6 +37,14 @@ def _prometheus() -> None:
     assert shutil.which("prometheus") and shutil.which("promtool"), (
         "needs prometheus and promtool (apt-get install prometheus)"
     )
+
+
+@pytest.fixture(autouse=True, scope="module")
+def live(_prometheus, tmp_path_factory) -> Iterator[LivePrometheus]:
+    """A real Prometheus writing a job's TSDB, started with the module: its first scrapes (~6.5 s)
+    come while the other tests run (test_live_wal_only_tsdb reads it)."""
+    with started_prometheus(tmp_path_factory.mktemp("live") / "job" / "prometheus") as prom:
+        yield prom
 
 
 def diag(job: Path, vs: Path | None = None) -> dict:
@@ -607,11 +615,11 @@ def test_no_hw_or_tb_is_insufficient_evidence(tmp_path):
     assert "insufficient evidence" in text.stdout.lower(), text.stdout
 
 
-def test_live_wal_only_tsdb(tmp_path):
+def test_live_wal_only_tsdb(live):
     """A running Prometheus' TSDB (WAL only, written while we read): served from a copy, not touched."""
-    db = tmp_path / "job" / "prometheus"
-    with running_prometheus(db, min_scrapes=2):
-        res = cli(tmp_path / "job", "--json")
+    live.wait_for(2, 30)
+    res = cli(live.tsdb.parent, "--json")
+    assert live.proc.poll() is None  # it ran while read
     assert res.returncode == 0, res.stderr
     r = json.loads(res.stdout)
     assert r["insufficient_evidence"] is True and r["range"] is not None
