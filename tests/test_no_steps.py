@@ -46,6 +46,26 @@ def summary_of(log: Path, stage: str = "train", **env: str) -> dict[str, str]:
     return dict(ln.split(": ", 1) for ln in res.stdout.splitlines() if ": " in ln)
 
 
+def test_first_error_passes_over_maxtexts_no_op_notes(tmp_path):
+    """MaxText says it stubs a left-out optional module with a line naming ModuleNotFoundError (a real
+    job's log, MaxText 0.2.5 with requirements/maxtext.txt); a failed job's first_error is the error
+    after it, not that note (a SIGKILLed Ray job's summary named it)."""
+    job_dir = tmp_path / "1-JAX-tiny"
+    (job_dir / ".stages" / "train").mkdir(parents=True)
+    (job_dir / ".stages" / "train" / "n1").write_text("rc=137 end=1.0 reason=exit\n")
+    log = tmp_path / "1-JAX-tiny.log"
+    log.write_text(
+        "==================== JOB ====================\n"
+        "n1: [NO-OP] ml_goodput_measurement: dependency missing; using stub. (ModuleNotFoundError)\n"
+        "n1: I1207 14:51:44.984457    9838 coordination_service_agent.cc:275] Polling for error\n"
+        "n1: /tmp/x/_train.sh: line 9:  7676 Killed                  python -m maxtext\n"
+    )
+    env = {"JOB_ID": "1", "JOB_NAME": "1-JAX-tiny", "JOB_DIR": str(job_dir), "JOB_LOG": str(log)}
+    res = run([SUMMARY, "failed", "train"], env={**env, "JOB_NODELIST": "n1", "MST_VENV": str(VENV)})
+    got = dict(ln.split(": ", 1) for ln in res.stdout.splitlines() if ": " in ln)
+    assert got["first_error"] == "n1: /tmp/x/_train.sh: line 9:  7676 Killed                  python -m maxtext", got
+
+
 def test_job_summary_reports_the_steps_seen(tmp_path):
     _, log = write(tmp_path, None, "1", steps=20)
     s = summary_of(log)

@@ -53,7 +53,9 @@ done
 # launcher's guess and never classifies from it. Keep these patterns generic: add signatures there.
 exc_re='[A-Za-z_.]*(Error|Exception|Exit|Interrupt)(: |$)'
 error_re='(Error|Exception|error:|FAILED|FATAL|Fatal|Aborted|Segmentation fault|Killed|core dumped|exceeded its|: refusing )'
-info_re='[IW][0-9]{4} [0-9:.]+ '   # absl INFO/WARNING lines are not errors
+info_re='([IW][0-9]{4} [0-9:.]+ |\[NO-OP\] )'   # absl INFO/WARNING lines are not errors, nor MaxText's
+# notes that an optional Google Cloud module is left out ("[NO-OP] ...: dependency missing; using stub.
+# (ModuleNotFoundError)": requirements/maxtext.txt leaves them out)
 first_error=""
 this_run() {  # the log from the last JOB header on
   local start
