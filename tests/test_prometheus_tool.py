@@ -244,6 +244,30 @@ def test_a_second_backfill_of_the_same_series_copies_the_cached_blocks(tmp_path,
         write_tsdb(tmp_path / "e" / "prometheus", series(), block_hours=2)
 
 
+def test_a_backfill_with_the_same_inputs_needs_no_series(tmp_path, monkeypatch):
+    """write_tsdb(inputs=...) (the incident corpus: its code and arguments): the same inputs again
+    give the same blocks without reading the series at all; other inputs are no hit; a link whose
+    entry was pruned is no hit either, and the next prune drops it."""
+    monkeypatch.setenv("MST_TEST_CACHE", str(tmp_path / "cache"))
+
+    def untouched():
+        raise AssertionError("the series were read on a hit")
+        yield  # a generator
+
+    content = lambda d: {k: v[:2] for k, v in tsdb_digest(d).items()}  # noqa: E731 (mtimes differ)
+    first = write_tsdb(tmp_path / "a" / "prometheus", series(), block_hours=2, inputs="corpus x seed 1")
+    second = write_tsdb(tmp_path / "b" / "prometheus", untouched(), block_hours=2, inputs="corpus x seed 1")
+    assert content(second) == content(first) and content(first)
+    with pytest.raises(AssertionError, match="were read"):
+        write_tsdb(tmp_path / "c" / "prometheus", untouched(), block_hours=2, inputs="corpus x seed 2")
+    root = tmp_path / "cache" / "tsdb-blocks"
+    (link,) = root.glob("in-*")
+    shutil.rmtree(link.resolve())  # pruned
+    third = write_tsdb(tmp_path / "d" / "prometheus", series(), block_hours=2, inputs="corpus x seed 1")
+    chunks = lambda d: sorted(v for k, v in content(d).items() if "/chunks/" in k)  # noqa: E731 (new block ids)
+    assert chunks(third) == chunks(first) and link.resolve().is_dir()  # made again, linked again
+
+
 def test_query_time_formats_and_tsdb_dir(saved, tmpdir_env):
     at = T0 + 90 * STEP  # 2024-05-01T13:30:00Z
     unix = query_ok(saved, "train_steps_total", "--time", str(at), env=tmpdir_env)
