@@ -145,8 +145,8 @@ def scratch_repo(tmp_path: Path, venv: Path) -> Path:
 def launcher_env(workspace: Path, **extra: str) -> dict[str, str]:
     """Environment for running the launchers in tests: shared venv, given workspace, and one JAX
     compilation cache for every test's jobs (COMPILE_CACHE_DIR, a site setting; JAX keys each
-    program by its HLO, compile options, devices and versions): the suite's ~100 trainers run a few
-    programs, and a hit saves start-up CPU (a tiny run_local job: 23.7 -> 16.3 CPU-s).
+    program by its HLO, compile options, devices and versions): the suite's trainers run a few
+    programs, and a hit saves start-up CPU (a tiny run_local job: 22.9 -> 15.0 CPU-s, 3 pairs).
     COMPILE_CACHE_DIR="" in extra (or MST_TEST_CACHE=off) gives the job its own cache in the workspace."""
     from helpers.cache import cache_dir
 

@@ -40,7 +40,7 @@ def test_shellcheck_clean():
     function of it, of the files scripts source (the libraries: those without a shebang, or named
     by a source line), .shellcheckrc and shellcheck's version, so a pass is remembered per script
     under their hash (tests/helpers/cache.py, ~/.cache/maxtext-slurm/shellcheck/): the developer loop
-    checks only the scripts that changed, and all of them after a library changed (a full check: 20
+    checks only the scripts that changed, and all of them after a library changed (a full check: 18
     CPU-s, the fast loop's longest test)."""
     shellcheck = shutil.which("shellcheck")
     assert shellcheck, "shellcheck is not installed (tests/run.sh installs it)"

@@ -114,10 +114,8 @@ def write_tsdb(
     root = cache_dir("tsdb-blocks")
     link = None
     if inputs is not None and root is not None:
-        promtool = _need("promtool")
-        if promtool not in _VERSIONS:
-            _VERSIONS[promtool] = _promtool_version(promtool)
-        key = hashlib.sha256(_VERSIONS[promtool] + f"\0{block_hours}\0{inputs}".encode()).hexdigest()
+        version = _promtool_version(_need("promtool"))
+        key = hashlib.sha256(version + f"\0{block_hours}\0{inputs}".encode()).hexdigest()
         link = root / f"in-{key}"
         if link.is_dir():  # a link whose entry was pruned is no hit
             os.utime(link)
@@ -148,8 +146,11 @@ def write_tsdb(
 
 
 def _promtool_version(promtool: str) -> bytes:
-    res = subprocess.run([promtool, "--version"], capture_output=True, check=False)
-    return res.stdout + res.stderr
+    """promtool's --version output (part of every cache key), asked once per binary."""
+    if promtool not in _VERSIONS:
+        res = subprocess.run([promtool, "--version"], capture_output=True, check=False)
+        _VERSIONS[promtool] = res.stdout + res.stderr
+    return _VERSIONS[promtool]
 
 
 _VERSIONS: dict[str, bytes] = {}
@@ -182,9 +183,7 @@ def cached_blocks(om: Path, block: int) -> Path:
     if root is None:
         dest = om.parent / "blocks"
     else:
-        if promtool not in _VERSIONS:
-            _VERSIONS[promtool] = _promtool_version(promtool)
-        key = hashlib.sha256(_VERSIONS[promtool] + f"\0{block}\0".encode())
+        key = hashlib.sha256(_promtool_version(promtool) + f"\0{block}\0".encode())
         with open(om, "rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 key.update(chunk)
