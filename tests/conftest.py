@@ -1,5 +1,6 @@
 """Shared fixtures: the pinned Python environment, the local Slurm cluster, scratch repos."""
 
+import atexit
 import os
 import shutil
 import subprocess
@@ -11,6 +12,33 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 VENV = Path(os.environ.get("MAXTEXT_SLURM_VENV", REPO / ".venv"))
+
+
+def _python3_without_a_shim() -> None:
+    """The utils/ commands start through `#!/usr/bin/env python3` (then re-execute under the
+    project's environment). Where python3 on PATH is a version manager's shim, a script (pyenv's
+    runs bash and `pyenv exec`: 45-55 ms of CPU per start here against ~10 for the interpreter), a
+    private directory that links python3 to the interpreter the shim runs goes first on PATH for
+    the tests' commands: the same interpreter, started without the shim. Done once, in the first
+    pytest process (xdist's workers inherit the PATH); removed when that process ends."""
+    found = shutil.which("python3")
+    if not found:
+        return
+    with open(found, "rb") as f:
+        if f.read(2) != b"#!":
+            return
+    res = subprocess.run([found, "-c", "import sys; print(sys.executable)"], capture_output=True, text=True)
+    target = res.stdout.strip()
+    if res.returncode != 0 or not target or Path(target).resolve() == Path(found).resolve():
+        return
+    link_dir = tempfile.mkdtemp(prefix="mst-python3.")
+    atexit.register(shutil.rmtree, link_dir, ignore_errors=True)
+    os.symlink(target, os.path.join(link_dir, "python3"))
+    os.environ["PATH"] = link_dir + os.pathsep + os.environ.get("PATH", "")
+
+
+if "PYTEST_XDIST_WORKER" not in os.environ:
+    _python3_without_a_shim()
 
 
 def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 600, **kw) -> subprocess.CompletedProcess:
@@ -36,14 +64,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     ]
     if heavy_only:
         raise pytest.UsageError(f"these tests are marked heavy without slow (heavy is a kind of slow): {heavy_only}")
-    if os.environ.get("MST_CLUSTER_PER_WORKER") == "1":  # two workers: the longest files first
-        rank = {name: i for i, name in enumerate(LONGEST_CLUSTER_FILES)}
-        items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    # whole files per worker (--dist loadfile, in this order): the longest files first, so that none
+    # of them starts last and runs alone at the end
+    longest = LONGEST_CLUSTER_FILES if os.environ.get("MST_CLUSTER_PER_WORKER") == "1" else LONGEST_FILES
+    rank = {name: i for i, name in enumerate(longest)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 # tests/run.sh's phase B on two workers takes whole files in this order, the rest after them: their
 # seconds in one process (pytest -m "cluster or serial" --durations=0 on 2 cores, summed per file):
 # 356, 325, 284, 173, 112, 102, 49, 43, 38
+# The fast loop's files (and part A's) in this order, the rest after them: their seconds on one of
+# four workers (tests/run.sh --fast on 2 cores); test_skills.py, last in file order, had started at
+# 52 s and ended the loop alone at 65 s: 31, 13, 13, 12, 10, 10, 9, 8, 7, 7, 6, 6
+LONGEST_FILES = (
+    "test_diagnose.py",
+    "test_skills.py",
+    "test_prometheus_tool.py",
+    "test_host_bridge.py",
+    "test_mcp_server.py",
+    "test_launch_input.py",
+    "test_investigate.py",
+    "test_mcp_bridge_paths.py",
+    "test_cli.py",
+    "test_gpu_request.py",
+    "test_site.py",
+    "test_notify.py",
+)
 LONGEST_CLUSTER_FILES = (
     "test_ray_job.py",
     "test_run_continue.py",

@@ -20,14 +20,13 @@ from typing import Any
 import anyio
 import jsonschema
 import pytest
-from mcp.server.mcpserver.exceptions import ToolError
 
 from diagnosis import cli, verify
 from diagnosis import diagnose as diag
 from diagnosis import investigate as inv
 from diagnosis import perf as perf_tool
 from diagnosis import triage as tri
-from mcpserver import config, server
+from mcpserver import config
 
 TOOLS = {"triage": tri, "diagnose": diag, "verify": verify, "perf": perf_tool, "investigate": inv}
 NUMBERS = (-1, 0, 0.5, 1, 1.5, 2, 3, 199, 200, 1e9, math.inf, math.nan)
@@ -36,6 +35,8 @@ NUMBERS = (-1, 0, 0.5, 1, 1.5, 2, 3, 199, 200, 1e9, math.inf, math.nan)
 @pytest.fixture(scope="module")
 def schemas(tmp_path_factory) -> dict[str, dict]:
     """The input schema of each MCP tool, as the server lists it."""
+    from mcpserver import server  # the MCP SDK: imported by the tests that use it, not at collection
+
     s = server.build(tmp_path_factory.mktemp("ws"), config.Config())
     return {t.name: t.input_schema for t in anyio.run(s.list_tools)}
 
@@ -149,6 +150,10 @@ def test_options_of_one_group_exclude_each_other_on_both_sides(tmp_path, capsys)
         perf_tool.build_parser().parse_args(["1", "--gpu", "H100", "--peak-tflops", "900"])
     assert e.value.code == cli.BAD_INPUT
     assert "not allowed with argument" in capsys.readouterr().err
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from mcpserver import server
+
     s = server.build(tmp_path, config.Config())
     with pytest.raises(ToolError, match=r"perf\.py: give peak_tflops or gpu, not both$"):
         anyio.run(s.call_tool, "perf", {"job": "1", "gpu": "H100", "peak_tflops": 900})
