@@ -83,10 +83,10 @@ def test_tool_list_read_only_unless_a_private_config_enables_submit(ws):
     conf = ws["root"] / "mcp.toml"
     conf.write_text("allow_submit = true\n")
     conf.chmod(0o600)
-    assert tools_with(ws["ws"], "--config", str(conf)) == READ_ONLY | {"submit"}
 
     async def confirm() -> None:  # the write tool runs dry runs only: a real submission is refused
         async with session(ws["ws"], "--config", str(conf)) as s:
+            assert {t.name for t in (await s.list_tools()).tools} == READ_ONLY | {"submit"}
             r = await s.call_tool("submit", {"model": "llama2-7b", "args": ["-N", "2"], "confirm": True})
             assert r.is_error and "dry runs only" in r.content[0].text, r
             # submit.sh's own checks answer (an unknown model: refused before it sets up the environment, so the
