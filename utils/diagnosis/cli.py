@@ -166,10 +166,15 @@ WORKSPACE = Option(
 )
 
 
-def tool_parser(prog: str, doc: str | None, positional: str, help: str, options: tuple[Option, ...]) -> Parser:
-    """A tool's parser: --help shows the module docstring DOC from its third line on (its first line is
-    the Usage: that argparse writes itself), one POSITIONAL argument (its metavar) and the OPTIONS."""
-    ap = Parser(prog=prog, description="\n".join((doc or "").strip().splitlines()[2:]))
+def tool_parser(
+    prog: str, doc: str | None, positional: str, help: str, options: tuple[Option, ...], epilog: str | None = None
+) -> Parser:
+    """A tool's parser, from its module docstring DOC: the usage is its first line (`Usage: PROG ...`),
+    the description the rest from its third line on; one POSITIONAL argument (its metavar) and the
+    OPTIONS; EPILOG after them."""
+    lines = (doc or "").strip().splitlines()
+    usage = lines[0].removeprefix("Usage: ") if lines and lines[0].startswith("Usage: ") else None
+    ap = Parser(prog=prog, usage=usage, description="\n".join(lines[2:]), epilog=epilog)
     ap.add_argument(positional.lower(), metavar=positional, help=help)
     add_options(ap, options)
     return ap

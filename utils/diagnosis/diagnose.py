@@ -835,14 +835,7 @@ OPTIONS = (
 
 
 def build_parser() -> cli.Parser:
-    ap = cli.Parser(
-        prog="diagnose.py",
-        description=__doc__.split("\n", 2)[2],
-        usage="diagnose.py JOB [--vs OTHER_JOB|auto] [--json] [--plot DIR] [--report DIR] [--workspace DIR]",
-    )
-    ap.add_argument("job", help="job id, job name, job dir, its log or TSDB dir")
-    cli.add_options(ap, OPTIONS)
-    return ap
+    return cli.tool_parser("diagnose.py", __doc__, "JOB", "job id, job name, job dir, its log or TSDB dir", OPTIONS)
 
 
 def main(argv: list[str] | None = None) -> int:

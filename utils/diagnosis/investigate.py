@@ -550,11 +550,7 @@ OPTIONS = (
 
 
 def build_parser() -> cli.Parser:
-    doc = (__doc__ or "").splitlines()
-    ap = cli.Parser(prog=PROG, usage=doc[0].removeprefix("Usage: "), description="\n".join(doc[2:]))
-    ap.add_argument("job", metavar="JOB", help="job id, job name, job directory or log file")
-    cli.add_options(ap, OPTIONS)
-    return ap
+    return cli.tool_parser(PROG, __doc__, "JOB", "job id, job name, job directory or log file", OPTIONS)
 
 
 def main(argv: list[str] | None = None) -> int:

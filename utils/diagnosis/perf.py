@@ -610,17 +610,9 @@ OPTIONS = (
 
 
 def build_parser() -> cli.Parser:
-    doc = (__doc__ or "").strip().splitlines()
-    ap = cli.Parser(
-        prog="perf.py",
-        description="\n".join(doc[2:]),
-        epilog="Peaks (dense bf16 TFLOP/s per device): "
-        + ", ".join(f"{g[0]} {g[2]:g}" for g in GPUS)
-        + ". Sources: docs/perf.md.",
-    )
-    ap.add_argument("job", metavar="JOB", help="job id, job name, job directory or log file")
-    cli.add_options(ap, OPTIONS)
-    return ap
+    peaks = ", ".join(f"{g[0]} {g[2]:g}" for g in GPUS)
+    epilog = f"Peaks (dense bf16 TFLOP/s per device): {peaks}. Sources: docs/perf.md."
+    return cli.tool_parser("perf.py", __doc__, "JOB", "job id, job name, job directory or log file", OPTIONS, epilog)
 
 
 def main(argv: list[str] | None = None) -> int:

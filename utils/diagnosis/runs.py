@@ -1,4 +1,4 @@
-"""Usage: run.py ALIAS [--workspace DIR] [--json]
+"""Usage: run.py ALIAS [--workspace DIR] [--json] [--checkpoint-every SECONDS]
 
 A run (--run ALIAS) as one object, from its jobs' logs: each job's nodes, how it ended, the steps it
 trained and the ones a later job trained again, and where the allocated time went. Its jobs are the

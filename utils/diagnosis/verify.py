@@ -140,14 +140,7 @@ OPTIONS = (diag.OPTIONS[0], cli.JSON, cli.WORKSPACE)  # --vs: diagnose's own dec
 
 
 def build_parser() -> cli.Parser:
-    ap = cli.Parser(
-        prog="verify.py",
-        description=__doc__.split("\n", 2)[2],
-        usage="verify.py JOB [--vs OTHER_JOB|auto] [--json] [--workspace DIR]",
-    )
-    ap.add_argument("job", help="job id, job name, job dir, its log or TSDB dir")
-    cli.add_options(ap, OPTIONS)
-    return ap
+    return cli.tool_parser("verify.py", __doc__, "JOB", "job id, job name, job dir, its log or TSDB dir", OPTIONS)
 
 
 def main(argv: list[str] | None = None) -> int:
