@@ -21,19 +21,31 @@ SIDES = ("requester", "responder")
 
 
 @functools.cache
-def _sides() -> tuple[re.Pattern[str], tuple[tuple[re.Pattern[str], str], ...]]:
-    """(every retransmit glob in one pattern, ((glob pattern, side), ...) in the table's order)."""
+def _rows() -> tuple[tuple[int, dict[str, str]], ...]:
+    """The table's rows as (line number, {column: cell}), its columns named by its `# pci_driver` line."""
     header: list[str] = []
-    globs: list[str] = []
-    sided: list[tuple[re.Pattern[str], str]] = []
+    rows = []
     for n, line in enumerate(TABLE.read_text().splitlines(), 1):
         if line.startswith("# pci_driver\t"):
             header = line[2:].split("\t")
-        if not line.strip() or line.startswith("#"):
-            continue
-        cells = dict(zip(header, line.split("\t"), strict=False))
+        if line.strip() and not line.startswith("#"):
+            rows.append((n, dict(zip(header, line.split("\t"), strict=False))))
+    return tuple(rows)
+
+
+def _sided(cells: dict[str, str]) -> list[tuple[str, str]]:
+    """A row's `sides` column: [(glob, side), ...]."""
+    return [(g, s) for g, _, s in (e.partition("=") for e in cells.get("sides", "-").split() if e != "-")]
+
+
+@functools.cache
+def _sides() -> tuple[re.Pattern[str], tuple[tuple[re.Pattern[str], str], ...]]:
+    """(every retransmit glob in one pattern, ((glob pattern, side), ...) in the table's order)."""
+    globs: list[str] = []
+    sided: list[tuple[re.Pattern[str], str]] = []
+    for n, cells in _rows():
         row = [g for g in cells.get("retransmit", "-").split() if g != "-"]
-        sides = dict(e.split("=", 1) for e in cells.get("sides", "-").split() if e != "-" and "=" in e)
+        sides = dict(_sided(cells))
         for g in row:
             if sides.get(g) not in SIDES:
                 raise RuntimeError(f"{TABLE}:{n}: retransmit counter {g} has no side (sides: {g}=requester|responder)")
@@ -47,17 +59,8 @@ def _sides() -> tuple[re.Pattern[str], tuple[tuple[re.Pattern[str], str], ...]]:
 def side_globs(side: str) -> list[str]:
     """The retransmit counter globs the table gives SIDE (requester or responder), in its order, once each."""
     out: list[str] = []
-    header: list[str] = []
-    for line in TABLE.read_text().splitlines():
-        if line.startswith("# pci_driver\t"):
-            header = line[2:].split("\t")
-        if not line.strip() or line.startswith("#"):
-            continue
-        cells = dict(zip(header, line.split("\t"), strict=False))
-        for e in cells.get("sides", "-").split():
-            g, _, s = e.partition("=")
-            if s == side and g not in out:
-                out.append(g)
+    for _, cells in _rows():
+        out += [g for g, s in _sided(cells) if s == side and g not in out]
     return out
 
 
