@@ -430,6 +430,17 @@ class Triage:
         code = f" (exit {h.exit})" if h.exit else ""
         return kind, [h.name], fc.explain(kind, host=h.name, detail=detail, exit=code), "high" if e else "medium"
 
+    def cite_hang(self, newest: str) -> list[str]:
+        """A hang's evidence: the last step line of each host behind the others (returned) and the
+        newest step line of all (its note NEWEST)."""
+        culprits = self.laggards()
+        for n in culprits:
+            self.cite_last_step(self.hosts[n], "this host is behind the others")
+        best = max(self.hosts.values(), key=lambda h: h.last_step_ts or 0, default=None)
+        if best:
+            self.cite_last_step(best, newest)
+        return culprits
+
     def laggards(self) -> list[str]:
         steps = {h.name: h.last_step for h in self.hosts.values() if h.last_step is not None}
         if len(steps) < 2 or len(set(steps.values())) < 2:
@@ -543,12 +554,7 @@ class Triage:
             if status in ("running", "unknown") and cls is None:
                 summary = ""
         if status == "hung" and cls is None:
-            culprits = self.laggards()
-            for n in culprits:
-                self.cite_last_step(self.hosts[n], "this host is behind the others")
-            best = max(self.hosts.values(), key=lambda h: h.last_step_ts or 0, default=None)
-            if best:
-                self.cite_last_step(best, "the newest step line in the log")
+            culprits = self.cite_hang("the newest step line in the log")
             cls, conf = "hang", "medium" if culprits else "low"
             summary = fc.explain(
                 "hang",
@@ -561,13 +567,8 @@ class Triage:
             pre = self.hang_before_end(rows)
             if pre:  # the cancel or the time limit only ended a job that had hung: the hang is the cause
                 hang, ended = pre, "cancelled" if cls == "cancelled" else "timed out"
-                culprits, before = self.laggards(), self.evidence
-                self.evidence = []
-                for n in culprits:
-                    self.cite_last_step(self.hosts[n], "this host is behind the others")
-                best = max(self.hosts.values(), key=lambda h: h.last_step_ts or 0, default=None)
-                if best:
-                    self.cite_last_step(best, "the newest step line: nothing after it until the end")
+                before, self.evidence = self.evidence, []
+                culprits = self.cite_hang("the newest step line: nothing after it until the end")
                 self.evidence += [e for e in before if e not in self.evidence]
                 cls, conf = "hang", "medium" if culprits else "low"
                 summary = fc.explain(
