@@ -22,12 +22,14 @@ def _python3_without_a_shim() -> None:
     the tests' commands: the same interpreter, started without the shim. Done once, in the first
     pytest process (xdist's workers inherit the PATH); removed when that process ends."""
     found = shutil.which("python3")
-    if not found:
+    try:
+        with open(found or "", "rb") as f:
+            if f.read(2) != b"#!":
+                return
+        ask = [found or "python3", "-c", "import sys; print(sys.executable)"]
+        res = subprocess.run(ask, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
         return
-    with open(found, "rb") as f:
-        if f.read(2) != b"#!":
-            return
-    res = subprocess.run([found, "-c", "import sys; print(sys.executable)"], capture_output=True, text=True)
     target = res.stdout.strip()
     if res.returncode != 0 or not target or Path(target).resolve() == Path(found).resolve():
         return
