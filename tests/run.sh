@@ -19,7 +19,8 @@
 #      themselves (-m, -n, -p no:xdist, --pdb) get one plain pytest run instead.
 #   --in-turn  A (every test neither `cluster` nor `serial`), then B1 (`cluster`), B2 and B3, each alone.
 #   --one-cluster  A, then every `cluster` and `serial` test in one process on one shared cluster (~15 min longer).
-#   --fast  the developer loop (~70 s and ~125 s of CPU on 2 cores; the goal is 1 min): only the tests marked neither `cluster`
+#   --fast  the developer loop (58-61 s and ~110 s of CPU on 2 cores in a quiet hour, up to 80 s in a busy
+#           one; the goal is under 1 min): only the tests marked neither `cluster`
 #           (the local Slurm cluster) nor `slow` (MaxText training or config loads, a Ray cluster,
 #           the repeats of the incident matrix), that is -m "not cluster and not slow", on two workers
 #           more than cores (pytest-xdist, each test file on one worker; add -n 0 for one process, e.g. --pdb).
@@ -30,8 +31,9 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 start=$SECONDS
 # Two workers more than cores: the fast loop waits about a third of its time (servers, sleeps, a live
 # Prometheus' first scrapes ~6.5 s), and on 2 cores 4 workers took 68-70 s where 3 took 75 s (124
-# CPU-s either way). At most 6: the longest file bounds the run. Whole files per worker, in file
-# order (xdist would otherwise start the files with the most tests first).
+# CPU-s either way). At most 6: the longest file bounds the run. Whole files per worker, in the
+# order tests/conftest.py gives them (its longest files first; xdist would otherwise start the files
+# with the most tests first).
 workers=$(( $(nproc) + 2 ))
 (( workers <= 6 )) || workers=6
 parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
