@@ -73,9 +73,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
-# tests/run.sh's phase B on two workers takes whole files in this order, the rest after them: their
-# seconds in one process (pytest -m "cluster or serial" --durations=0 on 2 cores, summed per file):
-# 356, 325, 284, 173, 112, 102, 49, 43, 38
 # The fast loop's files (and part A's) in this order, the rest after them: their seconds on one of
 # four workers (tests/run.sh --fast on 2 cores); test_skills.py, last in file order, had started at
 # 52 s and ended the loop alone at 65 s: 31, 13, 13, 12, 10, 10, 9, 8, 7, 7, 6, 6
@@ -93,6 +90,9 @@ LONGEST_FILES = (
     "test_site.py",
     "test_notify.py",
 )
+# tests/run.sh's phase B on two workers takes whole files in this order, the rest after them: their
+# seconds in one process (pytest -m "cluster or serial" --durations=0 on 2 cores, summed per file):
+# 356, 325, 284, 173, 112, 102, 49, 43, 38
 LONGEST_CLUSTER_FILES = (
     "test_ray_job.py",
     "test_run_continue.py",

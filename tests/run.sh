@@ -29,9 +29,9 @@ set -euo pipefail
 [[ "${1:-}" == -h || "${1:-}" == --help ]] && { source "$(dirname "${BASH_SOURCE[0]}")/../utils/launch/lib.sh"; usage; exit; }
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 start=$SECONDS
-# Two workers more than cores: the fast loop waits about a third of its time (servers, sleeps, a live
-# Prometheus' first scrapes ~6.5 s), and on 2 cores 4 workers took 68-70 s where 3 took 75 s (124
-# CPU-s either way). At most 6: the longest file bounds the run. Whole files per worker, in the
+# Two workers more than cores: tests wait on servers and sleeps (a live Prometheus' first scrapes
+# ~6.5 s); on 2 cores 4 workers took 68-70 s where 3 took 75 s (124 CPU-s either way), and with the
+# longest files first 3, 4 and 5 workers alternated in one hour came out alike. At most 6: the longest file bounds the run. Whole files per worker, in the
 # order tests/conftest.py gives them (its longest files first; xdist would otherwise start the files
 # with the most tests first).
 workers=$(( $(nproc) + 2 ))

@@ -247,7 +247,7 @@ def test_a_second_backfill_of_the_same_series_copies_the_cached_blocks(tmp_path,
 def test_a_backfill_with_the_same_inputs_needs_no_series(tmp_path, monkeypatch):
     """write_tsdb(inputs=...) (the incident corpus: its code and arguments): the same inputs again
     give the same blocks without reading the series at all; other inputs are no hit; a link whose
-    entry was pruned is no hit either, and the next prune drops it."""
+    entry was pruned is no hit either: the blocks are made and linked again."""
     monkeypatch.setenv("MST_TEST_CACHE", str(tmp_path / "cache"))
 
     def untouched():
