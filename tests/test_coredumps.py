@@ -13,12 +13,13 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import REPO, VENV, launcher_env, run
 
-from helpers.jobs import log_has, summary, trainer_pid, wait_for
+from helpers.jobs import log_has, summary, trainer_pid, wait_for, wait_log
 
 HOST = socket.gethostname()
 MIB = 1 << 20
@@ -37,6 +38,17 @@ def dumping(pid: int) -> bool:
         return False
 
 
+@pytest.fixture(autouse=True)
+def drop_the_cores(tmp_path: Path) -> Iterator[None]:
+    """Each test's cores (0.65 and 0.8 GB) go when it ends, pass or fail: left in pytest's temp trees
+    (three runs are kept) they would be written back to the disk while the suite's other tests run;
+    removed at once, their pages are dropped unwritten."""
+    yield
+    for f in tmp_path.rglob("core*"):
+        if f.is_file() and not f.is_symlink() and f.stat().st_size > MIB:
+            f.unlink()
+
+
 @pytest.mark.slow
 @pytest.mark.heavy
 def test_crashing_trainer_leaves_a_core_that_the_next_steps_open(workspace, venv):
@@ -50,10 +62,10 @@ def test_crashing_trainer_leaves_a_core_that_the_next_steps_open(workspace, venv
     )
     try:
         log = wait_for(lambda: list(workspace.glob("local-*.log")), 60, "the log")[0]
-        wait_for(lambda: log_has(log, "core dumps enabled"), 90, "the trainer to start")
+        wait_log(log, "core dumps enabled", 90, "the trainer to start")
         job_id = log.name.split("-JAX-")[0]
         pid = wait_for(lambda: trainer_pid(job_id, 0), 30, "the trainer process")
-        wait_for(lambda: log_has(log, r"completed step: 2,"), 300, "training steps")
+        wait_log(log, r"completed step: 2,", 300, "training steps")
         os.kill(pid, signal.SIGSEGV)
         assert proc.wait(timeout=180) != 0
     finally:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, VENV, launcher_env, run
 
-from helpers.jobs import SUBMITTED, log_has, own_cache_if_several_nodes, trainer_pid, wait_for, wait_job_end
+from helpers.jobs import SUBMITTED, own_cache_if_several_nodes, trainer_pid, wait_for, wait_job_end, wait_log
 from helpers.users import as_user, ensure_users, reachable_base, shared_workspace
 from helpers.webhook import Receiver, notify_conf
 
@@ -104,7 +104,7 @@ def test_a_frozen_rank_is_a_hang_then_killed_a_failure_naming_its_node(cluster, 
     mon = start_monitor(env, job_id, "--hang-floor", str(floor), "--notify-config", str(conf))
     log = job_dir.with_suffix(".log")
     try:
-        wait_for(lambda: log_has(log, r"^n2: .*completed step: 40,"), 240, "n2 to train")
+        wait_log(log, r"^n2: .*completed step: 40,", 240, "n2 to train")
         pid = trainer_pid(job_id, 1)
         assert pid
         os.kill(pid, signal.SIGSTOP)
@@ -187,7 +187,7 @@ def test_self_healing_resubmits_without_the_killed_node_and_restores(three_nodes
     )
     log = job_dir.with_suffix(".log")
     try:
-        wait_for(lambda: log_has(log, r"^n2: .*completed step: 120,"), 240, "n2 to pass a checkpoint")
+        wait_log(log, r"^n2: .*completed step: 120,", 240, "n2 to pass a checkpoint")
         os.kill(trainer_pid(job_id, 1) or 0, signal.SIGKILL)
         fault = time.time()
         wait_for(lambda: receiver.first(job_id, "resubmitted as job"), 180, "the resubmission")
@@ -256,7 +256,7 @@ def test_a_teammate_cannot_make_the_victims_monitor_resubmit_her_code(cluster, r
         job_id, name = m.group(1), f"{m.group(1)}-{m.group(2)}"
         SUBMITTED.append(job_id)
         job, log = ws / name, ws / f"{name}.log"
-        wait_for(lambda: log_has(log, r"^n2: .*completed step: 20,"), 300, "the victim's job to train")
+        wait_log(log, r"^n2: .*completed step: 20,", 300, "the victim's job to train")
         pay = ws / "payload"
         h = _attacker_payload(attacker, pay)
         summary = (

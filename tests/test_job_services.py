@@ -246,7 +246,8 @@ def test_remote_write_delivers_the_jobs_series_with_its_labels_and_only_with_the
                 central_count = len(central_series(base, password, "count_over_time(hw_load1[1h])"))
             else:  # refused by the receiver: what arrived is only the first job's
                 log_file, deadline = tmp_path / name / "metrics/prometheus.log", time.monotonic() + 120
-                while time.monotonic() < deadline and "401" not in log_file.read_text():
+                # the whole phrase: "401" alone is in a timestamp (.401Z) or the receiver's port (:40109)
+                while time.monotonic() < deadline and "401 Unauthorized" not in log_file.read_text():
                     time.sleep(0.5)  # the remote write starts once its WAL is replayed (~6 s)
                 log = log_file.read_text()
                 assert "401 Unauthorized" in log, log[-2000:]

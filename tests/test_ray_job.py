@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, run
 
-from helpers.jobs import job_state, log_has, submit, summary, trainer_pid, triage, wait_for, wait_job_end
+from helpers.jobs import job_state, log_has, submit, summary, trainer_pid, triage, wait_for, wait_job_end, wait_log
 from helpers.raynet import http_status, job_processes, listeners, probe, target_ports
 
 NOBODY = 65534  # the other user of the attacks below
@@ -225,7 +225,7 @@ def test_ray_job_is_private_authenticated_and_leaves_a_tsdb(cluster, workspace, 
         token = (auth / "token").read_text()
         assert re.fullmatch(r"[0-9a-f]{64}", token)
 
-        wait_for(lambda: log_has(log, r"^n[12]: .*completed step: 0,"), 240, "the first step")
+        wait_log(log, r"^n[12]: .*completed step: 0,", 240, "the first step")
         check_listeners_and_auth(job_dir, log, token)
         assert wait_job_end(cluster, job_id, 300) == "COMPLETED", log.read_text()[-3000:]
     finally:
@@ -316,7 +316,7 @@ def test_sigkill_of_the_whole_job_keeps_every_scraped_sample(cluster, workspace,
         240,
         "Prometheus",
     )
-    wait_for(lambda: log_has(log, r"completed step: 20,"), 240, "training")
+    wait_log(log, r"completed step: 20,", 240, "training")
 
     def live_count() -> float:
         out = subprocess.run(
@@ -417,7 +417,7 @@ def test_killed_rank_stops_the_ray_job_fast(cluster, workspace, venv):
     other nodes' trainers: the job ends within 30 s, the JOB SUMMARY names the node."""
     # the job dir taken to be on NFS: the cancel's cleanup also copies the node-local TSDB into the job dir
     job_id, log = submit(cluster, workspace, "tiny", "-N", "2", "--", "steps=1000000", RAY="1", MST_TSDB_FSTYPE="nfs")
-    wait_for(lambda: log_has(log, r"^n2: .*completed step: 3,"), 240, "n2 to train")
+    wait_log(log, r"^n2: .*completed step: 3,", 240, "n2 to train")
     pid = trainer_pid(job_id, 1)
     assert pid, "rank 1 trainer not found"
     os.kill(pid, signal.SIGKILL)
@@ -436,7 +436,7 @@ def test_frozen_rank_hang_then_heartbeat_timeout(cluster, workspace, venv):
     fails and triage blames the frozen node (heartbeat_timeout, not the survivor's abort), and
     diagnose finds the accused host really stopped (not a heartbeat false positive)."""
     job_id, log = submit(cluster, workspace, "tiny", "-N", "2", "--", "steps=1000000", RAY="1", METRICS_INTERVAL="2")
-    wait_for(lambda: log_has(log, r"^n2: .*completed step: 30,"), 240, "n2 to train")
+    wait_log(log, r"^n2: .*completed step: 30,", 240, "n2 to train")
     pid = trainer_pid(job_id, 1)
     assert pid, "rank 1 trainer not found"
     os.kill(pid, signal.SIGSTOP)
@@ -485,7 +485,7 @@ def test_scancel_leaves_nothing_of_a_ray_job_running(cluster, workspace, venv):
     RAY=1 job must still stop every trainer, Ray process and service it started, on every node."""
     # the job dir taken to be on NFS: the cancel's cleanup also copies the node-local TSDB into the job dir
     job_id, log = submit(cluster, workspace, "tiny", "-N", "2", "--", "steps=1000000", RAY="1", MST_TSDB_FSTYPE="nfs")
-    wait_for(lambda: log_has(log, r"^n2: .*completed step: 3,"), 240, "n2 to train")
+    wait_log(log, r"^n2: .*completed step: 3,", 240, "n2 to train")
     job_dir = log.with_suffix("")
     assert job_processes(job_dir), "the job's processes were not found"
     # each trainer has its guard (utils/observe/trainer_guard.py LAUNCHER_PID TRAINER_PGID), which stops

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, VENV
 
-from helpers.jobs import SUBMITTED, job_state, log_has, summary, wait_for, wait_job_end
+from helpers.jobs import SUBMITTED, job_state, log_has, summary, wait_for, wait_job_end, wait_log
 from helpers.users import GROUP, User, as_user, ensure_users, reachable_base, shared_workspace
 from observe import job_record
 
@@ -360,7 +360,7 @@ def test_planted_ray_head_gets_no_token_and_runs_nothing(users, base, cluster, k
         assert as_user(victim, ["scontrol", "release", job_id], env=cluster).returncode == 0
         status = None
         if not swapped:
-            wait_for(lambda: log_has(log, r"^n[12]: .*completed step: 0,"), 300, "the first step")
+            wait_log(log, r"^n[12]: .*completed step: 0,", 300, "the first step")
             status = attacker_payload(attacker, log, captured_token(listener.got()), canary)
         state = wait_job_end(cluster, job_id, 420)
         got = listener.got()

@@ -11,7 +11,7 @@ import uuid
 import pytest
 from conftest import run
 
-from helpers.jobs import job_state, log_has, submit, summary, trainer_pid, triage, wait_for, wait_job_end
+from helpers.jobs import job_state, log_has, submit, summary, trainer_pid, triage, wait_for, wait_job_end, wait_log
 
 pytestmark = pytest.mark.cluster
 STEP = r"^{host}: .*completed step: {step},"
@@ -53,7 +53,7 @@ def test_two_node_job_trains_on_both_nodes(cluster, workspace, venv):
 
 def test_killed_rank_stops_the_job_fast(cluster, workspace, venv):
     job_id, log = submit(cluster, workspace, "tiny", "-N", "2", "--", "steps=1000000")
-    wait_for(lambda: log_has(log, STEP.format(host="n2", step=3)), 240, "n2 to train")
+    wait_log(log, STEP.format(host="n2", step=3), 240, "n2 to train")
     pid = trainer_pid(job_id, rank=1)
     assert pid, "rank 1 trainer not found"
     os.kill(pid, signal.SIGKILL)
@@ -76,7 +76,7 @@ def test_killed_rank_stops_the_job_fast(cluster, workspace, venv):
 
 def test_scancel_still_writes_the_summary(cluster, workspace, venv):
     job_id, log = submit(cluster, workspace, "tiny", "-N", "2", "--", "steps=1000000")
-    wait_for(lambda: log_has(log, STEP.format(host="n1", step=2)), 240, "n1 to train")
+    wait_log(log, STEP.format(host="n1", step=2), 240, "n1 to train")
     assert run(["scancel", job_id], env=cluster).returncode == 0
     wait_job_end(cluster, job_id, 60)
     s = wait_for(lambda: log_has(log, "^status: ") and summary(log), 30, "the summary")

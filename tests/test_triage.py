@@ -20,7 +20,7 @@ import joblog
 from dev import failure_class_tables as tables
 from diagnosis import failure_classes, triage
 from helpers import inproc, logcorpus
-from helpers.jobs import bad_job_arg, log_has, wait_for
+from helpers.jobs import bad_job_arg, wait_for, wait_log
 
 TRIAGE = str(REPO / "utils" / "triage.py")
 CLASSES_TOOL = str(REPO / "utils" / "dev" / "failure_class_tables.py")
@@ -579,7 +579,7 @@ def real_jobs(tmp_path_factory, venv):
     out: dict = {}
     try:
         log = wait_for(lambda: list(ws["killed"].glob("local-*-JAX-tiny.log")), 60, "the long job's log")[0]
-        wait_for(lambda: log_has(log, r"completed step: 3,"), 120, "the long job to train")
+        wait_log(log, r"completed step: 3,", 120, "the long job to train")
         job_id = log.name.split("-JAX-")[0]
         out["running"] = json.loads(run([TRIAGE, str(log), "--json"]).stdout)
         pid = wait_for(lambda: _trainer_pid(job_id), 30, "the trainer process")

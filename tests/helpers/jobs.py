@@ -82,6 +82,28 @@ def log_has(log: Path, pattern: str) -> bool:
     return log.exists() and re.search(pattern, log.read_text(errors="replace"), re.M) is not None
 
 
+def wait_log(log: Path, pattern: str, timeout: float, what: str) -> None:
+    """Wait until the job's LOG has a line matching PATTERN. Fails at once when the job ended without
+    it (its JOB SUMMARY is written), and after TIMEOUT seconds; either failure shows the log's tail,
+    so a job that crashed or crawled says which in the test's report."""
+
+    def seen() -> bool:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        if re.search(pattern, text, re.M):
+            return True
+        if "==== JOB SUMMARY ====" in text:
+            raise AssertionError(f"the job ended before {what} ({pattern!r} not in its log):\n{text[-4000:]}")
+        return False
+
+    try:
+        wait_for(seen, timeout, what)
+    except AssertionError as e:
+        if "timed out" not in str(e):
+            raise
+        text = log.read_text(errors="replace") if log.exists() else "(no log)"
+        raise AssertionError(f"{e} ({pattern!r} not in its log):\n{text[-4000:]}") from None
+
+
 def trainer_pid(job_id: str, rank: int) -> int | None:
     """The MaxText process of one rank of one job (found by its environment)."""
     out = subprocess.run(["pgrep", "-f", "maxtext.trainers.pre_train.train"], capture_output=True, text=True).stdout
