@@ -27,10 +27,13 @@ SUBMITTED: list[str] = []  # job ids submitted by the running test (conftest can
 
 def own_cache_if_several_nodes(args: tuple[str, ...] | list[str]) -> dict[str, str]:
     """COMPILE_CACHE_DIR="" (the job's own cache in its workspace, not the suite's shared one) when
-    submit.sh ARGS ask for more than one node. JAX writes its cache from process 0 only and rank 1
-    did not find its programs there: with the shared cache rank 0 started from it while rank 1 compiled,
-    38 s behind on a loaded machine (a CI run), past the 30 s in which the CPU's Gloo collectives must
-    meet ("Gloo context initialization failed: DEADLINE_EXCEEDED")."""
+    submit.sh ARGS ask for more than one node. On CPU a rank 1 never hits the cache: JAX writes it from
+    process 0 only, and rank 1's keys differ from rank 0's (three 2-node jobs on one cache, with
+    JAX_EXPLAIN_CACHE_MISSES: rank 0 compiled jit_train_step once and then hit it; rank 1 missed it in
+    every job, under a key of its own). With the shared cache rank 0 started from it while rank 1
+    compiled, 38 s behind on a loaded machine (a CI run), past the 30 s in which the CPU's Gloo
+    collectives must meet ("Gloo context initialization failed: DEADLINE_EXCEEDED"); with a cold cache
+    of its own each rank compiles and they meet."""
     nodes = 1
     for i, a in enumerate(args):
         if a == "--":
