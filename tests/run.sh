@@ -14,7 +14,7 @@
 #      (nice 19, ionice best-effort 7): they take the CPU the cluster tests leave while waiting on
 #      their jobs, and none of them waits on a heavy process against a clock (`heavy`: a trainer, a
 #      Ray cluster, podman; those run in the foreground); A's output comes after theirs. Then,
-#      alone, B3: the `serial` tests (wall-clock bounds on real servers). The exit status is the
+#      alone, B3: the `serial` tests (wall-clock bounds). The exit status is the
 #      worst; the last line gives the times. Arguments that choose the selection or the workers
 #      themselves (-m, -n, -p no:xdist, --pdb) get one plain pytest run instead.
 #   --in-turn  A (every test neither `cluster` nor `serial`), then B1 (`cluster`), B2 and B3, each alone.

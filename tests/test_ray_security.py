@@ -298,6 +298,7 @@ def test_a_process_that_ended_while_stop_looks_is_read_quietly():
     assert (res.stdout, res.stderr) == ("gone 1\nhere 0 R\n", ""), (res.stdout, res.stderr)
 
 
+@pytest.mark.serial  # stop takes under 4 s
 def test_stop_ends_the_unmarked_children_of_rays_processes_but_not_another_session(tmp_path):
     """ray_cluster.sh stop finds the job's Ray processes by MST_RAY_OWNER in their environment. Ray's
     agents overwrite theirs, so their children in the same session go too; a child in a session of its

@@ -83,6 +83,7 @@ def test_the_launchers_end_stops_a_trainer_that_ignores_sigterm():
             os.killpg(group.pid, signal.SIGKILL)
 
 
+@pytest.mark.serial  # the guard ends within 5 s of its trainer
 def test_a_trainer_that_ends_takes_its_guard_and_nothing_else_with_it():
     launcher = subprocess.Popen(["sleep", "300"])
     group = trainer("sleep 0.5")
@@ -97,6 +98,7 @@ def test_a_trainer_that_ends_takes_its_guard_and_nothing_else_with_it():
         launcher.kill()
 
 
+@pytest.mark.serial  # not the 5 s grace: under 2 s
 def test_a_group_left_with_an_unreaped_process_is_not_waited_on():
     """A trainer that ended but whose parent has not reaped it yet (a zombie: signals reach it, it runs
     nothing) does not hold the guard for the whole grace."""
