@@ -19,7 +19,7 @@
 #      themselves (-m, -n, -p no:xdist, --pdb) get one plain pytest run instead.
 #   --in-turn  A (every test neither `cluster` nor `serial`), then B1 (`cluster`), B2 and B3, each alone.
 #   --one-cluster  A, then every `cluster` and `serial` test in one process on one shared cluster (~15 min longer).
-#   --fast  the developer loop (58-61 s and ~110 s of CPU on 2 cores in a quiet hour; 76-85 s and up to 150 s of CPU in a busy
+#   --fast  the developer loop (58-61 s and ~110 s of CPU on 2 cores in a quiet hour; 76-95 s and up to 180 s of CPU in a busy
 #           one; the goal is under 1 min): only the tests marked neither `cluster`
 #           (the local Slurm cluster) nor `slow` (MaxText training or config loads, a Ray cluster,
 #           the repeats of the incident matrix), that is -m "not cluster and not slow", on two workers
