@@ -31,9 +31,9 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 start=$SECONDS
 # Two workers more than cores: tests wait on servers and sleeps (a live Prometheus' first scrapes
 # ~6.5 s); on 2 cores 4 workers took 68-70 s where 3 took 75 s (124 CPU-s either way), and with the
-# longest files first 3, 4 and 5 workers alternated in one hour came out alike. At most 6: the longest file bounds the run. Whole files per worker, in the
-# order tests/conftest.py gives them (its longest files first; xdist would otherwise start the files
-# with the most tests first).
+# longest files first 3, 4 and 5 workers alternated in one hour came out alike. At most 6: the
+# longest file bounds the run. Whole files per worker, in the order tests/conftest.py gives them
+# (its longest files first; xdist would otherwise start the files with the most tests first).
 workers=$(( $(nproc) + 2 ))
 (( workers <= 6 )) || workers=6
 parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)

@@ -85,26 +85,21 @@ def log_has(log: Path, pattern: str) -> bool:
     return log.exists() and re.search(pattern, log.read_text(errors="replace"), re.M) is not None
 
 
-def wait_log(log: Path, pattern: str, timeout: float, what: str) -> None:
+def wait_log(log: Path, pattern: str, timeout: float, what: str, period: float = 0.25) -> None:
     """Wait until the job's LOG has a line matching PATTERN. Fails at once when the job ended without
-    it (its JOB SUMMARY is written), and after TIMEOUT seconds; either failure shows the log's tail,
-    so a job that crashed or crawled says which in the test's report."""
-
-    def seen() -> bool:
+    it (its JOB SUMMARY is written), else after TIMEOUT seconds; the failure shows the log's tail, so
+    a job that crashed or crawled says which in the test's report."""
+    deadline = time.monotonic() + timeout
+    while True:
         text = log.read_text(errors="replace") if log.exists() else ""
         if re.search(pattern, text, re.M):
-            return True
-        if "==== JOB SUMMARY ====" in text:
-            raise AssertionError(f"the job ended before {what} ({pattern!r} not in its log):\n{text[-4000:]}")
-        return False
-
-    try:
-        wait_for(seen, timeout, what)
-    except AssertionError as e:
-        if "timed out" not in str(e):
-            raise
-        text = log.read_text(errors="replace") if log.exists() else "(no log)"
-        raise AssertionError(f"{e} ({pattern!r} not in its log):\n{text[-4000:]}") from None
+            return
+        ended = "==== JOB SUMMARY ====" in text
+        if ended or time.monotonic() >= deadline:
+            why = "the job ended" if ended else f"timed out after {timeout} s"
+            tail = text[-4000:] or "(no log)"
+            raise AssertionError(f"{why} waiting for {what} ({pattern!r} not in its log):\n{tail}")
+        time.sleep(period)
 
 
 def trainer_pid(job_id: str, rank: int) -> int | None:
