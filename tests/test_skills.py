@@ -44,6 +44,9 @@ for squeue, sacct and scontrol that answer (read-only queries), ahead of the ref
 
 Blocks that run utils/diagnose.py (each serves a job's TSDB through a fresh Prometheus) or pytest
 (the model-config-guide skill's MaxText config check) are marked slow: the fast loop runs the rest.
+They are also heavy: each waits, against the block's 180 s, on a process that needs seconds of CPU
+(a MaxText parser, a Prometheus), which at nice 19 beside the cluster tests can take longer than
+that (CI's whole-suite run timed out on the pytest block, which takes 10 s alone).
 
 Needs prometheus and promtool on PATH and the project venv (numpy, matplotlib). ~60 s on 2 cores,
 half of it the model-config-guide skill's own pytest block.
@@ -347,12 +350,16 @@ def test_skills_quote_commands():
     assert len(BLOCKS) >= 10, f"only {len(BLOCKS)} bash blocks in skills/"
 
 
-# slow: see the module's docstring
+# slow and heavy: see the module's docstring
 HEAVY = re.compile(r"utils/diagnose\.py|-m pytest\b")
 
 
 @pytest.mark.parametrize(
-    "block", [pytest.param(b, id=b.id, marks=[pytest.mark.slow] if HEAVY.search(b.text) else []) for b in BLOCKS]
+    "block",
+    [
+        pytest.param(b, id=b.id, marks=[pytest.mark.slow, pytest.mark.heavy] if HEAVY.search(b.text) else [])
+        for b in BLOCKS
+    ],
 )
 def test_bash_block(block, jobs, request):
     where = f"{block.id} ({block.file.relative_to(REPO)}:{block.line})"
