@@ -602,10 +602,13 @@ def test_a_stage_timeout_ends_the_container(image, tmp_path):
     ) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert left == "", f"the stopped container was never removed: {left}"
-    # it died and was removed, nothing after; podman's cleanup process may record a `cleanup` in between
-    # (seen in a CI run under load)
+    # it died and was removed, and nothing ran in it again. Here the record ends `kill died remove`;
+    # under load podman adds bookkeeping after the `died` (a CI run had `cleanup` there, and a later one
+    # a sequence the report cut short), so the test names what must not come after it: a new start
     said = [e["Status"] for e in events(image, env["JOB_ID"])]
-    assert "died" in said and said[said.index("died") + 1 :] in (["remove"], ["cleanup", "remove"]), said
+    after = said[said.index("died") + 1 :] if "died" in said else []
+    again = {"init", "start", "restart", "attach", "exec", "unpause"} & set(after)
+    assert "remove" in after and not again, f"podman's events for the container: {' '.join(said)}"
 
 
 @pytest.mark.slow
