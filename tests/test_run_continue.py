@@ -169,11 +169,18 @@ def steps_in(log: Path) -> list[int]:
     return [int(m) for m in re.findall(r"completed step: (\d+),", log.read_text(errors="replace"))]
 
 
+# The one-minute run's steps: more than the requeued job's rerun trains before its limit (1,670 here in a
+# quiet hour, at 30 steps a second; a machine 2.3 times as fast would train them all), few enough that a
+# busy machine needs no more than four jobs (5,500 steps took 572 s in a whole-suite run, 255 s alone)
+STEPS = 4000
+LAST = STEPS - 1
+
+
 @pytest.mark.cluster
 def test_a_run_with_a_one_minute_limit_continues_by_itself_and_survives_a_requeue(cluster, workspace, venv):
     alias = "cont1"
     first, log1 = submit(cluster, workspace, "tiny", "--run", alias, "--continue", "--max-jobs", "8", "--time=1",
-                         "--", "steps=5500", *SLOW)  # fmt: skip
+                         "--", f"steps={STEPS}", *SLOW)  # fmt: skip
     # the first job, once it saved a checkpoint, is requeued (a preemption with requeue): it runs again
     # under its id (Slurm delays a requeued job 2 minutes; the test lets it start at once)
     deadline = time.monotonic() + 240
@@ -196,10 +203,10 @@ def assert_continued(workspace: Path, alias: str) -> None:
     ids = [j for j, _ in jobs]
     text = {j: p.read_text(errors="replace") for j, p in jobs}
     report = runs.account(alias, workspace)
-    assert report["done"] and report["highest_step"] == 5499, report
+    assert report["done"] and report["highest_step"] == LAST, report
     # at least one time limit met and passed (how many depends on the machine's speed: a quiet one trains
-    # the 5500 steps in the requeued job's rerun and one more job)
-    assert len([j for j, log in jobs if steps_in(log)]) >= 2, f"5500 steps took only {ids} jobs of 1 minute"
+    # the steps in the requeued job's rerun and one more job)
+    assert len([j for j, log in jobs if steps_in(log)]) >= 2, f"{STEPS} steps took only {ids} jobs of 1 minute"
     assert any(summary(log)["status"] == "timeout" for _, log in jobs[:-1]), "no job of the run met its time limit"
     # the requeued job ran twice under its id and queued one next job only
     assert text[ids[0]].count("==================== JOB ====================") == 2, text[ids[0]][-3000:]
@@ -217,7 +224,7 @@ def assert_continued(workspace: Path, alias: str) -> None:
         marks.append(mark)
     assert marks == sorted(set(marks)), marks
     # jobs cut by the time limit say so and go on (the last one that trained may have finished its steps)
-    for j in [j for j, log in jobs[1:-1] if steps_in(log) and steps_in(log)[-1] < 5499]:
+    for j in [j for j, log in jobs[1:-1] if steps_in(log) and steps_in(log)[-1] < LAST]:
         s = summary(workspace / f"{j}-JAX-tiny.log")
         assert s["status"] == "timeout", (j, s)
         assert re.search(
@@ -228,7 +235,7 @@ def assert_continued(workspace: Path, alias: str) -> None:
     # tell, the job behind it found the run complete at its start and trained nothing
     last = summary(jobs[-1][1])
     done = (rf"^run_next: run {alias} stops: (the run is complete: MaxText trained to its steps|run {alias} is "
-            r"complete: its checkpoint of step 5499 ends its 5500 steps); cancelled job (\d+)$")  # fmt: skip
+            rf"complete: its checkpoint of step {LAST} ends its {STEPS} steps); cancelled job (\d+)$")  # fmt: skip
     m = re.search(done, text[ids[-1]], re.M)
     if m:
         assert last["status"] in ("completed", "timeout"), last
@@ -236,7 +243,10 @@ def assert_continued(workspace: Path, alias: str) -> None:
         assert not (workspace / f"{cancelled}-JAX-tiny.log").exists()
         assert not (workspace / f"{cancelled}-JAX-tiny").exists()
     else:
-        found = rf"^run_next: run {alias} is complete: its checkpoint of step 5499 ends its 5500 steps: this job trains"
+        found = (
+            rf"^run_next: run {alias} is complete: its checkpoint of step {LAST} ends its {STEPS} steps: "
+            r"this job trains"
+        )
         assert re.search(found, text[ids[-1]], re.M), text[ids[-1]][-3000:]
         assert last["status"] == "completed" and last["stage"] == "none" and not steps_in(jobs[-1][1]), last
     # run.py shows each job's decision; the job monitor, started on the first job after the run ended,
