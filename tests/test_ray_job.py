@@ -414,7 +414,10 @@ def test_falls_back_to_the_plain_launch_when_ray_cannot_start(cluster, workspace
 
 def test_killed_rank_stops_the_ray_job_fast(cluster, workspace, venv):
     """RAY=1: the actor of the node whose trainer dies reports it at once and the driver stops the
-    other nodes' trainers: the job ends within 30 s, the JOB SUMMARY names the node."""
+    other nodes' trainers: rank 0's trainer is gone within 15 s (under 1 s here), the job ends within
+    45 s (it keeps its metrics up 11 s for a last scrape and copies the TSDB: 30.6 s in a whole-suite
+    run in a slow hour; waiting for JAX's heartbeat timeout instead would take over a minute), and the
+    JOB SUMMARY names the node."""
     # the job dir taken to be on NFS: the cancel's cleanup also copies the node-local TSDB into the job dir
     job_id, log = submit(cluster, workspace, "tiny", "-N", "2", "--", "steps=1000000", RAY="1", MST_TSDB_FSTYPE="nfs")
     wait_log(log, r"^n2: .*completed step: 3,", 240, "n2 to train")
@@ -422,8 +425,9 @@ def test_killed_rank_stops_the_ray_job_fast(cluster, workspace, venv):
     assert pid, "rank 1 trainer not found"
     os.kill(pid, signal.SIGKILL)
     killed_at = time.monotonic()
-    wait_job_end(cluster, job_id, 60)
-    assert time.monotonic() - killed_at < 30, "the job took too long to end after the kill"
+    wait_for(lambda: trainer_pid(job_id, 0) is None, 15, "the driver to stop rank 0's trainer")
+    wait_job_end(cluster, job_id, 90)
+    assert time.monotonic() - killed_at < 45, "the job took too long to end after the kill"
     s = summary(log)
     assert s["status"] == "failed" and s["failed_nodes"].startswith("n2 (exit 137)"), s
     assert log_has(log, r"^n1: _ray_actor\.py: training on n2 exited with 137; stopping the other nodes")
